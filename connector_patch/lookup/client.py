@@ -1,0 +1,203 @@
+"""The scheduler's side of the lookup RPC: one deadline per call, fail-open, socket recovery.
+
+State machine (DESIGN.md, "Client state machine"): IDLE -> SENDING -> WAITING -> VALIDATING ->
+IDLE on success; any failure in any phase goes to RECOVERING (close the REQ socket with
+linger=0, open and connect a new one) and then IDLE, before ``lookup()`` returns 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Sequence
+
+import zmq
+
+from .metrics import CLIENT_CATEGORIES, Counters, RateLimitedWarner
+from .protocol import BACKEND_CODES, RESET_FRAME, Code, ProtocolError, decode_reply, encode_request
+
+logger = logging.getLogger("connector_patch.lookup.client")
+
+DEFAULT_TIMEOUT_MS = 5000
+
+
+def validate_timeout_ms(value: object, name: str = "lookup_rpc_timeout_ms") -> int:
+    """Positive int milliseconds only: 0, negatives, bools, floats and strings raise ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a positive int (milliseconds), got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int (milliseconds), got {value}; there is no 'wait forever'")
+    return value
+
+
+class _Failure(Exception):
+    def __init__(self, category: str, code: str):
+        super().__init__(code)
+        self.category = category
+        self.code = code
+
+
+class LookupClient:
+    """REQ client. ``lookup()`` and ``reset()`` never raise and never take longer than the deadline
+    (plus scheduling noise): every failure returns 0 / False and leaves a fresh socket behind.
+
+    One call at a time per client (REQ is strictly request-reply); concurrent callers wait for the
+    lock within their own deadline.
+    """
+
+    def __init__(self, endpoint: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, *,
+                 context: zmq.Context | None = None, warn_interval_s: float = 10.0):
+        self.timeout_ms = validate_timeout_ms(timeout_ms)
+        if not isinstance(endpoint, str) or not endpoint.startswith(("ipc://", "tcp://")):
+            raise ValueError("endpoint must be an ipc:// or tcp:// address")
+        self.endpoint = endpoint
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._counters = Counters("client", CLIENT_CATEGORIES)
+        self._warner = RateLimitedWarner(logger, warn_interval_s)
+        self.last_outcome = "none"  # category of the last call: ok / timeout / transport / ...
+        self.last_code = ""
+
+    # ------------------------------------------------------------------ public
+    @property
+    def counters(self) -> dict[str, int]:
+        return self._counters.snapshot()
+
+    def lookup(self, token_len: int, block_hashes: Sequence[bytes],
+               kv_cache_group_ids: Sequence[int] = (0,), hbm_hit_tokens: int = 0) -> int:
+        start = time.monotonic()
+        deadline = start + self.timeout_ms / 1000.0
+        n_hashes = len(block_hashes) if hasattr(block_hashes, "__len__") else -1
+        n_groups = len(kv_cache_group_ids) if hasattr(kv_cache_group_ids, "__len__") else -1
+        counts = {"token_len": token_len if isinstance(token_len, int) else -1,
+                  "hashes": n_hashes, "groups": n_groups}
+        try:
+            hexes = [h.hex() for h in block_hashes]
+            frames = encode_request(token_len, hexes, tuple(kv_cache_group_ids), hbm_hit_tokens)
+        except Exception:  # a caller bug must not reach the scheduler either
+            self._record("bad_call", Code.BAD_CALL, "encode", start, counts, recover=False)
+            return 0
+        result = self._exchange(frames, deadline, start, counts, token_len)
+        return 0 if result is None else result
+
+    def reset(self) -> bool:
+        start = time.monotonic()
+        deadline = start + self.timeout_ms / 1000.0
+        result = self._exchange([RESET_FRAME], deadline, start, {}, None, admin=True)
+        ok = result is not None
+        self._counters.inc("reset_ok" if ok else "reset_failed")
+        return ok
+
+    def close(self) -> None:
+        """Idempotent, thread-safe, raises nothing. A call in flight returns 0 within its deadline."""
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                self._drop_socket()
+                if self._own_ctx:
+                    self._ctx.term()
+        except Exception:  # pragma: no cover - close must never raise
+            logger.debug("lookup client close: ignored error", exc_info=False)
+
+    def __enter__(self) -> "LookupClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- internals
+    def _exchange(self, frames: list[bytes], deadline: float, start: float, counts: dict,
+                  token_len: int | None, admin: bool = False) -> int | None:
+        """One request-reply within the deadline. Returns the hit (0 for admin ok) or None on failure."""
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._record("timeout", Code.TIMEOUT, "queue", start, counts, recover=False)
+            return None
+        phase = "connect"
+        try:
+            if self._closed:
+                raise _Failure("transport", Code.TRANSPORT)
+            try:
+                sock = self._ensure_socket()
+                phase = "send"
+                if not self._wait(sock, zmq.POLLOUT, deadline):
+                    raise _Failure("timeout", Code.TIMEOUT)
+                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                phase = "recv"
+                if not self._wait(sock, zmq.POLLIN, deadline):
+                    raise _Failure("timeout", Code.TIMEOUT)
+                reply = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                raise _Failure("timeout", Code.TIMEOUT) from None
+            except zmq.ZMQError:
+                raise _Failure("transport", Code.TRANSPORT) from None
+            phase = "validate"
+            try:
+                decoded = decode_reply(reply, token_len)
+            except ProtocolError as exc:
+                raise _Failure("protocol", exc.code) from None
+            if time.monotonic() > deadline:  # the deadline covers validation too
+                raise _Failure("timeout", Code.TIMEOUT)
+            if not decoded.ok:
+                raise _Failure("backend_error" if decoded.code in BACKEND_CODES else "server_error", decoded.code)
+            if admin:
+                self.last_outcome, self.last_code = "ok", ""
+                return 0
+            self._counters.inc("ok")
+            self.last_outcome, self.last_code = "ok", ""
+            return decoded.hit_tokens
+        except _Failure as failure:
+            self._record(failure.category, failure.code, phase, start, counts, recover=True)
+            return None
+        except Exception:  # anything unforeseen still fails open and recovers
+            self._record("transport", Code.TRANSPORT, phase, start, counts, recover=True)
+            return None
+        finally:
+            self._lock.release()
+
+    def _wait(self, sock: zmq.Socket, event: int, deadline: float) -> bool:
+        remaining_ms = (deadline - time.monotonic()) * 1000.0
+        if remaining_ms <= 0:
+            return False
+        return bool(sock.poll(timeout=max(1, math.ceil(remaining_ms)), flags=event) & event)
+
+    def _ensure_socket(self) -> zmq.Socket:
+        if self._sock is None:
+            sock = self._ctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.connect(self.endpoint)
+            except zmq.ZMQError:
+                sock.close(linger=0)
+                raise
+            self._sock = sock
+        return self._sock
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close(linger=0)
+            finally:
+                self._sock = None
+
+    def _record(self, category: str, code: str, phase: str, start: float, counts: dict, *,
+                recover: bool) -> None:
+        """Count, warn (rate-limited) and, for failures inside an exchange, rebuild the socket.
+        Called with the lock held when ``recover`` is True."""
+        self.last_outcome, self.last_code = category, code
+        self._counters.inc(category)
+        if recover:
+            self._drop_socket()
+            if not self._closed:
+                try:
+                    self._ensure_socket()
+                    self._counters.inc("socket_rebuilds")
+                except Exception:  # a bad endpoint now; the next call tries again
+                    pass
+        self._warner.warn(category, code, phase, (time.monotonic() - start) * 1000.0, **counts)

@@ -1,0 +1,309 @@
+"""Wire format of the AscendStore lookup RPC, protocol version 1.
+
+Request (scheduler -> worker rank 0), one multipart message, unchanged from upstream:
+
+    frame 0  token_len           u32 big-endian, exactly 4 bytes
+    frame 1  kv_cache_group_ids  msgpack array of ints
+    frame 2  hbm_hit_tokens      u32 big-endian, exactly 4 bytes
+    frame 3  block hashes        msgpack array of lowercase-or-uppercase hex strings
+
+Admin request: exactly one frame ``b"reset"``.
+
+Reply (worker -> scheduler), one frame holding a msgpack map:
+
+    {"version": 1, "status": "ok", "hit_tokens": N}
+    {"version": 1, "status": "error", "code": CODE, "message": SANITIZED_MESSAGE}
+
+Every validation rule is listed in ``connector_patch/DESIGN.md`` ("Request validation") and is
+implemented here, in one place, so the client and the server cannot drift apart.
+
+Nothing in this module logs, and no error message built here ever contains a hash, a key or raw
+frame bytes: only counts, sizes and field names.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+RESET_FRAME = b"reset"
+
+# Documented limits (DESIGN.md, "Request validation").
+MAX_TOKEN_LEN = 1 << 24  # 16,777,216 tokens: far above any context length served today
+MAX_HASHES = 1 << 16  # 65,536 block hashes in one request
+MAX_HASH_HEX_LEN = 128  # a 64-byte digest; upstream hashes are 32 bytes (64 hex chars)
+MAX_GROUPS_IN_REQUEST = 64
+MAX_REPLY_BYTES = 512  # a v1 envelope is < 200 bytes; anything bigger is not ours
+MAX_MESSAGE_LEN = 200  # characters in an error envelope's message
+
+_U32 = struct.Struct(">I")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+class Code:
+    """Error codes carried in the ``code`` field of an error envelope (server side) and used
+    as the ``code`` of a client-side failure. Strings, so logs and dashboards read well."""
+
+    # request validation (server answers with these)
+    BAD_FRAME_COUNT = "BAD_FRAME_COUNT"
+    BAD_INT_FRAME = "BAD_INT_FRAME"
+    BAD_TOKEN_LEN = "BAD_TOKEN_LEN"
+    BAD_HBM_HIT_TOKENS = "BAD_HBM_HIT_TOKENS"
+    BAD_MSGPACK = "BAD_MSGPACK"
+    BAD_GROUP_IDS = "BAD_GROUP_IDS"
+    BAD_HASHES = "BAD_HASHES"
+    TOO_MANY_HASHES = "TOO_MANY_HASHES"
+    BAD_ADMIN = "BAD_ADMIN"
+    # server side failures
+    BACKEND_ERROR = "BACKEND_ERROR"
+    BACKEND_TIMEOUT = "BACKEND_TIMEOUT"
+    RESET_FAILED = "RESET_FAILED"
+    INTERNAL = "INTERNAL"
+    # client side only (never on the wire)
+    TIMEOUT = "TIMEOUT"
+    TRANSPORT = "TRANSPORT"
+    EMPTY_REPLY = "EMPTY_REPLY"
+    EXTRA_FRAMES = "EXTRA_FRAMES"
+    LEGACY_REPLY = "LEGACY_REPLY"
+    REPLY_TOO_LARGE = "REPLY_TOO_LARGE"
+    BAD_REPLY = "BAD_REPLY"
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"
+    BAD_FIELDS = "BAD_FIELDS"
+    BAD_TYPES = "BAD_TYPES"
+    HIT_OUT_OF_RANGE = "HIT_OUT_OF_RANGE"
+    BAD_CALL = "BAD_CALL"
+
+
+# Error codes a server may send, by the failure category the client counts them under.
+BACKEND_CODES = frozenset({Code.BACKEND_ERROR, Code.BACKEND_TIMEOUT, Code.RESET_FAILED})
+REQUEST_CODES = frozenset(
+    {
+        Code.BAD_FRAME_COUNT,
+        Code.BAD_INT_FRAME,
+        Code.BAD_TOKEN_LEN,
+        Code.BAD_HBM_HIT_TOKENS,
+        Code.BAD_MSGPACK,
+        Code.BAD_GROUP_IDS,
+        Code.BAD_HASHES,
+        Code.TOO_MANY_HASHES,
+        Code.BAD_ADMIN,
+    }
+)
+
+
+class ProtocolError(Exception):
+    """A frame list or a reply broke protocol v1. ``code`` is one of :class:`Code`; the message is
+    safe to log (counts and field names only)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message[:MAX_MESSAGE_LEN]
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    token_len: int
+    group_ids: tuple[int, ...]
+    hbm_hit_tokens: int
+    hashes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-side limits; ``num_groups`` is the configured KV cache group count."""
+
+    num_groups: int = 1
+    max_token_len: int = MAX_TOKEN_LEN
+    max_hashes: int = MAX_HASHES
+
+    def __post_init__(self) -> None:
+        for name in ("num_groups", "max_token_len", "max_hashes"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                raise ValueError(f"Limits.{name} must be a positive int, got {type(v).__name__}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def encode_u32(value: int) -> bytes:
+    return _U32.pack(value)
+
+
+def encode_request(
+    token_len: int,
+    hashes_hex: Sequence[str],
+    group_ids: Sequence[int] = (0,),
+    hbm_hit_tokens: int = 0,
+) -> list[bytes]:
+    """Build the 4 frames of a lookup request. Raises ProtocolError(BAD_CALL) on values that
+    cannot be encoded (the client turns that into a fail-open 0, never an exception)."""
+    if not _is_int(token_len) or not 0 <= token_len <= 0xFFFFFFFF:
+        raise ProtocolError(Code.BAD_CALL, "token_len must be an int in u32 range")
+    if not _is_int(hbm_hit_tokens) or not 0 <= hbm_hit_tokens <= 0xFFFFFFFF:
+        raise ProtocolError(Code.BAD_CALL, "hbm_hit_tokens must be an int in u32 range")
+    try:
+        groups_frame = msgpack.packb(list(group_ids))
+        hashes_frame = msgpack.packb(list(hashes_hex))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(Code.BAD_CALL, f"cannot encode request: {type(exc).__name__}") from None
+    return [encode_u32(token_len), groups_frame, encode_u32(hbm_hit_tokens), hashes_frame]
+
+
+def _unpack(frame: bytes, field: str, max_array_len: int) -> Any:
+    try:
+        return msgpack.unpackb(
+            frame,
+            raw=False,
+            strict_map_key=True,
+            max_array_len=max_array_len,
+            max_map_len=0,
+            max_str_len=MAX_HASH_HEX_LEN,
+            max_bin_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types (ExtraData, ValueError, UnicodeDecodeError, ...)
+        raise ProtocolError(
+            Code.BAD_MSGPACK, f"{field}: not a valid msgpack value ({type(exc).__name__}, {len(frame)} bytes)"
+        ) from None
+
+
+def _array_header(frame: bytes) -> int | None:
+    """The element count of a msgpack array header, or None when the frame is not an array."""
+    unpacker = msgpack.Unpacker(max_buffer_size=16)
+    unpacker.feed(frame[:5])
+    try:
+        return unpacker.read_array_header()
+    except Exception:
+        return None
+
+
+def _decode_u32(frame: bytes, field: str) -> int:
+    if len(frame) != 4:
+        raise ProtocolError(Code.BAD_INT_FRAME, f"{field}: expected 4 bytes, got {len(frame)}")
+    return _U32.unpack(frame)[0]
+
+
+def decode_request(frames: Sequence[bytes], limits: Limits) -> LookupRequest:
+    """Validate a 4-frame lookup request strictly. Raises ProtocolError with a request code."""
+    if len(frames) != 4:
+        raise ProtocolError(Code.BAD_FRAME_COUNT, f"expected 4 frames, got {len(frames)}")
+    token_len = _decode_u32(frames[0], "token_len")
+    hbm_hit_tokens = _decode_u32(frames[2], "hbm_hit_tokens")
+    if token_len > limits.max_token_len:
+        raise ProtocolError(Code.BAD_TOKEN_LEN, f"token_len {token_len} above the limit {limits.max_token_len}")
+    if hbm_hit_tokens > token_len:
+        raise ProtocolError(Code.BAD_HBM_HIT_TOKENS, "hbm_hit_tokens above token_len")
+
+    groups = _unpack(frames[1], "kv_cache_group_ids", MAX_GROUPS_IN_REQUEST)
+    if not isinstance(groups, list) or not groups:
+        raise ProtocolError(Code.BAD_GROUP_IDS, "kv_cache_group_ids: expected a non-empty array")
+    if not all(_is_int(g) for g in groups):
+        raise ProtocolError(Code.BAD_GROUP_IDS, "kv_cache_group_ids: every element must be an int")
+    if len(set(groups)) != len(groups):
+        raise ProtocolError(Code.BAD_GROUP_IDS, f"kv_cache_group_ids: {len(groups)} ids, not unique")
+    if not all(0 <= g < limits.num_groups for g in groups):
+        raise ProtocolError(
+            Code.BAD_GROUP_IDS, f"kv_cache_group_ids: ids must be in [0, {limits.num_groups})"
+        )
+
+    n_hashes = _array_header(frames[3])
+    if n_hashes is not None and n_hashes > limits.max_hashes:
+        raise ProtocolError(Code.TOO_MANY_HASHES, f"block_hashes: {n_hashes} above the limit {limits.max_hashes}")
+    hashes = _unpack(frames[3], "block_hashes", limits.max_hashes)
+    if not isinstance(hashes, list):
+        raise ProtocolError(Code.BAD_HASHES, "block_hashes: expected an array")
+    for i, h in enumerate(hashes):
+        if not isinstance(h, str) or not h or len(h) % 2 or not _HEX.issuperset(h):
+            raise ProtocolError(Code.BAD_HASHES, f"block_hashes[{i}]: expected a non-empty even-length hex string")
+    return LookupRequest(token_len, tuple(groups), hbm_hit_tokens, tuple(h.lower() for h in hashes))
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def encode_ok(hit_tokens: int) -> bytes:
+    return msgpack.packb({"version": PROTOCOL_VERSION, "status": "ok", "hit_tokens": int(hit_tokens)})
+
+
+def encode_error(code: str, message: str) -> bytes:
+    return msgpack.packb(
+        {"version": PROTOCOL_VERSION, "status": "error", "code": code, "message": message[:MAX_MESSAGE_LEN]}
+    )
+
+
+_OK_KEYS = frozenset({"version", "status", "hit_tokens"})
+_ERR_KEYS = frozenset({"version", "status", "code", "message"})
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A validated v1 reply: either ``ok`` with ``hit_tokens``, or an error with ``code``."""
+
+    ok: bool
+    hit_tokens: int = 0
+    code: str = ""
+
+
+def decode_reply(frames: Sequence[bytes], token_len: int | None) -> Reply:
+    """Validate one reply strictly. ``token_len`` None skips the hit range check (admin replies).
+
+    Raises ProtocolError with a client-side code for anything that is not a well-formed v1
+    envelope; a well-formed error envelope is returned as ``Reply(ok=False, code=...)``.
+    """
+    if len(frames) == 0:
+        raise ProtocolError(Code.EMPTY_REPLY, "no frames")
+    if len(frames) != 1:
+        raise ProtocolError(Code.EXTRA_FRAMES, f"expected 1 frame, got {len(frames)}")
+    frame = frames[0]
+    if len(frame) == 0:
+        raise ProtocolError(Code.EMPTY_REPLY, "empty frame")
+    if len(frame) > MAX_REPLY_BYTES:
+        raise ProtocolError(Code.REPLY_TOO_LARGE, f"{len(frame)} bytes above {MAX_REPLY_BYTES}")
+    try:
+        obj = msgpack.unpackb(
+            frame, raw=False, strict_map_key=True, max_map_len=8,
+            max_array_len=8, max_str_len=MAX_REPLY_BYTES,
+        )
+    except Exception as exc:
+        if len(frame) == 4:
+            raise ProtocolError(Code.LEGACY_REPLY, "4-byte reply: a peer speaking the raw u32 protocol") from None
+        raise ProtocolError(Code.BAD_REPLY, f"not msgpack ({type(exc).__name__}, {len(frame)} bytes)") from None
+    if not isinstance(obj, dict):
+        if len(frame) == 4:
+            raise ProtocolError(Code.LEGACY_REPLY, "4-byte reply: a peer speaking the raw u32 protocol")
+        raise ProtocolError(Code.BAD_REPLY, f"reply is a {type(obj).__name__}, not a map")
+    version = obj.get("version")
+    if not _is_int(version):
+        raise ProtocolError(Code.BAD_FIELDS if "version" not in obj else Code.BAD_TYPES, "version missing or not an int")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(Code.UNSUPPORTED_VERSION, f"version {version} is not supported")
+    status = obj.get("status")
+    keys = frozenset(obj)
+    if status == "ok":
+        if keys != _OK_KEYS:
+            raise ProtocolError(Code.BAD_FIELDS, f"ok reply with {len(keys)} keys, expected {len(_OK_KEYS)}")
+        hit = obj["hit_tokens"]
+        if not _is_int(hit):
+            raise ProtocolError(Code.BAD_TYPES, "hit_tokens is not an int")
+        if hit < 0 or (token_len is not None and hit > token_len):
+            raise ProtocolError(Code.HIT_OUT_OF_RANGE, "hit_tokens outside [0, token_len]")
+        return Reply(ok=True, hit_tokens=hit)
+    if status == "error":
+        if keys != _ERR_KEYS:
+            raise ProtocolError(Code.BAD_FIELDS, f"error reply with {len(keys)} keys, expected {len(_ERR_KEYS)}")
+        if not isinstance(obj["code"], str) or not isinstance(obj["message"], str):
+            raise ProtocolError(Code.BAD_TYPES, "code and message must be strings")
+        return Reply(ok=False, code=obj["code"][:64])
+    if not isinstance(status, str):
+        raise ProtocolError(Code.BAD_TYPES if "status" in obj else Code.BAD_FIELDS, "status missing or not a string")
+    raise ProtocolError(Code.BAD_FIELDS, "status is neither 'ok' nor 'error'")

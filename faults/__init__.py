@@ -1,0 +1,1 @@
+"""Fault injection: the fault registry, fake peers, the interposer, process and network faults."""

@@ -1,0 +1,1 @@
+"""pd-chaos harness: CLI, scenario schema, runner, topology, workload, checks, pytest plugin."""

@@ -1,0 +1,75 @@
+"""``pdchaos``: one entry point, one module per subcommand.
+
+Each subcommand lives in ``harness/cmd_<name>.py`` with ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported only when their command runs, so ``pdchaos node ...``
+starts fast and a broken optional dependency only affects the command that needs it.
+
+Exit codes: 0 as expected, 1 a deviation, 2 bad input or a harness error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+
+from .errors import HarnessError, UsageError
+
+# name -> (module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("harness.cmd_run", "run scenarios against the hardened patch and the legacy baseline"),
+    "validate": ("harness.cmd_validate", "validate scenario files"),
+    "list": ("harness.cmd_list", "list scenarios"),
+    "schema": ("harness.cmd_schema", "print the scenario JSON Schema"),
+    "check": ("harness.cmd_check", "re-run the checks of a saved run offline"),
+    "report": ("harness.cmd_report", "regenerate plots and summaries of a saved run"),
+    "compare": ("harness.cmd_compare", "compare two runs"),
+    "doctor": ("harness.cmd_doctor", "list the tools present and what their absence disables"),
+    "node": ("harness.cmd_node", "run one node of a topology (lookup server, fake peer, interposer, workload)"),
+    "lookup": ("harness.cmd_lookup", "send one lookup and print the result as JSON"),
+    "fuzz": ("harness.cmd_fuzz", "fuzz a live lookup server"),
+    "bench": ("harness.cmd_bench", "benchmark the normal path, hardened vs legacy"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    # Build only the parser of the command asked for: node processes start fast.
+    parser = _Parser(prog="pdchaos", description="Chaos harness for P/D disaggregated LLM serving.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        if name == wanted:
+            importlib.import_module(module).add_arguments(p)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = _parse(argv)
+        mod = importlib.import_module(args._module)
+        return int(mod.run(args) or 0)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except HarnessError as exc:
+        print(f"harness error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The journal: the single record of one scenario run against one target (JSON lines).
+
+Layout of a run folder (``runs/<run_id>/``)::
+
+    summary.json  summary.md  junit.xml
+    <scenario>/<target>/journal.jsonl      # this format
+    <scenario>/<target>/logs/<node>.log    # stderr of every process of that run
+    <scenario>/<target>/preload.txt        # the keys the workload knows (never logged)
+
+Every line is one JSON object with a ``type``. Times ``t`` are ``time.monotonic()`` seconds
+(CLOCK_MONOTONIC is system-wide on Linux, so times from different processes compare); the
+``meta`` line's ``t0`` is the workload start, and reports plot ``t - t0``.
+
+``meta``   scenario, target, deadline_ms, tolerance_ms, seed, t0, wall_start (ISO 8601),
+           cap_s, checks ({name: options}), expect (verdict), topology (dict), faults (list)
+``op``     one line at invoke and one at completion (Jepsen's history):
+           id (int, unique in the journal), process (worker index), f ("lookup" | "reset"),
+           phase "invoke" | "ok" | "fail" | "info", t;
+           at invoke: kind ("full" | "partial" | "miss" | "hbm" | "multigroup"), token_len, hashes,
+           groups, expected (the hit the preloaded keys imply; for reset: true);
+           at completion: value (what the call returned), outcome ("ok" | "timeout" | "transport" |
+           "protocol" | "server_error" | "backend_error" | "bad_call" | "raised" | "stalled"),
+           code (client error code or exception type), elapsed_ms.
+           ok = the call succeeded; fail = it failed and we know it (a fail-open 0 or False);
+           info = indeterminate (raised, or never returned: "stalled", written by the runner).
+``fault``  id, name, phase "start" | "stop", t, params (dict), and ``healed_by`` ("schedule" |
+           "teardown") on stop.
+``probe``  node ("server" | "client" | ...), when ("baseline" | "final"), threads, fds, counters
+           (dict), alive (bool); written by the runner or the workload.
+``event``  what (str), t, and free fields: process starts, exits, kills, the runner's notes.
+``end``    t, reason ("done" | "cap" | "interrupted"), stalled (int).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+OP_KINDS = ("full", "partial", "miss", "hbm", "multigroup")
+OUTCOMES = ("ok", "timeout", "transport", "protocol", "server_error", "backend_error", "bad_call",
+            "raised", "stalled")
+
+
+class JournalWriter:
+    """Append-only, line-buffered, thread-safe. Every line is flushed so a crash loses nothing."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":"), default=str)
+        with self._lock:
+            self._fh.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+    def __enter__(self) -> "JournalWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_journal(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records; a torn last line (a process killed mid-write) is skipped."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def write_journal(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
+    with JournalWriter(path) as w:
+        for r in records:
+            w.write(r)
+
+
+def meta(records: list[dict]) -> dict:
+    return next((r for r in records if r.get("type") == "meta"), {})
+
+
+def ops(records: list[dict]) -> list[dict]:
+    """Completed operations, invoke and completion merged into one dict per op id:
+    ``{id, process, f, kind, expected, t_invoke, t_complete, phase, value, outcome, code, elapsed_ms, ...}``.
+    An op with no completion record is returned with phase "info" and outcome "stalled"."""
+    merged: dict[int, dict] = {}
+    for r in records:
+        if r.get("type") != "op":
+            continue
+        op = merged.setdefault(r["id"], {"id": r["id"]})
+        if r["phase"] == "invoke":
+            op.update({k: v for k, v in r.items() if k not in ("type", "phase", "t")})
+            op["t_invoke"] = r["t"]
+        else:
+            op.update({k: v for k, v in r.items() if k not in ("type", "t")})
+            op["t_complete"] = r["t"]
+    for op in merged.values():
+        if "phase" not in op:
+            op.update(phase="info", outcome="stalled", value=None, t_complete=None)
+    return sorted(merged.values(), key=lambda o: (o.get("t_invoke", 0.0), o["id"]))
+
+
+def fault_windows(records: list[dict]) -> list[dict]:
+    """``[{id, name, start, stop, params}]``; a fault with no stop record ends at the journal's end."""
+    end_t = max((r.get("t", 0.0) for r in records if "t" in r), default=0.0)
+    windows: dict[int, dict] = {}
+    for r in records:
+        if r.get("type") != "fault":
+            continue
+        w = windows.setdefault(r["id"], {"id": r["id"], "name": r["name"], "params": r.get("params", {}),
+                                         "start": None, "stop": None})
+        w[r["phase"]] = r["t"]
+    for w in windows.values():
+        if w["stop"] is None:
+            w["stop"] = end_t
+    return sorted(windows.values(), key=lambda w: (w["start"] or 0.0, w["id"]))
+
+
+def probes(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("type") == "probe"]
+
+
+def iter_runs(run_dir: str | os.PathLike) -> Iterator[tuple[str, str, Path]]:
+    """(scenario, target, journal path) for every journal under a run folder."""
+    root = Path(run_dir)
+    for path in sorted(root.glob("*/*/journal.jsonl")):
+        yield path.parent.parent.name, path.parent.name, path

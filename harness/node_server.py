@@ -1,0 +1,144 @@
+"""Nodes ``lookup-server`` (hardened) and ``legacy-server`` (today's upstream model).
+
+Both hold a MemoryBackend, optionally preloaded (one block-hash hex per line, present in every
+group). With ``--control`` the backend can be made to fail at run time (``backend_fault``), which
+is how the runner injects backend faults into a real server process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import zmq
+
+from connector_patch.legacy import LegacyLookupServer
+from connector_patch.lookup import LookupServer, MemoryBackend
+from connector_patch.lookup.backend import Backend
+from connector_patch.lookup.protocol import LookupRequest
+
+from .endpoints import check_endpoint
+from .errors import UsageError
+from .nodeutil import announce_ready, setup_logging, stop_event
+
+
+def read_preload(path: str) -> list[str]:
+    """One hex block hash per line; blank lines and '#' comments are skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--preload: cannot read {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--preload: {path!r} is not UTF-8 text") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        h = line.strip()
+        if not h or h.startswith("#"):
+            continue
+        if len(h) % 2 or any(c not in "0123456789abcdefABCDEF" for c in h):
+            raise UsageError(f"--preload: {path}:{n}: expected one hex block hash per line")
+        out.append(h.lower())
+    return out
+
+
+class FaultyBackend(Backend):
+    """Wraps a backend; ``mode`` none | raise | hang | slow, switched at run time."""
+
+    def __init__(self, inner: MemoryBackend):
+        self.inner = inner
+        self.groups = inner.groups
+        self.mode = "none"
+        self.delay_s = 0.0
+        self._release = threading.Event()
+
+    def set(self, mode: str, delay_ms: int = 0) -> None:
+        if mode not in ("none", "raise", "hang", "slow"):
+            raise ValueError(f"unknown backend fault mode {mode!r}")
+        self.mode, self.delay_s = mode, delay_ms / 1000.0
+        if mode == "hang":
+            self._release.clear()
+        else:
+            self._release.set()  # heal: a hung call returns now
+
+    def hit_tokens(self, request: LookupRequest) -> int:
+        mode = self.mode
+        if mode == "raise":
+            raise RuntimeError("injected backend failure")
+        if mode == "hang":
+            self._release.wait(600.0)
+        elif mode == "slow":
+            time.sleep(self.delay_s)
+        return self.inner.hit_tokens(request)
+
+    def drain(self, timeout_s: float) -> bool:
+        return self.inner.drain(timeout_s)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+    def close(self) -> None:
+        self._release.set()
+        self.inner.close()
+
+
+def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--endpoint", required=True, help="ipc:///path or tcp://127.0.0.1:PORT to bind")
+    p.add_argument("--backend", default="memory", choices=["memory"], help="storage backend (default: memory)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    p.add_argument("--groups", type=int, default=1, help="KV cache groups (default 1)")
+    p.add_argument("--preload", help="file with one block-hash hex per line, present in every group")
+    p.add_argument("--control", help="ipc endpoint of the harness control channel")
+    p.add_argument("--log-level", default="INFO")
+    if kind == "lookup-server":
+        p.add_argument("--backend-timeout-ms", type=int, default=4000)
+
+
+def run_node(args: argparse.Namespace) -> int:
+    check_endpoint(args.endpoint)
+    if args.control:
+        check_endpoint(args.control, "--control")
+    for name in ("block_size", "groups"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')}: must be a positive integer")
+    preload = read_preload(args.preload) if args.preload else []
+    setup_logging(args.log_level)
+    memory = MemoryBackend(block_size=args.block_size, groups=args.groups)
+    memory.put(preload)
+    backend = FaultyBackend(memory)
+    stop = stop_event()
+    try:
+        if args.kind == "lookup-server":
+            if args.backend_timeout_ms <= 0:
+                raise UsageError("--backend-timeout-ms: must be a positive integer")
+            server = LookupServer(args.endpoint, backend, groups=args.groups,
+                                  backend_timeout_ms=args.backend_timeout_ms)
+        else:
+            server = LegacyLookupServer(args.endpoint, backend)
+        server.start()
+    except zmq.ZMQError as exc:
+        raise UsageError(f"--endpoint: cannot bind {args.endpoint!r}: {exc.strerror}") from None
+    control = None
+    try:
+        if args.control:
+            from faults.control import ControlServer
+
+            def stats() -> dict:
+                if isinstance(server, LookupServer):
+                    return {"counters": server.counters, "alive": server._thread is not None and server._thread.is_alive()}
+                return {"counters": {}, "alive": server.alive}
+
+            control = ControlServer(args.control, stats=stats)
+            control.add("backend_fault", lambda m: backend.set(m.get("mode", "none"), int(m.get("delay_ms", 0))) or {})
+            control.start()
+        announce_ready()
+        while not stop.wait(0.2):
+            pass
+    finally:
+        backend.set("none")
+        if control is not None:
+            control.close()
+        server.close()
+        backend.close()
+    return 0

@@ -58,6 +58,11 @@ class JournalWriter:
         with self._lock:
             self._fh.write(line + "\n")
 
+    def flush(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+
     def close(self) -> None:
         with self._lock:
             if not self._fh.closed:

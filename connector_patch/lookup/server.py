@@ -128,6 +128,7 @@ class LookupServer:
         if self._thread is not None or self._closed:
             raise RuntimeError("LookupServer.start() called twice or after close()")
         self._bind(self.endpoint)
+        self._worker = _BackendWorker()  # started now, so thread counts are stable from here on
         self._thread = threading.Thread(target=self._serve, name="lookup-server", daemon=True)
         self._thread.start()
         return self

@@ -1,0 +1,199 @@
+"""The topology of one scenario run: the lookup server and whatever sits in the link, as OS processes.
+
+Server (worker rank 0) and client (the scheduler's workload) run as separate processes, as in a
+deployment, on ipc or tcp loopback. The link is ``direct``, through the ZMQ ``interposer``, or
+through a Toxiproxy proxy (tcp only). Every process is started in its own process group with a
+parent-death signal, so nothing outlives the runner, even when it is killed; ``close()`` stops
+them all and removes the run's ipc folder. This object is the FaultContext of faults/base.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from faults.control import ControlError, control_call
+
+from .errors import HarnessError
+from .procs import ProcHandle, start_node
+
+SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Topology:
+    def __init__(self, scenario: Any, target: str, run_dir: Path, preload_path: Path,
+                 record: Callable[[dict], None], *, toxiproxy: Any = None):
+        self.scenario = scenario
+        self.topo = scenario.topology
+        self.target = target
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.preload_path = preload_path
+        self._record = record
+        self.rng = random.Random(scenario.seed)
+        self.tmp = Path(tempfile.mkdtemp(prefix="pdc-"))  # short: unix socket paths max 107 bytes
+        self.server: ProcHandle | None = None
+        self.server_baseline: dict | None = None
+        self.interposer: ProcHandle | None = None
+        self.toxiproxy = toxiproxy
+        self.proxy_name = "lookup"
+        self._n = 0
+        self.server_control_ep = f"ipc://{self.tmp}/server-ctl.sock"
+        self.interposer_control_ep = f"ipc://{self.tmp}/interposer-ctl.sock"
+        if self.topo.transport == "ipc":
+            self.server_endpoint = f"ipc://{self.tmp}/lookup.sock"
+        else:
+            self.server_endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+        self.client_endpoint = self.server_endpoint
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.start_server()
+        if self.topo.link == "interposer":
+            listen = (f"ipc://{self.tmp}/interposer.sock" if self.topo.transport == "ipc"
+                      else f"tcp://127.0.0.1:{free_tcp_port()}")
+            self.interposer = self._spawn("interposer", [
+                "--listen", listen, "--upstream", self.server_endpoint, "--control", self.interposer_control_ep,
+            ])
+            self.client_endpoint = listen
+        elif self.topo.link == "toxiproxy":
+            if self.toxiproxy is None:
+                raise HarnessError("link toxiproxy: no toxiproxy-server running")
+            listen_port = free_tcp_port()
+            upstream = self.server_endpoint[len("tcp://"):]
+            self.toxiproxy.create_proxy(self.proxy_name, listen=f"127.0.0.1:{listen_port}", upstream=upstream)
+            self.client_endpoint = f"tcp://127.0.0.1:{listen_port}"
+        elif self.topo.link == "netns":
+            raise HarnessError("link netns is not wired into the runner yet")
+
+    def close(self) -> None:
+        for proc in (self.interposer, self.server):
+            if proc is not None:
+                proc.stop(2.0)
+        self.interposer = self.server = None
+        if self.toxiproxy is not None and self.topo.link == "toxiproxy":
+            try:
+                self.toxiproxy.delete_proxy(self.proxy_name)
+            except Exception:  # the server may be gone already; the run's teardown stops it
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What would leak: live processes of this topology, or its ipc folder."""
+        out = [f"pid {p.pid} ({p.name})" for p in (self.server, self.interposer) if p is not None and p.alive]
+        if self.tmp.exists():
+            out.append(str(self.tmp))
+        return out
+
+    # ------------------------------------------------------------ helpers
+    def _spawn(self, kind: str, args: list[str]) -> ProcHandle:
+        self._n += 1
+        log = self.logs / f"{self._n:02d}-{kind}.log"
+        proc = start_node(kind, args, log_path=log, ready_timeout_s=10.0)
+        self.event("process_start", kind=kind, pid=proc.pid)
+        return proc
+
+    def _server_args(self) -> list[str]:
+        t = self.topo
+        return ["--endpoint", self.server_endpoint, "--control", self.server_control_ep,
+                "--preload", str(self.preload_path), "--block-size", str(t.block_size), "--groups", str(t.groups)]
+
+    def event(self, what: str, **fields: Any) -> None:
+        self._record({"type": "event", "what": what, "t": time.monotonic(), **fields})
+
+    def probe_server(self, when: str) -> dict | None:
+        """Record the server's threads, fds, counters and liveness; None if it does not answer."""
+        stats = self.server_stats()
+        if stats is None:
+            return None
+        probe = {"type": "probe", "node": "server", "when": when, "t": time.monotonic(),
+                 "pid": stats.get("pid"), "threads": stats.get("threads"), "fds": stats.get("fds"),
+                 "counters": stats.get("counters", {}), "alive": bool(stats.get("alive", True)),
+                 "kind": self.server.name if self.server else None}
+        self._record(probe)
+        if when == "baseline":
+            self.server_baseline = probe
+        return probe
+
+    # ------------------------------------------------------------ FaultContext
+    def start_server(self) -> None:
+        if self.server is not None and self.server.alive:
+            return
+        kind = SERVER_KIND[self.target]
+        args = self._server_args()
+        if kind == "lookup-server":
+            args += ["--backend-timeout-ms", str(max(1, int(self.topo.backend_timeout * 1000)))]
+        self.server = self._spawn(kind, args)
+        self.probe_server("baseline")
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop(2.0)
+            self.event("process_stop", kind=self.server.name, pid=self.server.pid,
+                       returncode=self.server.returncode)
+            self.server = None
+
+    def kill_server(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.event("process_kill", kind=self.server.name, pid=self.server.pid)
+            self.server = None
+
+    def signal_server(self, sig: int) -> None:
+        if self.server is None:
+            raise HarnessError("signal_server: no server running")
+        os.kill(self.server.pid, sig)
+        self.event("process_signal", kind=self.server.name, pid=self.server.pid, signal=signal.Signals(sig).name)
+
+    def swap_server(self, kind: str, args: list[str]) -> None:
+        self.stop_server()
+        self.server = self._spawn(kind, self._server_args() + list(args))
+        self.probe_server("baseline")
+
+    def restore_server(self) -> None:
+        self.stop_server()
+        self.start_server()
+
+    def server_control(self, cmd: str, **fields: Any) -> dict:
+        return control_call(self.server_control_ep, cmd, **fields)
+
+    def interposer_control(self, cmd: str, **fields: Any) -> dict:
+        if self.interposer is None:
+            raise HarnessError("this fault needs topology.link: interposer")
+        return control_call(self.interposer_control_ep, cmd, **fields)
+
+    def server_stats(self, timeout_ms: int = 1000) -> dict | None:
+        """Stats of the current server, or None if it is down or does not answer."""
+        if self.server is None or not self.server.alive:
+            return None
+        try:
+            return control_call(self.server_control_ep, "stats", timeout_ms=timeout_ms)
+        except ControlError:
+            return None
+
+    def final_probe(self, timeout_s: float = 1.0) -> dict | None:
+        """Record the final server probe once threads and fds are back to ``baseline`` (threads of
+        a healed fault wind down for a moment) or ``timeout_s`` passed, whichever is first."""
+        deadline = time.monotonic() + timeout_s
+        baseline = self.server_baseline
+        stats = self.server_stats()
+        while stats is not None and baseline is not None and stats.get("pid") == baseline.get("pid") \
+                and time.monotonic() < deadline \
+                and (stats.get("threads", 0) > baseline.get("threads", 0) or stats.get("fds", 0) > baseline.get("fds", 0)):
+            time.sleep(0.05)
+            stats = self.server_stats()
+        return self.probe_server("final") if stats is not None else None

@@ -1,0 +1,226 @@
+"""The workload: the scheduler side of a topology, run as its own process (``pdchaos node workload``).
+
+It generates lookups from a seed (full hits, partial hits, misses, hbm_hit_tokens, several KV
+groups), knows the expected hit of each from the preloaded keys, calls the target's client and
+records every op in the journal part (invoke, then ok / fail / info). Workers are threads, each
+with its own client (REQ is strictly request-reply), paced to the configured rate.
+
+Protocol with the runner: prints READY once its baseline probe is written, then waits for SIGUSR1
+(the start signal) and runs for ``duration`` seconds. A worker stuck in a call (the legacy client has
+no deadline) is left behind at the end: the process writes its final probe and leaves with
+``os._exit`` so a hung call cannot keep it alive; that op has no completion and is stalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from connector_patch.lookup.backend import prefix_hit_tokens
+
+from .journal import JournalWriter
+from .nodeutil import setup_logging
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    kind: str
+    token_len: int
+    hashes: tuple[bytes, ...]
+    groups: tuple[int, ...]
+    hbm_hit_tokens: int
+    expected: int
+
+
+class OpGenerator:
+    """Deterministic ops from a seed. ``preload`` are the keys present in every group."""
+
+    def __init__(self, preload: list[str], block_size: int, groups: int, mix: dict[str, int],
+                 prompt_blocks: tuple[int, int], seed: int):
+        self.preload = [bytes.fromhex(h) for h in preload]
+        self.present = set(preload)
+        self.bs = block_size
+        self.groups = groups
+        kinds = [k for k, w in mix.items() if w > 0]
+        self.kinds, self.weights = kinds, [mix[k] for k in kinds]
+        self.lo, self.hi = prompt_blocks
+        self.rng = random.Random(seed)
+
+    def _unknown(self) -> bytes:
+        while True:
+            h = self.rng.getrandbits(256).to_bytes(32, "big")
+            if h.hex() not in self.present:
+                return h
+
+    def next(self) -> OpSpec:
+        rng = self.rng
+        kind = rng.choices(self.kinds, self.weights)[0]
+        n = rng.randint(self.lo, self.hi)
+        known = [rng.choice(self.preload) for _ in range(n)]
+        groups: tuple[int, ...] = (0,)
+        hbm = 0
+        if kind == "full":
+            hashes = known
+        elif kind == "partial":
+            cut = rng.randint(1, max(1, n - 1))
+            hashes = known[:cut] + [self._unknown() for _ in range(n - cut)]
+        elif kind == "miss":
+            hashes = [self._unknown()] + known[1:]
+        elif kind == "hbm":  # unknown blocks already in HBM, then known ones
+            m = rng.randint(1, n)
+            hashes = [self._unknown() for _ in range(m)] + known[m:]
+            hbm = m * self.bs
+        else:  # multigroup
+            groups = tuple(range(self.groups)) if self.groups > 1 else (0,)
+            hashes = known if rng.random() < 0.5 else known[: n // 2] + [self._unknown() for _ in range(n - n // 2)]
+        token_len = n * self.bs + rng.randint(0, self.bs - 1)  # a partial last block has no hash
+        hbm = min(hbm, token_len)
+        hexes = [h.hex() for h in hashes]
+        expected = prefix_hit_tokens(token_len, hexes, groups, hbm, self.bs,
+                                     lambda h, g: h in self.present)
+        return OpSpec(kind, token_len, tuple(hashes), groups, hbm, expected)
+
+
+def _stats() -> dict[str, int]:
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        fds = -1
+    return {"threads": threading.active_count(), "fds": fds}
+
+
+class Workload:
+    def __init__(self, cfg: dict[str, Any], journal: JournalWriter):
+        self.cfg = cfg
+        self.journal = journal
+        self.target = cfg["target"]
+        self._ids = iter(range(1, 1 << 62))
+        self._id_lock = threading.Lock()
+        self.clients: list[Any] = []
+
+    def _next_id(self) -> int:
+        with self._id_lock:
+            return next(self._ids)
+
+    def make_client(self):
+        if self.target == "hardened":
+            from connector_patch.lookup import LookupClient
+
+            return LookupClient(self.cfg["endpoint"], int(self.cfg["deadline_ms"]))
+        from connector_patch.legacy import LegacyLookupClient
+
+        return LegacyLookupClient(self.cfg["endpoint"])
+
+    def call(self, worker: int, client: Any, f: str, spec: OpSpec | None) -> None:
+        op_id = self._next_id()
+        inv = {"type": "op", "id": op_id, "process": worker, "f": f, "phase": "invoke"}
+        if spec is not None:
+            inv.update(kind=spec.kind, token_len=spec.token_len, hashes=len(spec.hashes), groups=list(spec.groups),
+                       hbm_hit_tokens=spec.hbm_hit_tokens, expected=spec.expected)
+        else:
+            inv.update(kind="reset", expected=True)
+        inv["t"] = time.monotonic()
+        self.journal.write(inv)
+        start = time.monotonic()
+        done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": f}
+        try:
+            if spec is not None:
+                value: Any = client.lookup(spec.token_len, spec.hashes, spec.groups, spec.hbm_hit_tokens)
+            else:
+                value = client.reset() if hasattr(client, "reset") else False
+            outcome = getattr(client, "last_outcome", "ok")
+            code = getattr(client, "last_code", "")
+            if self.target == "legacy":
+                outcome, code = "ok", ""  # the legacy client cannot tell a failure from a result
+            phase = "ok" if outcome == "ok" else "fail"
+            done.update(phase=phase, value=value, outcome=outcome, code=code)
+        except Exception as exc:  # the legacy client raises (EFSM, ...): indeterminate
+            done.update(phase="info", value=None, outcome="raised", code=type(exc).__name__)
+        t = time.monotonic()
+        done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
+        self.journal.write(done)
+
+    def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: float,
+               interval: float) -> None:
+        k = 0
+        while True:
+            due = t_start + k * interval
+            now = time.monotonic()
+            if due >= t_end or now >= t_end:
+                return
+            if due > now:
+                time.sleep(due - now)
+            self.call(idx, client, "lookup", gen.next())
+            k += 1
+
+    def run(self) -> int:
+        cfg = self.cfg
+        self.journal.write({"type": "probe", "node": "client", "when": "baseline", "t": time.monotonic(),
+                            **_stats(), "counters": {}})
+        n = int(cfg["concurrency"])
+        gens = [OpGenerator(cfg["preload"], cfg["block_size"], cfg["groups"], cfg["mix"],
+                            tuple(cfg["prompt_blocks"]), cfg["seed"] * 1000 + i) for i in range(n)]
+        self.clients = [self.make_client() for _ in range(n)]
+        print("READY", flush=True)
+        # The runner sends SIGUSR1 to start (blocked in main() before any thread exists).
+        if signal.sigtimedwait({signal.SIGUSR1}, float(cfg.get("go_timeout_s", 30.0))) is None:
+            for c in self.clients:
+                c.close()
+            return 0
+        t_start = time.monotonic()
+        duration = float(cfg["duration_s"])
+        t_end = t_start + duration
+        interval = n / float(cfg["rate"])
+        threads = []
+        for i in range(n):
+            th = threading.Thread(target=self.worker, name=f"workload-{i}", daemon=True,
+                                  args=(i, self.clients[i], gens[i], t_start + i * interval / n, t_end, interval))
+            th.start()
+            threads.append(th)
+        grace = float(cfg["grace_s"])
+        for th in threads:
+            th.join(max(0.0, t_end + grace - time.monotonic()))
+        stuck = [th for th in threads if th.is_alive()]
+        counters: dict[str, int] = {}
+        for i, c in enumerate(self.clients):
+            if threads[i].is_alive():
+                continue  # a client stuck in a call cannot be closed (the legacy one has no deadline)
+            for k, v in (getattr(c, "counters", {}) or {}).items():
+                counters[k] = counters.get(k, 0) + v
+            c.close()
+        self.journal.write({"type": "probe", "node": "client", "when": "final", "t": time.monotonic(),
+                            **_stats(), "counters": counters, "stuck_workers": len(stuck),
+                            "alive": True})
+        self.journal.close()
+        if stuck:
+            sys.stdout.flush()
+            os._exit(3)  # leave the hung call behind; the runner records its op as stalled
+        return 0
+
+
+def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
+    p.add_argument("--config", required=True, help="JSON file written by the runner")
+    p.add_argument("--journal", required=True, help="journal part to append ops to")
+    p.add_argument("--log-level", default="INFO")
+
+
+def run_node(args: argparse.Namespace) -> int:
+    from .errors import UsageError
+
+    try:
+        with open(args.config, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--config: cannot read {args.config!r}: {exc}") from None
+    setup_logging(args.log_level)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # before any thread: none may take it
+    journal = JournalWriter(args.journal)
+    return Workload(cfg, journal).run()

@@ -1,0 +1,103 @@
+"""pytest plugin: each scenario file and target is a test item.
+
+``pytest scenarios/lookup`` collects every ``*.yaml`` under a ``scenarios`` folder (or any YAML
+given with ``--pdchaos``), one item per target, e.g. ``slow-peer.yaml::slow-peer[legacy]``. An
+item passes when the target ends with the verdict its scenario expects; a deviation fails with
+the violated checks as the assertion message; a missing tool (toxiproxy-server, root) skips with
+the reason. Journals go to ``runs/pytest-<id>/`` like any run. Use ``--junitxml`` for CI.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pdchaos")
+    group.addoption("--pdchaos", action="store_true", help="collect any *.yaml given as pd-chaos scenarios")
+    group.addoption("--pdchaos-runs-dir", default="runs", help="where scenario run folders go (default runs/)")
+    group.addoption("--pdchaos-target", action="append", choices=["hardened", "legacy"],
+                    help="only this target (repeatable)")
+
+
+def pytest_collect_file(parent: pytest.Collector, file_path: Path):
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    if parent.config.getoption("--pdchaos") or "scenarios" in file_path.parts:
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ScenarioFailure(Exception):
+    pass
+
+
+class ScenarioFile(pytest.File):
+    def collect(self):
+        from harness.errors import UsageError
+        from harness.schema import load_scenario
+
+        try:
+            sc = load_scenario(self.path)
+        except UsageError as exc:
+            raise self.CollectError(str(exc)) from None
+        only = self.config.getoption("--pdchaos-target")
+        for target in sc.model.targets:
+            if only and target not in only:
+                continue
+            item = ScenarioItem.from_parent(self, name=f"{sc.name}[{target}]", scenario=sc, target=target)
+            item.add_marker(pytest.mark.timeout(sc.model.cap + 30))
+            yield item
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario, target, **kwargs):
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.target = target
+
+    def _runner(self):
+        from harness.runner import Runner, new_run_dir
+
+        stash = self.config.stash
+        key = _RUNNER_KEY
+        if key not in stash:
+            run_dir = new_run_dir(self.config.getoption("--pdchaos-runs-dir"))
+            stash[key] = (Runner(run_dir), run_dir)
+        return stash[key]
+
+    def runtest(self) -> None:
+        runner, _ = self._runner()
+        res = runner.run_one(self.scenario, self.target)
+        runner.results.append(res)
+        self.user_properties.append(("verdict", res.verdict))
+        self.user_properties.append(("journal", str(runner.run_dir / res.dir / "journal.jsonl")))
+        if res.verdict == "skipped":
+            pytest.skip(res.reason)
+        if not res.as_expected:
+            failed = [c for c in res.checks if c["ok"] is False]
+            lines = [f"{self.target}: verdict {res.verdict}, expected {res.expected}"]
+            lines += [f"  {c['name']}: {c['message']}" for c in failed] or [f"  {res.reason}"]
+            raise ScenarioFailure("\n".join(lines))
+
+    def repr_failure(self, excinfo, style=None):  # noqa: ARG002
+        if isinstance(excinfo.value, ScenarioFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, 0, f"scenario {self.scenario.name} [{self.target}]"
+
+
+_RUNNER_KEY = pytest.StashKey[tuple]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stash = session.config.stash
+    if _RUNNER_KEY in stash:
+        from harness.runner import write_summary
+
+        runner, run_dir = stash[_RUNNER_KEY]
+        write_summary(run_dir, runner.results, "", sum(r.elapsed_s for r in runner.results))

@@ -111,6 +111,8 @@ FAULT_MODULES = (
     "faults.backend",
     "faults.requests",
     "faults.interpose",
+    "faults.toxics",
+    "faults.partition",
 )
 
 

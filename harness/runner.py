@@ -174,6 +174,7 @@ class Runner:
             cfg_path.write_text(json.dumps(cfg))
             workload = start_node("workload", ["--config", str(cfg_path), "--journal", str(part)],
                                   log_path=str(d / "logs" / "client-workload.log"), ready_timeout_s=15.0)
+            topo.event("process_start", kind="workload", pid=workload.pid)
             res.setup_s = time.monotonic() - started
             t0 = time.monotonic()
             os.kill(workload.pid, signal.SIGUSR1)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from faults.base import Duration, load_registry
 
@@ -119,7 +119,9 @@ def _fault_union():
         model = type(f"Fault_{name}", (cls.Params,), namespace)
         models.append(model)
     if not models:
-        return dict
+        def _none(v: Any) -> Any:
+            raise ValueError("no fault types are registered")
+        return Annotated[dict, AfterValidator(_none)]
     if len(models) == 1:
         return models[0]
     return Annotated[Union[tuple(models)], Field(discriminator="type")]
@@ -230,13 +232,15 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
 
 def _fmt_loc(loc: tuple, fault_names: set[str]) -> str:
     out = ""
+    prev: Any = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in fault_names or str(part).startswith(("function-", "Fault_")):
-            continue  # the discriminator tag pydantic inserts
+        elif isinstance(prev, int) and (part in fault_names or str(part).startswith("function-")):
+            pass  # the discriminator tag pydantic inserts after a list index
         else:
             out += ("." if out else "") + ("for" if part == "for_" else str(part))
+        prev = part
     return out or "(top level)"
 
 
@@ -245,7 +249,8 @@ def _friendly(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown field"
     if err["type"] == "union_tag_invalid":
-        return f"unknown fault type {err.get('input')!r}; known: {', '.join(sorted(load_registry()))}"
+        tag = (err.get("ctx") or {}).get("tag")
+        return f"unknown fault type {tag!r}; known: {', '.join(sorted(load_registry()))}"
     if err["type"] == "union_tag_not_found":
         return "missing 'type' (the fault name)"
     if msg.startswith("Value error, "):

@@ -94,7 +94,7 @@ def _stats() -> dict[str, int]:
         fds = len(os.listdir("/proc/self/fd"))
     except OSError:
         fds = -1
-    return {"threads": threading.active_count(), "fds": fds}
+    return {"pid": os.getpid(), "threads": threading.active_count(), "fds": fds}
 
 
 class Workload:

@@ -1,0 +1,226 @@
+"""The scenario runner end to end: real node processes, real sockets, real journals.
+
+Small scenarios (1 s of workload) so the file stays fast. Covers: a clean run and its outputs,
+offline re-check giving the same verdicts, a target that hangs forever reported as stalled while
+the runner still finishes, cleanup after SIGINT to the runner, no leftovers, bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import journal as J
+
+PDCHAOS = [sys.executable, "-m", "harness.cli"]
+
+
+def write(tmp: Path, name: str, body: str) -> Path:
+    p = tmp / f"{name}.yaml"
+    p.write_text(textwrap.dedent(body).lstrip())
+    return p
+
+
+def run_cli(*args: str, timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(PDCHAOS + list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie of an already-exited child is not "alive"
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split()[2] == "Z":
+                    continue
+        except OSError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+def started_pids(run_dir: Path) -> list[int]:
+    pids = []
+    for _, _, path in J.iter_runs(run_dir):
+        for r in J.read_journal(path):
+            if r.get("type") == "event" and r.get("what") == "process_start":
+                pids.append(r["pid"])
+            if r.get("type") == "probe" and r.get("node") == "client" and "pid" in r:
+                pids.append(r["pid"])
+    return pids
+
+
+CLEAN = """
+name: clean
+seed: 3
+deadline: 200ms
+topology: {transport: TRANSPORT, groups: 2, preload_blocks: 32}
+workload: {duration: 1s, concurrency: 2, rate: 80}
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_clean_run_outputs_and_offline_check(tmp_path: Path, transport: str) -> None:
+    write(tmp_path, "clean", CLEAN.replace("TRANSPORT", transport))
+    runs = tmp_path / "runs"
+    proc = run_cli("run", str(tmp_path / "clean.yaml"), "--runs-dir", str(runs), "--no-report", "--plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list(runs.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    verdicts = {(r["scenario"], r["target"]): r["verdict"] for r in summary["results"]}
+    assert verdicts == {("clean", "hardened"): "pass", ("clean", "legacy"): "pass"}
+    for target in ("hardened", "legacy"):
+        recs = J.read_journal(run_dir / "clean" / target / "journal.jsonl")
+        ops = J.ops(recs)
+        assert len(ops) >= 50  # 80 ops/s for 1 s
+        assert all(o["phase"] == "ok" and o["value"] == o["expected"] for o in ops)
+        assert {o["kind"] for o in ops} >= {"full", "partial", "miss"}
+        assert any(o["expected"] > 0 for o in ops) and any(o["expected"] == 0 for o in ops)
+    junit = (run_dir / "junit.xml").read_text()
+    assert junit.count("<testcase") == 2 and "<failure" not in junit
+    # offline re-check: the same verdicts from the journals alone
+    check = run_cli("check", str(run_dir))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("(same as saved)") == 2
+    # nothing left behind
+    assert pids_alive(started_pids(run_dir)) == []
+    for _, _, path in J.iter_runs(run_dir):
+        for r in J.read_journal(path):
+            assert not (r.get("type") == "event" and r.get("what") == "leftovers"), r
+
+
+HANG = """
+name: silent-peer-forever
+seed: 5
+deadline: 200ms
+cap: 20s
+topology: {transport: ipc}
+workload: {duration: 1500ms, concurrency: 1, rate: 20}
+faults:
+  - {type: silent_peer, at: 300ms, for: 500ms}
+expect: {hardened: pass, legacy: stall}
+"""
+
+
+@pytest.mark.timeout(90)
+def test_legacy_hangs_forever_is_reported_stalled(tmp_path: Path) -> None:
+    write(tmp_path, "hang", HANG)
+    runs = tmp_path / "runs"
+    t = time.monotonic()
+    proc = run_cli("run", str(tmp_path / "hang.yaml"), "--runs-dir", str(runs), "--no-report", "--plain",
+                   "--target", "legacy")
+    elapsed = time.monotonic() - t
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # stall was the expected verdict
+    assert elapsed < 20
+    (run_dir,) = list(runs.iterdir())
+    recs = J.read_journal(run_dir / "silent-peer-forever" / "legacy" / "journal.jsonl")
+    stalled = [o for o in J.ops(recs) if o["outcome"] == "stalled"]
+    # one worker: its request went to the silent peer, which was then replaced; the legacy REQ
+    # socket waits for that reply forever
+    assert len(stalled) == 1
+    final = [r for r in recs if r.get("type") == "probe" and r.get("node") == "client" and r.get("when") == "final"]
+    assert final and final[0]["stuck_workers"] == 1  # the workload left its hung call behind and exited
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["results"][0]["verdict"] == "stall"
+    assert pids_alive(started_pids(run_dir)) == []
+
+
+SLOW = """
+name: long-run
+seed: 9
+deadline: 200ms
+cap: 60s
+workload: {duration: 30s, concurrency: 1, rate: 20}
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
+    write(tmp_path, "long", SLOW)
+    runs = tmp_path / "runs"
+    before = set(Path("/tmp").glob("pdc-*"))
+    proc = subprocess.Popen(PDCHAOS + ["run", str(tmp_path / "long.yaml"), "--runs-dir", str(runs), "--no-report",
+                                       "--plain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        journal = None
+        while time.monotonic() < deadline:  # wait until the workload runs (ops in the part file)
+            parts = list(runs.glob("*/long-run/hardened/ops.part.jsonl"))
+            if parts and parts[0].stat().st_size > 2000:
+                journal = parts[0].parent / "journal.jsonl"
+                break
+            time.sleep(0.1)
+        assert journal is not None, "the run never started"
+        pids = [r["pid"] for r in J.read_journal(journal) if r.get("what") == "process_start"]
+        assert pids
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err
+    assert pids_alive(pids) == []
+    run_dir = journal.parent.parent.parent
+    assert pids_alive(started_pids(run_dir)) == []
+    assert set(Path("/tmp").glob("pdc-*")) - before == set()
+    recs = J.read_journal(journal)
+    assert recs[-1]["type"] == "end" and recs[-1]["reason"] == "interrupted"
+    assert J.ops(recs), "ops recorded before the interrupt were kept"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("body,expect", [
+    ("name: x\nworkload: {duration: -1s}\n", "workload.duration: expected a duration"),
+    ("name: x\nfaults:\n  - {type: no_such_fault, at: 1s, for: 1s}\n", "unknown fault type 'no_such_fault'"),
+    ("name: x\nworkload: {duration: 2s}\ncap: 1s\n", "cap must be longer"),
+    ("name: x\nbogus: 1\n", "bogus: unknown field"),
+    ("name: x\nchecks: {nonsense: {}}\n", "checks.nonsense"),
+    ("name: [unclosed\n", "invalid YAML"),
+    ("name: x\ntopology: {link: toxiproxy}\n", "needs transport: tcp"),
+])
+def test_bad_scenario_is_one_clear_error_and_nothing_starts(tmp_path: Path, body: str, expect: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(body)
+    runs = tmp_path / "runs"
+    proc = run_cli("run", str(p), "--runs-dir", str(runs))
+    assert proc.returncode == 2
+    assert expect in proc.stderr, proc.stderr
+    assert str(p) in proc.stderr and "Traceback" not in proc.stderr
+    assert not runs.exists(), "nothing may start on invalid input"
+
+
+@pytest.mark.timeout(30)
+def test_error_names_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nseed: 1\nworkload:\n  duration: 2s\n  rate: -5\n")
+    proc = run_cli("validate", str(p))
+    assert proc.returncode == 2
+    assert f"{p}:5: workload.rate" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_schema_list_validate(tmp_path: Path) -> None:
+    schema = run_cli("schema")
+    assert schema.returncode == 0
+    doc = json.loads(schema.stdout)
+    assert "faults" in doc["properties"] and "workload" in doc["properties"]
+    write(tmp_path, "clean", CLEAN.replace("TRANSPORT", "ipc"))
+    listed = run_cli("list", str(tmp_path))
+    assert listed.returncode == 0 and "clean" in listed.stdout
+    assert run_cli("validate", str(tmp_path)).returncode == 0
+    assert run_cli("run", str(tmp_path / "nope.yaml")).returncode == 2

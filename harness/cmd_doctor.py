@@ -27,13 +27,15 @@ def _check(name: str, ok: bool, detail: str, disables: str, **extra: Any) -> dic
 
 
 def _toxiproxy() -> list[dict]:
-    from faults.toxiproxy import PINNED_VERSION, ToxiproxyError, ToxiproxyServer, binary_version, find_binary
+    from faults.toxiproxy import ENV_BINARY, PINNED_VERSION, ToxiproxyError, ToxiproxyServer, binary_version, find_binary
 
     path = find_binary()
     if path is None:
+        env = os.environ.get(ENV_BINARY)
+        where = (f"${ENV_BINARY}={env} is not an executable" if env else
+                 f"toxiproxy-server not found (PATH, ~/go/bin/server, ${ENV_BINARY})")
         return [
-            _check("toxiproxy", False, "toxiproxy-server not found (PATH, ~/go/bin/server, "
-                   "$PDCHAOS_TOXIPROXY_SERVER); install: bash .ci/install-toxiproxy.sh", TOXIPROXY_OFF,
+            _check("toxiproxy", False, f"{where}; install: bash .ci/install-toxiproxy.sh", TOXIPROXY_OFF,
                    path=None, version=None, pinned=False, answers=False),
             _check("toxiproxy-pinned", False, f"want v{PINNED_VERSION}", "results are not comparable with "
                    f"CI's pinned v{PINNED_VERSION}"),
@@ -96,7 +98,7 @@ def collect() -> list[dict]:
                         "as root)", ["--version"]))
     checks.append(_tool("tc", "the bandwidth_limit fault", ["-V"]))
     for kind, off in (("tbf", "the bandwidth_limit fault"),
-                      ("netem", "netem-based faults (delay/loss inside namespaces); Toxiproxy latency still works")):
+                      ("netem", "nothing yet: no fault uses netem (bandwidth_limit uses tbf; delays go through Toxiproxy)")):
         if root and shutil.which("tc") and shutil.which("ip"):
             ok, why = netns.qdisc_available(kind)
         else:

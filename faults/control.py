@@ -115,3 +115,48 @@ def control_call(endpoint: str, cmd: str, timeout_ms: int = 2000, **fields: Any)
     if not answer.get("ok"):
         raise ControlError(f"control {cmd}: {answer.get('error')}")
     return answer
+
+
+class ControlClient:
+    """A kept-open control connection (so probing a node does not itself change its fd count).
+
+    Same rules as the lookup client: one deadline per call, and on any failure the REQ socket is
+    closed with linger=0 and rebuilt, so the next call starts clean (a node restarted on the same
+    endpoint is simply reconnected to)."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        self._ctx = zmq.Context.instance()
+        self._sock: zmq.Socket | None = None
+        self._lock = threading.Lock()
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            self._sock = self._ctx.socket(zmq.REQ)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(self.endpoint)
+        return self._sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def call(self, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:
+        with self._lock:
+            sock = self._socket()
+            try:
+                sock.send(msgpack.packb({"cmd": cmd, **fields}))
+                if not sock.poll(timeout_ms, zmq.POLLIN):
+                    raise ControlError(f"control {cmd}: no answer within {timeout_ms} ms")
+                answer = msgpack.unpackb(sock.recv(), raw=False)
+            except (zmq.ZMQError, ControlError, ValueError):
+                self._drop()
+                raise
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            raise ControlError(f"control {cmd}: {answer.get('error') if isinstance(answer, dict) else answer}")
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

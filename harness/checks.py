@@ -37,7 +37,9 @@ class CheckInput:
 
     def __post_init__(self) -> None:
         self.meta = J.meta(self.records)
-        self.ops = [o for o in J.ops(self.records) if o.get("f") == "lookup"]
+        self.all_ops = J.ops(self.records)
+        self.ops = [o for o in self.all_ops if o.get("f") == "lookup"]
+        self.admin_ops = [o for o in self.all_ops if o.get("f") == "reset"]
         self.windows = J.fault_windows(self.records)
         self.probes = J.probes(self.records)
         self.events = [r for r in self.records if r.get("type") == "event"]
@@ -91,9 +93,9 @@ def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
 
 @check("fail_open")
 def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    raised = [o for o in inp.ops if o.get("outcome") == "raised"]
-    nonzero = [o for o in inp.ops if o.get("phase") == "fail" and o.get("value") not in (0, False)]
-    failed = [o for o in inp.ops if o.get("phase") == "fail"]
+    raised = [o for o in inp.all_ops if o.get("outcome") == "raised"]
+    nonzero = [o for o in inp.all_ops if o.get("phase") == "fail" and o.get("value") not in (0, False)]
+    failed = [o for o in inp.all_ops if o.get("phase") == "fail"]
     if raised:
         o = raised[0]
         return _r(False, f"{len(raised)} ops raised to the caller; op {o['id']}: {o.get('code')}",
@@ -107,7 +109,7 @@ def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 @check("correct_hits")
 def correct_hits(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    ok_ops = [o for o in inp.ops if o.get("phase") == "ok"]
+    ok_ops = [o for o in inp.all_ops if o.get("phase") == "ok"]  # lookups and admin resets
     wrong = [o for o in ok_ops if o.get("value") != o.get("expected")]
     if wrong:
         o = wrong[0]
@@ -138,8 +140,11 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
     if not inp.windows:
         return _r(None, "no fault windows")
     bad, checked = [], 0
-    for start, stop, names in _merged_windows(inp.windows):
-        after = [o for o in inp.ops if o.get("t_invoke", 0) >= stop]
+    merged = _merged_windows(inp.windows)
+    for i, (start, stop, names) in enumerate(merged):
+        next_start = merged[i + 1][0] if i + 1 < len(merged) else float("inf")
+        # ops between this window's end and the next window's start
+        after = [o for o in inp.ops if stop <= o.get("t_invoke", 0) < next_start]
         if not after:
             continue
         checked += 1
@@ -245,8 +250,8 @@ def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, "no final client probe: the workload did not finish")
     counters = final[-1].get("counters") or {}
     tally = {c: 0 for c in ("ok",) + FAIL_CATEGORIES}
-    for o in inp.ops:
-        if o.get("outcome") in tally:
+    for o in inp.all_ops:  # a failed reset counts under its failure category, a good one under reset_ok
+        if o.get("outcome") in tally and not (o.get("f") == "reset" and o["outcome"] == "ok"):
             tally[o["outcome"]] += 1
     mismatch = {c: (counters.get(c, 0), n) for c, n in tally.items() if counters.get(c, 0) != n}
     if mismatch:

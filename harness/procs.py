@@ -82,6 +82,7 @@ class ProcHandle:
         with self._lock:
             if self.proc.poll() is None:
                 self._signal_group(signal.SIGTERM)
+                self._signal_group(signal.SIGCONT)  # a frozen (SIGSTOP) node must run to exit
                 try:
                     self.proc.wait(timeout=max(0.0, timeout_s))
                 except subprocess.TimeoutExpired:

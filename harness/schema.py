@@ -74,6 +74,8 @@ class Workload(_Strict):
     rate: float = Field(40.0, gt=0, le=20_000, description="ops/s over all workers")
     mix: Mix = Field(default_factory=Mix)
     prompt_blocks: tuple[int, int] = (2, 12)
+    reset_at: Duration | None = Field(None, description="one admin reset at this time (needs concurrency 1: "
+                                                        "every later op then expects a miss)")
 
     @model_validator(mode="after")
     def _ranges(self) -> "Workload":
@@ -82,11 +84,14 @@ class Workload(_Strict):
             raise ValueError("prompt_blocks must be [lo, hi] with 1 <= lo <= hi <= 4096")
         if self.duration <= 0:
             raise ValueError("duration must be positive")
+        if self.reset_at is not None and (self.concurrency != 1 or self.reset_at >= self.duration):
+            raise ValueError("reset_at needs concurrency: 1 and a time within the duration")
         return self
 
 
 class RandomFaults(_Strict):
-    """A fault schedule drawn from the scenario seed: ``count`` faults picked from ``choices``."""
+    """A fault schedule drawn from the scenario seed: ``count`` faults picked from ``choices``, one
+    in each of ``count`` equal slots of ``window`` (so they never overlap)."""
 
     count: int = Field(ge=1, le=50)
     window: tuple[Duration, Duration]
@@ -139,10 +144,16 @@ class _ScenarioBase(_Strict):
     workload: Workload = Field(default_factory=Workload)
     random_faults: RandomFaults | None = None
     checks: dict[Literal[_CHECK_NAMES], CheckOptions] = Field(default_factory=dict)  # type: ignore[valid-type]
-    expect: dict[Literal["hardened", "legacy"], Literal["pass", "fail", "stall"]] = Field(default_factory=dict)
+    expect: dict[Literal["hardened", "legacy"], Union[Literal["pass", "fail", "stall"],
+                                                       list[Literal["pass", "fail", "stall"]]]] = Field(
+        default_factory=dict,
+        description="the verdict expected per target (default pass); a list when several are honest "
+                    "outcomes, e.g. [fail, stall] for a baseline that stalls only if a request was in flight")
 
     @model_validator(mode="after")
     def _sane(self):
+        if self.workload.reset_at is not None and "legacy" in self.targets:
+            raise ValueError("workload.reset_at: the legacy protocol has no reset; use targets: [hardened]")
         if self.deadline <= 0:
             raise ValueError("deadline must be positive")
         if self.cap <= self.workload.duration:
@@ -154,7 +165,9 @@ class _ScenarioBase(_Strict):
         return self
 
     def expected(self, target: str) -> str:
-        return self.expect.get(target, "pass")
+        """The expected verdict as text: "pass", or "fail|stall" for a list."""
+        e = self.expect.get(target, "pass")
+        return e if isinstance(e, str) else "|".join(e)
 
     def check_options(self, name: str) -> CheckOptions:
         return self.checks.get(name, CheckOptions())
@@ -196,10 +209,11 @@ class LoadedScenario:
         rng = random.Random(self.model.seed)
         model = scenario_model()
         out = []
-        for _ in range(rf.count):
+        slot = (rf.window[1] - rf.window[0]) / rf.count  # one fault per slot: they never overlap
+        for i in range(rf.count):
             choice = dict(rng.choice(rf.choices))
-            length = rng.uniform(*rf.length)
-            at = rng.uniform(rf.window[0], max(rf.window[0], rf.window[1] - length))
+            length = min(rng.uniform(*rf.length), slot * 0.8)
+            at = rf.window[0] + i * slot + rng.uniform(0.0, slot - length)
             choice.update({"at": f"{at * 1000:.0f}ms", "for": f"{length * 1000:.0f}ms"})
             out.append(choice)
         drawn = model.model_validate({"name": "drawn", "faults": out,

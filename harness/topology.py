@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from faults.control import ControlError, control_call
+from faults.control import ControlClient, ControlError
 
 from .errors import HarnessError
 from .procs import ProcHandle, start_node
@@ -45,6 +45,7 @@ class Topology:
         self.preload_path = preload_path
         self._record = record
         self.rng = random.Random(scenario.seed)
+        self.deadline = scenario.deadline  # seconds: faults judge what a delay should cause
         self.tmp = Path(tempfile.mkdtemp(prefix="pdc-"))  # short: unix socket paths max 107 bytes
         self.server: ProcHandle | None = None
         self.server_baseline: dict | None = None
@@ -54,6 +55,8 @@ class Topology:
         self._n = 0
         self.server_control_ep = f"ipc://{self.tmp}/server-ctl.sock"
         self.interposer_control_ep = f"ipc://{self.tmp}/interposer-ctl.sock"
+        self._server_ctl = ControlClient(self.server_control_ep)
+        self._interposer_ctl = ControlClient(self.interposer_control_ep)
         if self.topo.transport == "ipc":
             self.server_endpoint = f"ipc://{self.tmp}/lookup.sock"
         else:
@@ -90,6 +93,8 @@ class Topology:
                 self.toxiproxy.delete_proxy(self.proxy_name)
             except Exception:  # the server may be gone already; the run's teardown stops it
                 pass
+        self._server_ctl.close()
+        self._interposer_ctl.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
@@ -115,9 +120,9 @@ class Topology:
     def event(self, what: str, **fields: Any) -> None:
         self._record({"type": "event", "what": what, "t": time.monotonic(), **fields})
 
-    def probe_server(self, when: str) -> dict | None:
+    def probe_server(self, when: str, stats: dict | None = None) -> dict | None:
         """Record the server's threads, fds, counters and liveness; None if it does not answer."""
-        stats = self.server_stats()
+        stats = stats or self.server_stats()
         if stats is None:
             return None
         probe = {"type": "probe", "node": "server", "when": when, "t": time.monotonic(),
@@ -169,19 +174,19 @@ class Topology:
         self.start_server()
 
     def server_control(self, cmd: str, **fields: Any) -> dict:
-        return control_call(self.server_control_ep, cmd, **fields)
+        return self._server_ctl.call(cmd, **fields)
 
     def interposer_control(self, cmd: str, **fields: Any) -> dict:
         if self.interposer is None:
             raise HarnessError("this fault needs topology.link: interposer")
-        return control_call(self.interposer_control_ep, cmd, **fields)
+        return self._interposer_ctl.call(cmd, **fields)
 
     def server_stats(self, timeout_ms: int = 1000) -> dict | None:
         """Stats of the current server, or None if it is down or does not answer."""
         if self.server is None or not self.server.alive:
             return None
         try:
-            return control_call(self.server_control_ep, "stats", timeout_ms=timeout_ms)
+            return self._server_ctl.call("stats", timeout_ms=timeout_ms)
         except ControlError:
             return None
 
@@ -196,4 +201,4 @@ class Topology:
                 and (stats.get("threads", 0) > baseline.get("threads", 0) or stats.get("fds", 0) > baseline.get("fds", 0)):
             time.sleep(0.05)
             stats = self.server_stats()
-        return self.probe_server("final") if stats is not None else None
+        return self.probe_server("final", stats) if stats is not None else None

@@ -54,6 +54,10 @@ class OpGenerator:
         self.lo, self.hi = prompt_blocks
         self.rng = random.Random(seed)
 
+    def forget_all(self) -> None:
+        """After an admin reset: keys are still sent, but none is present any more."""
+        self.present = set()
+
     def _unknown(self) -> bytes:
         while True:
             h = self.rng.getrandbits(256).to_bytes(32, "big")
@@ -119,7 +123,7 @@ class Workload:
 
         return LegacyLookupClient(self.cfg["endpoint"])
 
-    def call(self, worker: int, client: Any, f: str, spec: OpSpec | None) -> None:
+    def call(self, worker: int, client: Any, f: str, spec: OpSpec | None) -> Any:
         op_id = self._next_id()
         inv = {"type": "op", "id": op_id, "process": worker, "f": f, "phase": "invoke"}
         if spec is not None:
@@ -135,7 +139,7 @@ class Workload:
             if spec is not None:
                 value: Any = client.lookup(spec.token_len, spec.hashes, spec.groups, spec.hbm_hit_tokens)
             else:
-                value = client.reset() if hasattr(client, "reset") else False
+                value = client.reset()
             outcome = getattr(client, "last_outcome", "ok")
             code = getattr(client, "last_code", "")
             if self.target == "legacy":
@@ -147,9 +151,10 @@ class Workload:
         t = time.monotonic()
         done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
         self.journal.write(done)
+        return done.get("value")
 
     def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: float,
-               interval: float) -> None:
+               interval: float, reset_at: float | None) -> None:
         k = 0
         while True:
             due = t_start + k * interval
@@ -158,7 +163,12 @@ class Workload:
                 return
             if due > now:
                 time.sleep(due - now)
-            self.call(idx, client, "lookup", gen.next())
+            if reset_at is not None and time.monotonic() >= reset_at:
+                reset_at = None
+                if self.call(idx, client, "reset", None) is True:
+                    gen.forget_all()  # the pool is empty now: every later op expects a miss
+            else:
+                self.call(idx, client, "lookup", gen.next())
             k += 1
 
     def run(self) -> int:
@@ -179,10 +189,12 @@ class Workload:
         duration = float(cfg["duration_s"])
         t_end = t_start + duration
         interval = n / float(cfg["rate"])
+        reset_at = cfg.get("reset_at_s")
         threads = []
         for i in range(n):
             th = threading.Thread(target=self.worker, name=f"workload-{i}", daemon=True,
-                                  args=(i, self.clients[i], gens[i], t_start + i * interval / n, t_end, interval))
+                                  args=(i, self.clients[i], gens[i], t_start + i * interval / n, t_end, interval,
+                                        None if reset_at is None or i else t_start + float(reset_at)))
             th.start()
             threads.append(th)
         grace = float(cfg["grace_s"])

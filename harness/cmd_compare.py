@@ -1,0 +1,48 @@
+"""``pdchaos compare RUN_A RUN_B``: latency, fail-open and stall counts per scenario and target, B vs A.
+
+Exit 0 when no ``--fail-above`` threshold is exceeded, 1 when one is (a regression of B over A, as
+pytest-benchmark's ``--benchmark-compare-fail``), 2 on bad input (a missing run folder, a bad spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_a", metavar="RUN_A", help="baseline run folder (e.g. main)")
+    p.add_argument("run_b", metavar="RUN_B", help="candidate run folder (e.g. the PR)")
+    p.add_argument("--fail-above", action="append", default=[], metavar="METRIC:LIMIT",
+                   help="exit 1 if B exceeds A by more than LIMIT for any scenario/target: PERCENT%% "
+                        "(p99:10%%) or an absolute amount in the metric's unit (max:50 ms, stalls:0); "
+                        "metrics p50, p99, max, fail_open, stalls; repeatable")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.compare import compare_runs, format_table, json_safe, parse_threshold, regressions
+    from reports.load import load_run
+
+    thresholds = [parse_threshold(s) for s in args.fail_above]  # bad spec: UsageError before any work
+    a = load_run(args.run_a)
+    b = load_run(args.run_b)
+    rows = compare_runs(a, b)
+    regs = regressions(rows, thresholds)
+    if args.json:
+        print(json.dumps(json_safe({"a": str(a.path), "b": str(b.path), "run_id_a": a.run_id, "run_id_b": b.run_id,
+                                    "thresholds": [t.spec for t in thresholds], "rows": rows,
+                                    "regressions": regs}), indent=2, ensure_ascii=False))
+    else:
+        print(format_table(rows, regs, f"{a.path} ({a.run_id})", f"{b.path} ({b.run_id})"))
+        if thresholds:
+            print()
+            if regs:
+                for r in regs:
+                    th = next(t for t in thresholds if t.spec == r["threshold"])
+                    unit = " ms" if th.metric in ("p50", "p99", "max") else ""
+                    print(f"REGRESSION {r['scenario']}/{r['target']} {r['metric']}: {r['a']:g}{unit} -> "
+                          f"{r['b']:g}{unit}, {th.describe()} (--fail-above {th.spec})")
+            else:
+                print("no regression over " + ", ".join(t.spec for t in thresholds))
+    return 1 if regs else 0

@@ -223,17 +223,20 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     return _r(True, f"threads and fds back to baseline ({', '.join(compared)})")
 
 
-_HEXRUN = re.compile(r"[0-9a-fA-F]{32,}")
+_HEXRUN = re.compile(r"[0-9a-fA-F]{16,}")
 
 
 @check("log_hygiene")
 def log_hygiene(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    keys = [h for h in inp.preload if len(h) >= 16]
+    """No block hash, nor a 16+ hex-digit piece of one, nor any 32+ hex-digit run in any log."""
+    keys = [h.lower() for h in inp.preload if len(h) >= 16]
     hits = []
     for name, text in inp.logs.items():
-        low = text.lower()
-        if any(k in low for k in keys) or _HEXRUN.search(text):
-            hits.append(name)
+        for run in _HEXRUN.findall(text):
+            low = run.lower()
+            if len(low) >= 32 or any(low in k or k in low for k in keys):
+                hits.append(name)
+                break
     if hits:
         return _r(False, f"block-hash-like text in {len(hits)} log(s): {', '.join(sorted(hits)[:3])}")
     if not inp.logs:

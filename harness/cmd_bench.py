@@ -100,7 +100,8 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
-    workdir = tempfile.mkdtemp(prefix="pdc", dir="/tmp")
+    base = tempfile.gettempdir()  # honours TMPDIR, unless that would make ipc paths too long
+    workdir = tempfile.mkdtemp(prefix="pdc", dir=base if len(base) <= 64 else "/tmp")
     nodes: list[ProcHandle] = []
     try:
         return _bench(args, workdir, nodes)

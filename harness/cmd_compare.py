@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports.compare import compare_runs, format_table, json_safe, parse_threshold, regressions
+    from reports.compare import compare_runs, fmt_value, format_table, json_safe, parse_threshold, regressions
     from reports.load import load_run
 
     thresholds = [parse_threshold(s) for s in args.fail_above]  # bad spec: UsageError before any work
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
             if regs:
                 for r in regs:
                     th = next(t for t in thresholds if t.spec == r["threshold"])
-                    unit = " ms" if th.metric in ("p50", "p99", "max") else ""
-                    print(f"REGRESSION {r['scenario']}/{r['target']} {r['metric']}: {r['a']:g}{unit} -> "
-                          f"{r['b']:g}{unit}, {th.describe()} (--fail-above {th.spec})")
+                    print(f"REGRESSION {r['scenario']}/{r['target']} {r['metric']}: {fmt_value(th.metric, r['a'])} -> "
+                          f"{fmt_value(th.metric, r['b'])}, over the limit {fmt_value(th.metric, r['limit'])} "
+                          f"(--fail-above {th.spec})")
             else:
                 print("no regression over " + ", ".join(t.spec for t in thresholds))
     return 1 if regs else 0

@@ -19,12 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import reports
+    # reports.build, not the package's generate(): works even where an editable install made before
+    # reports/__init__.py existed maps "reports" as a namespace package.
+    from reports.build import generate
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
     start = time.monotonic()
-    written = reports.generate(args.run_dir, bench=args.bench, jobs=args.jobs)
+    written = generate(args.run_dir, bench=args.bench, jobs=args.jobs)
     root = Path(args.run_dir)
     pngs = [p for p in written if p.suffix == ".png"]
     for p in written:

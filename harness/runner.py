@@ -29,7 +29,6 @@ from . import checks as C
 from . import journal as J
 from .errors import HarnessError
 from .journal import JournalWriter, read_journal
-from .procs import start_node
 from .schema import LoadedScenario
 from .topology import Topology
 
@@ -89,8 +88,16 @@ def missing_requirements(scenario: LoadedScenario, toxiproxy: Any) -> str | None
         return "toxiproxy-server is not installed (run .ci/install-toxiproxy.sh; see `pdchaos doctor`)"
     if "root" in needs and os.geteuid() != 0:
         return "needs root (network namespaces and iptables)"
+    if "toxiproxy" in needs and link != "toxiproxy":
+        return "a toxic fault needs topology.link: toxiproxy"
     if "netns" in needs:
-        return "the netns link is not wired into the runner yet"
+        from faults.netns import availability
+
+        ok, why = availability()
+        if not ok:
+            return f"isolated hosts unavailable: {why}"
+        if link != "netns":
+            return "a partition fault needs topology.link: netns"
     return None
 
 
@@ -157,7 +164,14 @@ class Runner:
         preload_path = d / "preload.txt"
         preload_path.write_text("\n".join(preload) + "\n")
         part = d / "ops.part.jsonl"
-        topo = Topology(m, target, d, preload_path, jw.write, toxiproxy=self.toxiproxy)
+        try:
+            topo = Topology(m, target, d, preload_path, jw.write, toxiproxy=self.toxiproxy)
+        except Exception as exc:  # noqa: BLE001 - e.g. the namespaces could not be made
+            jw.write({**meta, "error": str(exc)})
+            jw.write({"type": "end", "t": time.monotonic(), "reason": "error", "stalled": 0})
+            jw.close()
+            res.verdict, res.reason = "error", f"topology: {type(exc).__name__}: {exc}"
+            return res
         for fm, f in zip(faults_meta, sc.faults):  # what each fault should cause, given this topology
             fm["categories"] = list(self._instance(f, topo).expected_categories())
         workload = None
@@ -174,9 +188,7 @@ class Runner:
                    "groups": m.topology.groups, "reset_at_s": m.workload.reset_at}
             cfg_path = d / "workload.json"
             cfg_path.write_text(json.dumps(cfg))
-            workload = start_node("workload", ["--config", str(cfg_path), "--journal", str(part)],
-                                  log_path=str(d / "logs" / "client-workload.log"), ready_timeout_s=15.0)
-            topo.event("process_start", kind="workload", pid=workload.pid)
+            workload = topo.spawn_client(["--config", str(cfg_path), "--journal", str(part)], "client-workload.log")
             res.setup_s = time.monotonic() - started
             t0 = time.monotonic()
             os.kill(workload.pid, signal.SIGUSR1)
@@ -198,9 +210,9 @@ class Runner:
                 topo.event("workload_killed", reason="ops still in flight after the grace period")
         except _Interrupted:
             reason = "interrupted"
-        except HarnessError as exc:
+        except Exception as exc:  # noqa: BLE001 - a harness failure is an error verdict, never a pass
             reason = "error"
-            res.reason = str(exc)
+            res.reason = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
         finally:
             t_down = time.monotonic()
             stop_nemesis.set()

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from faults.control import ControlClient, ControlError
 
 from .errors import HarnessError
-from .procs import ProcHandle, start_node
+from .procs import ProcHandle, node_command, start_process
 
 SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
 
@@ -57,7 +57,13 @@ class Topology:
         self.interposer_control_ep = f"ipc://{self.tmp}/interposer-ctl.sock"
         self._server_ctl = ControlClient(self.server_control_ep)
         self._interposer_ctl = ControlClient(self.interposer_control_ep)
-        if self.topo.transport == "ipc":
+        self.netns = None  # a faults.netns.NetnsPair with link: netns (client in "a", server in "b")
+        if self.topo.link == "netns":
+            from faults.netns import NetnsPair
+
+            self.netns = NetnsPair().create()
+            self.server_endpoint = f"tcp://{self.netns.ip_b}:{free_tcp_port()}"
+        elif self.topo.transport == "ipc":
             self.server_endpoint = f"ipc://{self.tmp}/lookup.sock"
         else:
             self.server_endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
@@ -80,8 +86,6 @@ class Topology:
             upstream = self.server_endpoint[len("tcp://"):]
             self.toxiproxy.create_proxy(self.proxy_name, listen=f"127.0.0.1:{listen_port}", upstream=upstream)
             self.client_endpoint = f"tcp://127.0.0.1:{listen_port}"
-        elif self.topo.link == "netns":
-            raise HarnessError("link netns is not wired into the runner yet")
 
     def close(self) -> None:
         for proc in (self.interposer, self.server):
@@ -95,6 +99,8 @@ class Topology:
                 pass
         self._server_ctl.close()
         self._interposer_ctl.close()
+        if self.netns is not None:
+            self.netns.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
@@ -105,12 +111,24 @@ class Topology:
         return out
 
     # ------------------------------------------------------------ helpers
-    def _spawn(self, kind: str, args: list[str]) -> ProcHandle:
+    def _spawn(self, kind: str, args: list[str], *, side: str = "b", log_name: str | None = None,
+               ready_timeout_s: float = 10.0) -> ProcHandle:
+        """Start a node; with link netns inside its namespace ("a" client side, "b" server side).
+        ipc control sockets live in the file system, so they work across network namespaces."""
         self._n += 1
-        log = self.logs / f"{self._n:02d}-{kind}.log"
-        proc = start_node(kind, args, log_path=log, ready_timeout_s=10.0)
+        log = self.logs / (log_name or f"{self._n:02d}-{kind}.log")
+        argv = node_command(kind, args)
+        env = None
+        if self.netns is not None:
+            argv = self.netns.argv(side, argv)
+            env = {"PDCHAOS_NETNS": self.netns.ns[side]}  # lets the node bind/connect its veth address
+        proc = start_process(argv, name=f"node {kind}", log_path=str(log), ready_timeout_s=ready_timeout_s, env=env)
         self.event("process_start", kind=kind, pid=proc.pid)
         return proc
+
+    def spawn_client(self, args: list[str], log_name: str) -> ProcHandle:
+        """The workload (the scheduler side), on the client side of the link."""
+        return self._spawn("workload", args, side="a", log_name=log_name, ready_timeout_s=15.0)
 
     def _server_args(self) -> list[str]:
         t = self.topo

@@ -92,9 +92,10 @@ class LegacyLookupServer:
                 hashes = msgpack.unpackb(frames[3].bytes)
                 hit = self._lookup_scheduler(token_len, hashes, group_ids, hbm_hit_tokens)
                 self._sock.send(hit.to_bytes(4, "big"))
-        except zmq.ContextTerminated:
+        except zmq.ContextTerminated:  # close(): this thread owns the socket, so it closes it
+            self._sock.close(linger=0)
             return
-        except Exception as exc:  # upstream has no handler: the thread dies here
+        except Exception as exc:  # upstream has no handler: the thread dies here, socket left bound
             logger.error("legacy lookup server thread died: %s", type(exc).__name__)
 
     @property
@@ -102,9 +103,21 @@ class LegacyLookupServer:
         return self.thread.is_alive()
 
     def close(self) -> None:
-        """Not upstream (nothing calls close there); the harness needs to stop the model."""
+        """Not upstream (nothing calls close there); the harness needs to stop the model.
+
+        A zmq socket must only be closed by the thread using it (``Context.destroy`` from here,
+        while the serving thread is blocked in recv, crashes libzmq: signaler.cpp assertion). So:
+        ``term()`` runs on a helper thread and wakes the serving thread with ETERM, which closes
+        its own socket; a socket left behind by a serving thread that already died (or never
+        started) is closed here, once that thread is known to be gone."""
         self.running = False
-        if self._own_ctx:
-            self._own_ctx = False
-            self._ctx.destroy(linger=0)  # unblocks recv with ETERM
+        if not self._own_ctx:
+            return
+        self._own_ctx = False
+        terminator = threading.Thread(target=self._ctx.term, name="legacy-lookup-term", daemon=True)
+        terminator.start()
+        if self.thread.ident is not None:
             self.thread.join(2.0)
+        if not self.thread.is_alive() and not self._sock.closed:
+            self._sock.close(linger=0)
+        terminator.join(2.0)

@@ -185,6 +185,7 @@ def _bench(args: argparse.Namespace, workdir: str, nodes: list[ProcHandle]) -> i
             v for c, v in counters.items() if c not in ("ok", "socket_rebuilds", "reset_ok"))},
         "legacy": {**lg, "wrong": wrong["legacy"]},
         "ratio": ratio,
+        "delta_us": {"p50": round(h["p50_us"] - lg["p50_us"], 2), "p99": round(h["p99_us"] - lg["p99_us"], 2)},
         "target": {"p50": TARGET_P50, "p99": TARGET_P99},
         "target_met": ratio["p50"] <= TARGET_P50 and ratio["p99"] <= TARGET_P99,
         "n": args.n,

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from connector_patch.lookup import LookupClient
-from connector_patch.lookup.protocol import ProtocolError, decode_reply
+from connector_patch.lookup.protocol import MAX_TOKEN_LEN, ProtocolError, decode_reply
 
 from .endpoints import check_endpoint
 from .errors import UsageError
@@ -61,6 +61,7 @@ from .fuzzgen import FrameGen
 
 _ID_LEN = 8
 _MAX_WINDOW = 1000  # the DEALER's default send high-water mark
+_MAX_REQUESTS = 100_000_000  # one byte of state per request
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,7 +108,7 @@ def _positive(value: int | None, flag: str, upper: int | None = None) -> None:
 
 def _check_args(args: argparse.Namespace) -> list[bytes] | None:
     check_endpoint(args.endpoint)
-    _positive(args.requests, "--requests")
+    _positive(args.requests, "--requests", _MAX_REQUESTS)
     _positive(args.timeout_ms, "--timeout-ms")
     _positive(args.window, "--window", _MAX_WINDOW)
     _positive(args.groups, "--groups")
@@ -116,7 +117,7 @@ def _check_args(args: argparse.Namespace) -> list[bytes] | None:
         raise UsageError("--check-hashes-file and --check-token-len: give both or neither")
     if args.check_hashes_file is None:
         return None
-    _positive(args.check_token_len, "--check-token-len")
+    _positive(args.check_token_len, "--check-token-len", MAX_TOKEN_LEN)
     from .node_server import read_preload
 
     try:
@@ -280,6 +281,8 @@ def fuzz(endpoint: str, requests: int, gen: FrameGen, timeout_s: float, window: 
             if progress is not None and stats.sent >= next_progress:
                 progress.update(stats.sent)
                 next_progress = stats.sent + 512
+        if progress is not None:
+            progress.update(stats.sent)
     finally:
         sock.close(linger=0)
         ctx.term()

@@ -13,10 +13,11 @@ import threading
 import time
 from typing import Sequence
 
+import msgpack
 import zmq
 
 from .metrics import CLIENT_CATEGORIES, Counters, RateLimitedWarner
-from .protocol import BACKEND_CODES, RESET_FRAME, Code, ProtocolError, decode_reply, encode_request
+from .protocol import BACKEND_CODES, RESET_FRAME, Code, ProtocolError, decode_reply, encode_ok, encode_request
 
 logger = logging.getLogger("connector_patch.lookup.client")
 
@@ -30,6 +31,28 @@ def validate_timeout_ms(value: object, name: str = "lookup_rpc_timeout_ms") -> i
     if value <= 0:
         raise ValueError(f"{name} must be a positive int (milliseconds), got {value}; there is no 'wait forever'")
     return value
+
+
+_OK_PREFIX = encode_ok(0)[:-1]  # the v1 ok envelope up to the hit_tokens value (the server's encoding)
+
+
+def _canonical_ok_hit(reply: list[bytes], token_len: int | None) -> int | None:
+    """Fast path for the one reply a v1 server sends on success: one frame, byte-identical to
+    ``encode_ok(hit)``. Returns the hit when it is an int in [0, token_len], else None, and the
+    caller runs the full ``decode_reply`` (any other shape, key order or value goes that way, so
+    the rules and error codes are exactly decode_reply's)."""
+    if len(reply) != 1:
+        return None
+    frame = reply[0]
+    if len(frame) > len(_OK_PREFIX) + 9 or not frame.startswith(_OK_PREFIX):
+        return None
+    try:
+        hit = msgpack.unpackb(frame[len(_OK_PREFIX):])
+    except Exception:
+        return None
+    if type(hit) is not int or hit < 0 or (token_len is not None and hit > token_len):
+        return None
+    return hit
 
 
 class _Failure(Exception):
@@ -56,6 +79,7 @@ class LookupClient:
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
         self._sock: zmq.Socket | None = None
+        self._poller: zmq.Poller | None = None  # POLLIN on _sock; made and dropped with it
         self._lock = threading.Lock()
         self._closed = False
         self._counters = Counters("client", CLIENT_CATEGORIES)
@@ -126,11 +150,17 @@ class LookupClient:
             try:
                 sock = self._ensure_socket()
                 phase = "send"
-                if not self._wait(sock, zmq.POLLOUT, deadline):
-                    raise _Failure("timeout", Code.TIMEOUT)
-                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                try:  # a REQ socket is nearly always writable: try first, wait only on zmq.Again
+                    sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
+                except zmq.Again:
+                    if not self._wait(sock, zmq.POLLOUT, deadline):
+                        raise _Failure("timeout", Code.TIMEOUT) from None
+                    sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
                 phase = "recv"
-                if not self._wait(sock, zmq.POLLIN, deadline):
+                # A poll with the remaining time, then a non-blocking recv (not RCVTIMEO: pyzmq
+                # restarts a blocking recv with its full timeout after EINTR; poll shortens it).
+                remaining_ms = (deadline - time.monotonic()) * 1000.0
+                if remaining_ms <= 0 or not self._poller.poll(max(1, math.ceil(remaining_ms))):
                     raise _Failure("timeout", Code.TIMEOUT)
                 reply = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
@@ -138,6 +168,15 @@ class LookupClient:
             except zmq.ZMQError:
                 raise _Failure("transport", Code.TRANSPORT) from None
             phase = "validate"
+            hit = _canonical_ok_hit(reply, token_len)
+            if hit is not None:  # the common case, exactly what decode_reply would accept
+                if time.monotonic() > deadline:  # the deadline covers validation too
+                    raise _Failure("timeout", Code.TIMEOUT)
+                self.last_outcome, self.last_code = "ok", ""
+                if admin:
+                    return 0
+                self._counters.inc("ok")
+                return hit
             try:
                 decoded = decode_reply(reply, token_len)
             except ProtocolError as exc:
@@ -176,10 +215,13 @@ class LookupClient:
             except zmq.ZMQError:
                 sock.close(linger=0)
                 raise
-            self._sock = sock
+            poller = zmq.Poller()
+            poller.register(sock, zmq.POLLIN)
+            self._sock, self._poller = sock, poller
         return self._sock
 
     def _drop_socket(self) -> None:
+        self._poller = None
         if self._sock is not None:
             try:
                 self._sock.close(linger=0)

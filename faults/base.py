@@ -64,6 +64,7 @@ class FaultContext(Protocol):
     server_endpoint: str  # where the server binds
     client_endpoint: str  # where the client connects (differs with an interposer or a proxy)
     rng: random.Random  # seeded by the scenario
+    deadline: float  # the hardened client's lookup deadline, seconds (what a delay should cause)
 
     def event(self, what: str, **fields: Any) -> None: ...
     def start_server(self) -> None: ...

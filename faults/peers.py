@@ -1,0 +1,121 @@
+"""Faults that replace the lookup server by a misbehaving fake peer (faults/fake_peer.py).
+
+``start()`` asks the topology to swap the server process for ``pdchaos node fake-peer`` on the
+same endpoint; ``stop()`` restores the real server. The fault passes only the mode-specific
+arguments (``--mode``, ``--delay-ms``, ``--reply``); the topology appends ``--endpoint``,
+``--control``, ``--preload``, ``--block-size`` and ``--groups`` itself, so the fake peer answers
+with the same keys as the real server would.
+
+The swap is a restart: for a few hundred milliseconds at each end of the window (measured with the
+runner: ~0.3 s from stopping one process to the next one's READY) nothing is bound, so every peer
+fault may also cause ``timeout`` failures, whatever else it causes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from .base import Duration, Fault, FaultContext, FaultParams, register
+
+
+def delay_categories(ctx: FaultContext, delay_s: float, *, over: tuple[str, ...] = ("timeout",)) -> tuple[str, ...]:
+    """What a delay of ``delay_s`` (backend or interposer; not a peer swap, see above) is expected
+    to cause in the hardened client's counters.
+
+    When the topology tells the client deadline (``ctx.deadline``, seconds; optional), a delay
+    under half of it is expected to cause nothing (returns ``()``, "no expectation"); otherwise,
+    or when the deadline is unknown, ``over``. Near the deadline the outcome depends on
+    scheduling noise, so "may time out" is the honest expectation there.
+    """
+    deadline = getattr(ctx, "deadline", None)
+    if isinstance(deadline, (int, float)) and deadline > 0 and delay_s < deadline / 2:
+        return ()
+    return over
+
+
+def _positive_delay(v: float) -> float:
+    if not 0 < v <= 3600:
+        raise ValueError("must be above 0 and at most 1h")
+    return v
+
+
+class _SwapFault(Fault):
+    """Swap the server for a fake peer while the fault is active."""
+
+    def __init__(self, params: FaultParams, ctx: FaultContext):
+        super().__init__(params, ctx)
+        self._swapped = False
+
+    def peer_args(self) -> list[str]:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+    def start(self) -> None:
+        args = self.peer_args()
+        # Marked before the call: if the swap fails half-way (real server stopped, fake peer not
+        # ready), stop() still asks the topology to restore the real server.
+        self._swapped = True
+        self.ctx.swap_server("fake-peer", args)
+
+    def stop(self) -> None:
+        if self._swapped:
+            self._swapped = False
+            self.ctx.restore_server()
+
+
+@register
+class SlowPeer(_SwapFault):
+    """A peer that answers correctly, but only after a delay (below or above the deadline)."""
+
+    name = "slow_peer"
+    categories = ("timeout",)
+
+    class Params(FaultParams):
+        delay: Duration = Field(description='how long each answer waits, e.g. "300ms"')
+
+        _check_delay = field_validator("delay")(_positive_delay)
+
+    def peer_args(self) -> list[str]:
+        return ["--mode", "slow", "--delay-ms", str(max(1, round(self.params.delay * 1000)))]
+
+
+
+@register
+class SilentPeer(_SwapFault):
+    """A peer that is bound and receives every request, but never answers."""
+
+    name = "silent_peer"
+    categories = ("timeout",)
+
+    def peer_args(self) -> list[str]:
+        return ["--mode", "silent"]
+
+
+ReplyKind = Literal["empty", "two_frames", "not_msgpack", "not_map", "missing_key", "extra_key",
+                    "wrong_type", "version2", "hit_over", "hit_negative"]
+
+
+@register
+class MalformedReply(_SwapFault):
+    """A peer that answers every request with one kind of broken reply."""
+
+    name = "malformed_reply"
+    categories = ("protocol", "timeout")
+
+    class Params(FaultParams):
+        kind: ReplyKind = Field(description="which broken reply (faults/fake_peer.py REPLY_KINDS)")
+
+    def peer_args(self) -> list[str]:
+        return ["--mode", "malformed", "--reply", self.params.kind]
+
+
+@register
+class LegacyPeer(_SwapFault):
+    """A peer speaking today's upstream protocol: one raw 4-byte u32 reply with the right hit."""
+
+    name = "legacy_peer"
+    categories = ("protocol", "timeout")
+
+    def peer_args(self) -> list[str]:
+        return ["--mode", "legacy"]

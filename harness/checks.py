@@ -172,9 +172,13 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     for ev in inp.events:
         if ev.get("what") == "malformed_requests":
             evidence.append("malformed_requests")
-            if ev.get("unanswered", 0) or ev.get("duplicates", 0) or ev.get("answered") != ev.get("sent"):
+            # every bad request must get exactly one reply, and that reply must be a v1 error
+            # envelope (not accepted as ok, not an undecodable or raw 4-byte reply)
+            if (ev.get("unanswered", 0) or ev.get("duplicates", 0) or ev.get("answered") != ev.get("sent")
+                    or ev.get("invalid", 0) or ev.get("accepted", 0)):
                 problems.append(f"malformed requests: sent {ev.get('sent')}, answered {ev.get('answered')}, "
-                                f"unanswered {ev.get('unanswered')}, duplicates {ev.get('duplicates', 0)}")
+                                f"unanswered {ev.get('unanswered')}, duplicates {ev.get('duplicates', 0)}, "
+                                f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
     _, final = _server_probes(inp)
     c = final[-1].get("counters") if final else None
     if c:

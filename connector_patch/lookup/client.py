@@ -17,7 +17,7 @@ import msgpack
 import zmq
 
 from .metrics import CLIENT_CATEGORIES, Counters, RateLimitedWarner
-from .protocol import BACKEND_CODES, RESET_FRAME, Code, ProtocolError, decode_reply, encode_ok, encode_request
+from .protocol import BACKEND_CODES, OK_PREFIX, RESET_FRAME, Code, ProtocolError, decode_reply, encode_request
 
 logger = logging.getLogger("connector_patch.lookup.client")
 
@@ -33,7 +33,7 @@ def validate_timeout_ms(value: object, name: str = "lookup_rpc_timeout_ms") -> i
     return value
 
 
-_OK_PREFIX = encode_ok(0)[:-1]  # the v1 ok envelope up to the hit_tokens value (the server's encoding)
+_OK_PREFIX = OK_PREFIX  # the v1 ok envelope up to the hit_tokens value (the server's encoding)
 
 
 def _canonical_ok_hit(reply: list[bytes], token_len: int | None) -> int | None:
@@ -159,10 +159,17 @@ class LookupClient:
                 phase = "recv"
                 # A poll with the remaining time, then a non-blocking recv (not RCVTIMEO: pyzmq
                 # restarts a blocking recv with its full timeout after EINTR; poll shortens it).
-                remaining_ms = (deadline - time.monotonic()) * 1000.0
-                if remaining_ms <= 0 or not self._poller.poll(max(1, math.ceil(remaining_ms))):
-                    raise _Failure("timeout", Code.TIMEOUT)
-                reply = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                # REQ_CORRELATE drops a stale reply (a duplicate of an earlier answer) inside
+                # libzmq: the poll then says "readable" but the recv finds nothing; wait again.
+                while True:
+                    remaining_ms = (deadline - time.monotonic()) * 1000.0
+                    if remaining_ms <= 0 or not self._poller.poll(max(1, math.ceil(remaining_ms))):
+                        raise _Failure("timeout", Code.TIMEOUT)
+                    try:
+                        reply = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                        break
+                    except zmq.Again:
+                        continue
             except zmq.Again:
                 raise _Failure("timeout", Code.TIMEOUT) from None
             except zmq.ZMQError:
@@ -210,6 +217,12 @@ class LookupClient:
         if self._sock is None:
             sock = self._ctx.socket(zmq.REQ)
             sock.setsockopt(zmq.LINGER, 0)
+            # Match each reply to its request: a duplicated or late reply to an earlier request is
+            # dropped by libzmq instead of being taken as this request's answer. RELAXED is what
+            # CORRELATE is meant to be used with; we still never send twice without a reply, since
+            # every failure rebuilds the socket.
+            sock.setsockopt(zmq.REQ_CORRELATE, 1)
+            sock.setsockopt(zmq.REQ_RELAXED, 1)
             try:
                 sock.connect(self.endpoint)
             except zmq.ZMQError:

@@ -1,7 +1,7 @@
 """Failure counters and rate-limited warnings for the lookup RPC.
 
 Counters are plain ints behind a lock, readable as a dict; when ``prometheus_client`` is
-importable each increment is mirrored to a process-wide Counter labelled by side and category.
+importable, one collector exports the process-wide totals per side and category at scrape time.
 Warnings are rate-limited per category: at most one line per category per interval, and the
 next line says how many were suppressed in between.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import Callable, Iterable
 
 CLIENT_CATEGORIES = ("ok", "timeout", "transport", "protocol", "server_error", "backend_error", "bad_call",
@@ -22,28 +23,63 @@ CLIENT_CATEGORIES = ("ok", "timeout", "transport", "protocol", "server_error", "
 SERVER_CATEGORIES = ("requests", "ok", "timeout", "transport", "protocol", "server_error", "backend_error",
                      "socket_rebuilds", "resets")
 
-_prom_lock = threading.Lock()
-_prom_counters: dict[str, object] = {}
+_HELP = {"client": "AscendStore lookup RPC client events by category",
+         "server": "AscendStore lookup RPC server events by category"}
+_live: dict[str, "weakref.WeakSet[Counters]"] = {"client": weakref.WeakSet(), "server": weakref.WeakSet()}
+_retired: dict[str, dict[str, int]] = {"client": {}, "server": {}}
+_registry_lock = threading.Lock()
+_registered = False
 
 
-def _prom_counter(side: str):
-    """One process-wide prometheus Counter per side, created on first use; None if unavailable."""
-    with _prom_lock:
-        if side in _prom_counters:
-            return _prom_counters[side]
-        counter = None
-        try:
-            from prometheus_client import Counter  # optional dependency
+def _retire(side: str, values: dict[str, int], lock: threading.Lock) -> None:
+    """A Counters object went away: keep its totals, so exported counters never go down."""
+    with lock:
+        snapshot = dict(values)
+    with _registry_lock:
+        for k, v in snapshot.items():
+            _retired[side][k] = _retired[side].get(k, 0) + v
 
-            counter = Counter(
-                f"vllm_ascend_lookup_rpc_{side}_events",
-                f"AscendStore lookup RPC {side} events by category",
-                ["category"],
-            )
-        except Exception:  # not installed, or registered under another name: counters stay local
-            counter = None
-        _prom_counters[side] = counter
-        return counter
+
+def totals(side: str) -> dict[str, int]:
+    """Process-wide totals of one side: live instances plus retired ones."""
+    with _registry_lock:
+        out = dict(_retired[side])
+        live = list(_live[side])
+    for c in live:
+        for k, v in c.snapshot().items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _register_prometheus() -> None:
+    """Export through prometheus_client when it is installed: a custom collector reads the plain
+    counters at scrape time, so the request path never touches prometheus (a labelled Counter
+    costs microseconds per increment)."""
+    global _registered
+    with _registry_lock:
+        if _registered:
+            return
+        _registered = True
+    try:
+        from prometheus_client.core import REGISTRY, CounterMetricFamily
+    except Exception:  # optional dependency
+        return
+
+    class _Collector:
+        def collect(self):
+            for side in ("client", "server"):
+                fam = CounterMetricFamily(f"vllm_ascend_lookup_rpc_{side}_events", _HELP[side], labels=["category"])
+                for category, value in sorted(totals(side).items()):
+                    fam.add_metric([category], value)
+                yield fam
+
+        def describe(self):
+            return []
+
+    try:
+        REGISTRY.register(_Collector())
+    except Exception:  # already registered under these names by someone else: stay local
+        pass
 
 
 class Counters:
@@ -53,13 +89,14 @@ class Counters:
         self._side = side
         self._lock = threading.Lock()
         self._values = {c: 0 for c in categories}
-        self._prom = _prom_counter(side)
+        _register_prometheus()
+        with _registry_lock:
+            _live[side].add(self)
+        weakref.finalize(self, _retire, side, self._values, self._lock)
 
     def inc(self, category: str, n: int = 1) -> None:
         with self._lock:
             self._values[category] = self._values.get(category, 0) + n
-        if self._prom is not None:
-            self._prom.labels(category=category).inc(n)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -1,18 +1,20 @@
 """Worker rank 0's side of the lookup RPC: exactly one reply per received request.
 
 The REP socket is served by one thread. Each request is parsed, validated and answered inside a
-per-request exception boundary; the backend call runs on a separate daemon worker with its own
-deadline (``backend_timeout_ms``) so a hung backend produces a BACKEND_TIMEOUT envelope instead
-of a dead loop, and ``close()`` can join the serving thread within 2 s whatever the backend does.
-If the REP socket itself fails (a zmq error on recv or send), it is closed with linger=0 and
-bound again on the same endpoint.
+per-request exception boundary. The backend is called inline on the serving thread (no thread
+handoff on the normal path); a watchdog thread enforces ``backend_timeout_ms``: when a call
+overruns, the watchdog takes ownership of the socket (an epoch number, switched under a lock, says
+which thread owns it), answers BACKEND_TIMEOUT and starts a fresh serving thread. The stuck
+thread is abandoned: when its call returns it sees the epoch changed and exits without touching
+the socket. So a hung backend never ends the service, and ``close()`` returns within 2 s whatever
+the backend does. If the REP socket itself fails (a zmq error on recv or send), it is closed with
+linger=0 and bound again on the same endpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -36,53 +38,14 @@ from .protocol import (
 logger = logging.getLogger("connector_patch.lookup.server")
 
 _POLL_MS = 50
-_JOIN_S = 2.0
+_JOIN_S = 1.5  # close() budget: well inside the promised 2 s
 
 
-class _BackendTimeout(Exception):
-    pass
+class _Abandoned(Exception):
+    """The watchdog took the socket while this thread was in a backend call: exit quietly."""
 
 
-class _BackendWorker:
-    """Runs backend calls on one daemon thread. A call that overruns its deadline is abandoned
-    together with its thread; the next call gets a fresh worker."""
-
-    def __init__(self) -> None:
-        # SimpleQueue (C, no Condition/Event per call): the handoff costs ~20 us less per request.
-        # One result queue per worker; an abandoned worker takes its queue with it, so a late
-        # result can never be read as the answer to a later call.
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="lookup-backend", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        jobs, results = self._jobs, self._results
-        while True:
-            fn = jobs.get()
-            if fn is None:
-                return
-            try:
-                results.put((True, fn()))
-            except BaseException as exc:  # noqa: BLE001 - reported as BACKEND_ERROR
-                results.put((False, exc))
-
-    def call(self, fn: Callable[[], Any], timeout_s: float, stop: threading.Event) -> Any:
-        self._jobs.put(fn)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                ok, value = self._results.get(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-                break
-            except queue.Empty:
-                if stop.is_set() or time.monotonic() >= deadline:
-                    raise _BackendTimeout() from None
-        if ok:
-            return value
-        raise value
-
-    def stop(self) -> None:
-        self._jobs.put(None)
+_WATCHDOG_S = 0.02
 
 
 class LookupServer:
@@ -111,7 +74,12 @@ class LookupServer:
         self._bound_endpoint: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._worker: _BackendWorker | None = None
+        self._watchdog: threading.Thread | None = None
+        # Socket ownership: the serving thread of epoch N owns the socket while self._epoch == N.
+        # _inflight = (deadline, epoch, timeout code, counts) while a backend call runs.
+        self._own_lock = threading.Lock()
+        self._epoch = 0
+        self._inflight: tuple[float, int, str, dict] | None = None
         self._close_lock = threading.Lock()
         self._closed = False
         self._counters = Counters("server", SERVER_CATEGORIES)
@@ -132,10 +100,14 @@ class LookupServer:
         if self._thread is not None or self._closed:
             raise RuntimeError("LookupServer.start() called twice or after close()")
         self._bind(self.endpoint)
-        self._worker = _BackendWorker()  # started now, so thread counts are stable from here on
-        self._thread = threading.Thread(target=self._serve, name="lookup-server", daemon=True)
-        self._thread.start()
+        self._spawn_serving(self._epoch)
+        self._watchdog = threading.Thread(target=self._watch, name="lookup-server-watchdog", daemon=True)
+        self._watchdog.start()
         return self
+
+    def _spawn_serving(self, epoch: int) -> None:
+        self._thread = threading.Thread(target=self._serve, args=(epoch,), name="lookup-server", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         """Idempotent, thread-safe, raises nothing; joins the serving thread within 2 s."""
@@ -144,19 +116,27 @@ class LookupServer:
                 return
             self._closed = True
         try:
+            deadline = time.monotonic() + _JOIN_S
             self._stop.set()
+            if self._watchdog is not None:
+                self._watchdog.join(max(0.0, deadline - time.monotonic()))
             thread = self._thread
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(_JOIN_S)
-                if thread.is_alive():  # pragma: no cover - the loop polls every 50 ms
-                    logger.error("lookup server: serving thread did not stop within %.1f s", _JOIN_S)
-            if self._worker is not None:
-                self._worker.stop()
-            if thread is None or not thread.is_alive():
-                self._close_socket()
-                self._unlink_ipc()
-                if self._own_ctx:
-                    self._ctx.term()
+            # Wait for the serving thread (it checks the stop flag every 50 ms), but not past the
+            # deadline of a backend call it is stuck in: that thread is abandoned, not joined.
+            while thread is not None and thread is not threading.current_thread() and thread.is_alive():
+                inflight = self._inflight
+                limit = deadline if inflight is None else min(deadline, inflight[0])
+                now = time.monotonic()
+                if now >= limit:
+                    break
+                thread.join(min(0.05, limit - now))
+            with self._own_lock:  # take the socket from a thread stuck in a backend call, if any
+                self._epoch += 1
+                self._inflight = None
+            self._close_socket()
+            self._unlink_ipc()
+            if self._own_ctx:
+                self._ctx.term()
         except Exception:  # pragma: no cover - close must never raise
             logger.debug("lookup server close: ignored error")
 
@@ -209,8 +189,8 @@ class LookupServer:
                 self._stop.wait(0.05)
 
     # ------------------------------------------------------------------- loop
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+    def _serve(self, epoch: int) -> None:
+        while not self._stop.is_set() and self._epoch == epoch:
             sock = self._sock
             if sock is None:
                 self._rebuild("bind", time.monotonic())
@@ -220,40 +200,65 @@ class LookupServer:
             except zmq.Again:
                 continue
             except zmq.ZMQError:
+                if self._epoch != epoch:
+                    return
                 self._rebuild("recv", time.monotonic())
                 continue
             start = time.monotonic()
             self._counters.inc("requests")
-            reply = self._handle(frames, start)
-            if reply is None:  # stopping while the backend ran: nobody to answer
-                return
+            try:
+                reply = self._handle(frames, start, epoch)
+            except _Abandoned:
+                return  # the watchdog answered this request and serves on; the socket is not ours
             try:
                 sock.send(reply, flags=zmq.NOBLOCK, copy=True)
             except zmq.ZMQError:
                 self._rebuild("send", start)
+
+    def _watch(self) -> None:
+        """Every 20 ms: has a backend call overrun its deadline? Then take the socket, answer the
+        request with the timeout envelope and start a new serving thread."""
+        while not self._stop.wait(_WATCHDOG_S):
+            with self._own_lock:
+                inflight = self._inflight
+                if inflight is None or time.monotonic() < inflight[0] or inflight[1] != self._epoch:
+                    continue
+                self._epoch += 1
+                self._inflight = None
+                epoch = self._epoch
+            _, _, code, counts = inflight
+            category = "timeout"
+            reply = self._fail(category, code, "backend call exceeded its deadline", "backend",
+                               time.monotonic() - self.backend_timeout_s, **counts)
+            sock = self._sock
+            if sock is not None:
+                try:
+                    sock.send(reply, flags=zmq.NOBLOCK, copy=True)
+                except zmq.ZMQError:
+                    self._rebuild("send", time.monotonic())
+            if not self._stop.is_set():
+                self._spawn_serving(epoch)
 
     def _fail(self, category: str, code: str, message: str, phase: str, start: float, **counts: int) -> bytes:
         self._counters.inc(category)
         self._warner.warn(category, code, phase, (time.monotonic() - start) * 1000.0, **counts)
         return encode_error(code, message)
 
-    def _handle(self, frames: Sequence[bytes], start: float) -> bytes | None:
-        """Never raises: every path ends in one envelope (or None when the server is stopping)."""
+    def _handle(self, frames: Sequence[bytes], start: float, epoch: int) -> bytes:
+        """Every path ends in one envelope; raises only _Abandoned (the watchdog answered)."""
         try:
             if len(frames) == 1 and frames[0] == RESET_FRAME:
-                return self._handle_reset(start)
+                return self._handle_reset(start, epoch)
             try:
                 request = decode_request(frames, self.limits)
             except ProtocolError as exc:
                 return self._fail("protocol", exc.code, exc.message, "decode", start, frames=len(frames))
             counts = {"token_len": request.token_len, "hashes": len(request.hashes), "groups": len(request.group_ids)}
             try:
-                hit = self._call_backend(lambda: self.backend.hit_tokens(request))
-            except _BackendTimeout:
-                if self._stop.is_set():
-                    return None
-                return self._fail("timeout", Code.BACKEND_TIMEOUT, "backend call exceeded its deadline",
-                                  "backend", start, **counts)
+                hit = self._call_backend(lambda: self.backend.hit_tokens(request), self.backend_timeout_s,
+                                         epoch, Code.BACKEND_TIMEOUT, counts)
+            except _Abandoned:
+                raise
             except Exception as exc:  # noqa: BLE001
                 return self._fail("backend_error", Code.BACKEND_ERROR, f"backend raised {type(exc).__name__}",
                                   "backend", start, **counts)
@@ -262,21 +267,22 @@ class LookupServer:
                                   "backend", start, **counts)
             self._counters.inc("ok")
             return encode_ok(hit)
+        except _Abandoned:
+            raise
         except Exception as exc:  # noqa: BLE001 - the per-request boundary
             return self._fail("server_error", Code.INTERNAL, f"internal error {type(exc).__name__}", "handle", start)
 
-    def _handle_reset(self, start: float) -> bytes | None:
+    def _handle_reset(self, start: float, epoch: int) -> bytes:
         def reset() -> None:
             if not self.backend.drain(self.reset_drain_timeout_s):
                 raise TimeoutError("pending stores did not drain")
             self.backend.clear()
 
         try:
-            self._call_backend(reset, self.reset_drain_timeout_s + self.backend_timeout_s)
-        except _BackendTimeout:
-            if self._stop.is_set():
-                return None
-            return self._fail("timeout", Code.RESET_FAILED, "reset exceeded its deadline", "reset", start)
+            self._call_backend(reset, self.reset_drain_timeout_s + self.backend_timeout_s, epoch,
+                               Code.RESET_FAILED, {})
+        except _Abandoned:
+            raise
         except Exception as exc:  # noqa: BLE001
             return self._fail("backend_error", Code.RESET_FAILED, f"reset failed: {type(exc).__name__}",
                               "reset", start)
@@ -284,12 +290,22 @@ class LookupServer:
         self._counters.inc("ok")
         return encode_ok(0)
 
-    def _call_backend(self, fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
-        if self._worker is None:
-            self._worker = _BackendWorker()
+    def _call_backend(self, fn: Callable[[], Any], timeout_s: float, epoch: int, timeout_code: str,
+                      counts: dict) -> Any:
+        """Run ``fn`` inline under the watchdog's deadline. Raises _Abandoned when the watchdog
+        took over meanwhile (the result is then dropped), else returns or raises what ``fn`` did."""
+        with self._own_lock:
+            self._inflight = (time.monotonic() + timeout_s, epoch, timeout_code, counts)
+        error: BaseException | None = None
+        value: Any = None
         try:
-            return self._worker.call(fn, self.backend_timeout_s if timeout_s is None else timeout_s, self._stop)
-        except _BackendTimeout:
-            self._worker.stop()  # abandoned: it exits once the stuck call returns
-            self._worker = None
-            raise
+            value = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised below once ownership is confirmed
+            error = exc
+        with self._own_lock:
+            if self._epoch != epoch:
+                raise _Abandoned()
+            self._inflight = None
+        if error is not None:
+            raise error
+        return value

@@ -198,13 +198,27 @@ def read_hashes(path: str, what: str = "--preload") -> list[str]:
 
 
 def stop_on_signals() -> threading.Event:
+    """An Event set by SIGTERM or SIGINT, or when the parent (the runner) dies.
+
+    Nodes run in their own sessions (the runner signals whole groups), so a runner killed with
+    SIGKILL sends nothing; a watcher thread notices the node was re-parented and stops it, so no
+    node outlives a crashed runner by more than a quarter second. (PR_SET_PDEATHSIG is tied to the
+    parent *thread*, and the runner starts nodes from its nemesis thread, which ends early.)"""
     ev = threading.Event()
+    parent = os.getppid()
 
     def handler(signum, frame):  # noqa: ARG001
         ev.set()
 
+    def watch_parent() -> None:
+        while not ev.wait(0.25):
+            if os.getppid() != parent:
+                ev.set()
+                return
+
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     return ev
 
 

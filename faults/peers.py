@@ -77,7 +77,10 @@ class SlowPeer(_SwapFault):
         _check_delay = field_validator("delay")(_positive_delay)
 
     def peer_args(self) -> list[str]:
-        return ["--mode", "slow", "--delay-ms", str(max(1, round(self.params.delay * 1000)))]
+        # A slow peer speaks the protocol of the target under test: correct but late answers, so
+        # only lateness is tested (the legacy client would misread a v1 envelope as a number).
+        mode = "legacy" if getattr(self.ctx, "target", "hardened") == "legacy" else "slow"
+        return ["--mode", mode, "--delay-ms", str(max(1, round(self.params.delay * 1000)))]
 
 
 

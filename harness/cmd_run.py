@@ -29,18 +29,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
 
 
-def start_toxiproxy(scenarios, stack: ExitStack):
-    """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed."""
+def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
+    """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed.
+
+    With ``run_dir``, the measurement floor (what the proxy adds with no toxic, and a latency
+    toxic configured vs measured) is measured once, before any scenario, and written to
+    ``<run_dir>/toxiproxy_floor.json`` (harness/floor.py); when toxiproxy-server is missing the
+    file says so. A failed measurement is recorded there and never fails the run."""
     if not any(s.model.topology.link == "toxiproxy" for s in scenarios):
         return None
+    from . import floor
+    from .errors import HarnessError
+
     try:
-        from faults.toxiproxy import ToxiproxyServer, find_server_binary
-    except ImportError:
+        from faults.toxiproxy import ToxiproxyError, ToxiproxyServer, find_server_binary
+    except ImportError as exc:
+        if run_dir is not None:
+            floor.write_unmeasured(run_dir, f"toxiproxy client library missing: {exc}")
         return None
     if find_server_binary() is None:
+        if run_dir is not None:
+            floor.write_unmeasured(run_dir, "toxiproxy-server is not installed (see `pdchaos doctor`)")
         return None
-    server = stack.enter_context(ToxiproxyServer())
-    return server.client()
+    try:
+        server = stack.enter_context(ToxiproxyServer())
+    except ToxiproxyError as exc:  # one line, exit 2 (HarnessError), not a traceback
+        raise HarnessError(f"toxiproxy-server did not start: {exc}") from None
+    api = server.client()
+    if run_dir is not None:
+        floor.measure_and_write(api, run_dir)
+    return api
 
 
 def run(args: argparse.Namespace) -> int:

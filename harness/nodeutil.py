@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 import threading
 
 
 def stop_event() -> threading.Event:
-    """An Event set by SIGTERM or SIGINT (installed in the main thread)."""
-    ev = threading.Event()
+    """An Event set by SIGTERM or SIGINT, or when the runner that started us dies."""
+    from faults.fake_peer import stop_on_signals
 
-    def handler(signum, frame):  # noqa: ARG001
-        ev.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return ev
+    return stop_on_signals()
 
 
 def announce_ready() -> None:

@@ -27,6 +27,20 @@ from .procs import ProcHandle, node_command, start_process
 SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
 
 
+def sweep_stale_tmp() -> None:
+    """Remove ipc folders of runners that no longer exist (killed before their teardown)."""
+    for d in Path(tempfile.gettempdir()).glob("pdc-*-*"):
+        pid = d.name.split("-")[1]
+        if not pid.isdigit() or not d.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -46,7 +60,10 @@ class Topology:
         self._record = record
         self.rng = random.Random(scenario.seed)
         self.deadline = scenario.deadline  # seconds: faults judge what a delay should cause
-        self.tmp = Path(tempfile.mkdtemp(prefix="pdc-"))  # short: unix socket paths max 107 bytes
+        sweep_stale_tmp()
+        # short (unix socket paths max 107 bytes), and named after the runner's pid so a folder
+        # left by a runner that was killed outright can be recognised and swept by the next run
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-"))
         self.server: ProcHandle | None = None
         self.server_baseline: dict | None = None
         self.interposer: ProcHandle | None = None

@@ -109,6 +109,15 @@ class Workload:
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
         self.clients: list[Any] = []
+        self.orphaned = threading.Event()
+        parent = os.getppid()
+
+        def watch_parent() -> None:
+            while not self.orphaned.wait(0.25):
+                if os.getppid() != parent:
+                    self.orphaned.set()
+
+        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
 
     def _next_id(self) -> int:
         with self._id_lock:
@@ -163,6 +172,8 @@ class Workload:
                 return
             if due > now:
                 time.sleep(due - now)
+            if self.orphaned.is_set():  # the runner died: stop issuing ops
+                return
             if reset_at is not None and time.monotonic() >= reset_at:
                 reset_at = None
                 if self.call(idx, client, "reset", None) is True:

@@ -224,3 +224,43 @@ def test_schema_list_validate(tmp_path: Path) -> None:
     assert listed.returncode == 0 and "clean" in listed.stdout
     assert run_cli("validate", str(tmp_path)).returncode == 0
     assert run_cli("run", str(tmp_path / "nope.yaml")).returncode == 2
+
+
+@pytest.mark.timeout(60)
+def test_nodes_die_with_a_crashed_runner_and_the_next_run_sweeps(tmp_path: Path) -> None:
+    """SIGKILL to the runner (no teardown at all): its nodes notice and exit, and the next run
+    removes the ipc folder the dead runner left."""
+    write(tmp_path, "long", SLOW)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(PDCHAOS + ["run", str(tmp_path / "long.yaml"), "--runs-dir", str(runs), "--no-report",
+                                       "--plain"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        journal = None
+        while time.monotonic() < deadline:
+            parts = list(runs.glob("*/long-run/hardened/ops.part.jsonl"))
+            if parts and parts[0].stat().st_size > 2000:
+                journal = parts[0].parent / "journal.jsonl"
+                break
+            time.sleep(0.1)
+        assert journal is not None, "the run never started"
+        pids = [r["pid"] for r in J.read_journal(journal) if r.get("what") == "process_start"]
+        assert len(pids) >= 2  # server and workload
+        proc.kill()
+        proc.wait(5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 5
+    while pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_alive(pids) == []
+    stale = list(Path("/tmp").glob(f"pdc-{proc.pid}-*"))
+    assert stale, "the killed runner left its ipc folder (nothing could remove it)"
+    assert not [p for d in stale for p in d.iterdir() if p.suffix == ".sock"], "nodes removed their sockets"
+    write(tmp_path, "clean", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 300ms"))
+    again = run_cli("run", str(tmp_path / "clean.yaml"), "--runs-dir", str(tmp_path / "runs2"), "--no-report",
+                    "--target", "hardened")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not list(Path("/tmp").glob(f"pdc-{proc.pid}-*"))

@@ -25,6 +25,7 @@ from .backend import Backend
 from .client import validate_timeout_ms
 from .metrics import SERVER_CATEGORIES, Counters, RateLimitedWarner
 from .protocol import (
+    LookupRequest,
     REQUEST_CODES,
     RESET_FRAME,
     Code,
@@ -39,6 +40,9 @@ logger = logging.getLogger("connector_patch.lookup.server")
 
 _POLL_MS = 50
 _JOIN_S = 1.5  # close() budget: well inside the promised 2 s
+
+
+_NB = int(zmq.NOBLOCK)  # a plain int: enum flags cost microseconds per call in pyzmq
 
 
 class _Abandoned(Exception):
@@ -76,10 +80,10 @@ class LookupServer:
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         # Socket ownership: the serving thread of epoch N owns the socket while self._epoch == N.
-        # _inflight = (deadline, epoch, timeout code, counts) while a backend call runs.
+        # _inflight = (deadline, epoch, timeout code, request) while a backend call runs.
         self._own_lock = threading.Lock()
         self._epoch = 0
-        self._inflight: tuple[float, int, str, dict] | None = None
+        self._inflight: tuple[float, int, str, LookupRequest | None] | None = None
         self._close_lock = threading.Lock()
         self._closed = False
         self._counters = Counters("server", SERVER_CATEGORIES)
@@ -211,7 +215,7 @@ class LookupServer:
             except _Abandoned:
                 return  # the watchdog answered this request and serves on; the socket is not ours
             try:
-                sock.send(reply, flags=zmq.NOBLOCK, copy=True)
+                sock.send(reply, _NB)
             except zmq.ZMQError:
                 self._rebuild("send", start)
 
@@ -226,14 +230,13 @@ class LookupServer:
                 self._epoch += 1
                 self._inflight = None
                 epoch = self._epoch
-            _, _, code, counts = inflight
-            category = "timeout"
-            reply = self._fail(category, code, "backend call exceeded its deadline", "backend",
-                               time.monotonic() - self.backend_timeout_s, **counts)
+            _, _, code, request = inflight
+            reply = self._fail("timeout", code, "backend call exceeded its deadline", "backend",
+                               time.monotonic() - self.backend_timeout_s, **_counts(request))
             sock = self._sock
             if sock is not None:
                 try:
-                    sock.send(reply, flags=zmq.NOBLOCK, copy=True)
+                    sock.send(reply, _NB)
                 except zmq.ZMQError:
                     self._rebuild("send", time.monotonic())
             if not self._stop.is_set():
@@ -253,18 +256,17 @@ class LookupServer:
                 request = decode_request(frames, self.limits)
             except ProtocolError as exc:
                 return self._fail("protocol", exc.code, exc.message, "decode", start, frames=len(frames))
-            counts = {"token_len": request.token_len, "hashes": len(request.hashes), "groups": len(request.group_ids)}
             try:
-                hit = self._call_backend(lambda: self.backend.hit_tokens(request), self.backend_timeout_s,
-                                         epoch, Code.BACKEND_TIMEOUT, counts)
+                hit = self._call_backend(self.backend.hit_tokens, request, self.backend_timeout_s, epoch,
+                                         Code.BACKEND_TIMEOUT)
             except _Abandoned:
                 raise
             except Exception as exc:  # noqa: BLE001
                 return self._fail("backend_error", Code.BACKEND_ERROR, f"backend raised {type(exc).__name__}",
-                                  "backend", start, **counts)
-            if not isinstance(hit, int) or isinstance(hit, bool) or not 0 <= hit <= request.token_len:
+                                  "backend", start, **_counts(request))
+            if type(hit) is not int or not 0 <= hit <= request.token_len:
                 return self._fail("backend_error", Code.BACKEND_ERROR, "backend returned an out-of-range hit",
-                                  "backend", start, **counts)
+                                  "backend", start, **_counts(request))
             self._counters.inc("ok")
             return encode_ok(hit)
         except _Abandoned:
@@ -279,8 +281,8 @@ class LookupServer:
             self.backend.clear()
 
         try:
-            self._call_backend(reset, self.reset_drain_timeout_s + self.backend_timeout_s, epoch,
-                               Code.RESET_FAILED, {})
+            self._call_backend(reset, None, self.reset_drain_timeout_s + self.backend_timeout_s, epoch,
+                               Code.RESET_FAILED)
         except _Abandoned:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -290,16 +292,17 @@ class LookupServer:
         self._counters.inc("ok")
         return encode_ok(0)
 
-    def _call_backend(self, fn: Callable[[], Any], timeout_s: float, epoch: int, timeout_code: str,
-                      counts: dict) -> Any:
-        """Run ``fn`` inline under the watchdog's deadline. Raises _Abandoned when the watchdog
-        took over meanwhile (the result is then dropped), else returns or raises what ``fn`` did."""
-        with self._own_lock:
-            self._inflight = (time.monotonic() + timeout_s, epoch, timeout_code, counts)
+    def _call_backend(self, fn: Callable[..., Any], request: LookupRequest | None, timeout_s: float, epoch: int,
+                      timeout_code: str) -> Any:
+        """Run ``fn(request)`` (or ``fn()`` for an admin call) inline under the watchdog's deadline.
+        Raises _Abandoned when the watchdog took over meanwhile (the result is then dropped), else
+        returns or raises what ``fn`` did."""
+        # a plain attribute store (atomic): the watchdog reads it under the lock and checks the epoch
+        self._inflight = (time.monotonic() + timeout_s, epoch, timeout_code, request)
         error: BaseException | None = None
         value: Any = None
         try:
-            value = fn()
+            value = fn() if request is None else fn(request)
         except Exception as exc:  # noqa: BLE001 - re-raised below once ownership is confirmed
             error = exc
         with self._own_lock:
@@ -309,3 +312,10 @@ class LookupServer:
         if error is not None:
             raise error
         return value
+
+
+def _counts(request: LookupRequest | None) -> dict[str, int]:
+    """What a log line may say about a request: counts only."""
+    if request is None:
+        return {}
+    return {"token_len": request.token_len, "hashes": len(request.hashes), "groups": len(request.group_ids)}

@@ -268,6 +268,15 @@ def test_server_counters_and_bound_endpoint(lookup_server):
     assert isinstance(sc, dict) and sc["requests"] == 0
 
 
+def test_tcp_port_zero_resolves_to_a_real_port(server_factory, client_factory):
+    h = server_factory("tcp://127.0.0.1:0")
+    ep = h.server.bound_endpoint
+    assert ep.startswith("tcp://127.0.0.1:") and not ep.endswith(":0")
+    hs = distinct_hashes(1, "port-zero")
+    h.backend.put(hexes(hs))
+    assert client_factory(ep, 1000).lookup(16, hs) == 16
+
+
 def test_server_constructor_validation(ipc_endpoint):
     from rawpeers import ControlledBackend
 

@@ -151,7 +151,6 @@ workload: {duration: 30s, concurrency: 1, rate: 20}
 def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
     write(tmp_path, "long", SLOW)
     runs = tmp_path / "runs"
-    before = set(Path("/tmp").glob("pdc-*"))
     proc = subprocess.Popen(PDCHAOS + ["run", str(tmp_path / "long.yaml"), "--runs-dir", str(runs), "--no-report",
                                        "--plain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -177,7 +176,7 @@ def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
     assert pids_alive(pids) == []
     run_dir = journal.parent.parent.parent
     assert pids_alive(started_pids(run_dir)) == []
-    assert set(Path("/tmp").glob("pdc-*")) - before == set()
+    assert list(Path("/tmp").glob(f"pdc-{proc.pid}-*")) == []  # this runner's ipc folder is gone
     recs = J.read_journal(journal)
     assert recs[-1]["type"] == "end" and recs[-1]["reason"] == "interrupted"
     assert J.ops(recs), "ops recorded before the interrupt were kept"
@@ -256,8 +255,9 @@ def test_nodes_die_with_a_crashed_runner_and_the_next_run_sweeps(tmp_path: Path)
     while pids_alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pids_alive(pids) == []
+    # the killed runner's ipc folder may still be there (nothing of it could remove it; another
+    # runner on this machine may already have swept it), but its nodes removed their sockets
     stale = list(Path("/tmp").glob(f"pdc-{proc.pid}-*"))
-    assert stale, "the killed runner left its ipc folder (nothing could remove it)"
     assert not [p for d in stale for p in d.iterdir() if p.suffix == ".sock"], "nodes removed their sockets"
     write(tmp_path, "clean", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 300ms"))
     again = run_cli("run", str(tmp_path / "clean.yaml"), "--runs-dir", str(tmp_path / "runs2"), "--no-report",

@@ -36,7 +36,7 @@ RESET_FRAME = b"reset"
 MAX_TOKEN_LEN = 1 << 24  # 16,777,216 tokens: far above any context length served today
 MAX_HASHES = 1 << 16  # 65,536 block hashes in one request
 MAX_HASH_HEX_LEN = 128  # a 64-byte digest; upstream hashes are 32 bytes (64 hex chars)
-MAX_GROUPS_IN_REQUEST = 64
+MAX_GROUPS_IN_REQUEST = 64  # more ids than any deployment has groups (the fuzzer sends more)
 MAX_REPLY_BYTES = 512  # a v1 envelope is < 200 bytes; anything bigger is not ours
 MAX_MESSAGE_LEN = 200  # characters in an error envelope's message
 
@@ -161,26 +161,12 @@ def encode_request(
     return [_U32.pack(token_len), groups_frame, _U32.pack(hbm_hit_tokens), hashes_frame]
 
 
-_SMALL_FRAME = 64 * 1024
-
-
-def _unpack(frame: bytes, field: str, max_array_len: int) -> Any:
-    """Decode one msgpack frame. A frame under 64 KiB cannot hold anything big, so it takes the
-    plain decoder (the per-call limit arguments cost microseconds on the hot path); a bigger one
-    is decoded with limits on every container and string. Types are checked by the caller."""
+def _unpack(frame: bytes, field: str) -> Any:
+    """Decode one msgpack frame. msgpack (>= 1.0) bounds every container and string by the size of
+    the buffer, so a frame cannot make the decoder allocate more than it carries; the hash count
+    is checked from the array header before this. Types are checked by the field's rules."""
     try:
-        if len(frame) <= _SMALL_FRAME:
-            return msgpack.unpackb(frame)
-        return msgpack.unpackb(
-            frame,
-            raw=False,
-            strict_map_key=True,
-            max_array_len=max_array_len,
-            max_map_len=MAX_GROUPS_IN_REQUEST,  # small containers decode as in a small frame and
-            max_str_len=MAX_HASH_HEX_LEN,       # are then refused by the type rules of the field
-            max_bin_len=MAX_HASH_HEX_LEN,
-            max_ext_len=MAX_HASH_HEX_LEN,
-        )
+        return msgpack.unpackb(frame)
     except Exception as exc:  # msgpack raises many types (ExtraData, ValueError, UnicodeDecodeError, ...)
         raise ProtocolError(
             Code.BAD_MSGPACK, f"{field}: not a valid msgpack value ({type(exc).__name__}, {len(frame)} bytes)"
@@ -218,7 +204,8 @@ def _hex_fast(hashes: list) -> bool:
         joined = "".join(hashes).encode("ascii")
     except (TypeError, ValueError):
         return False
-    return not joined.translate(None, _LOWER_HEX) and all(n and not n % 2 for n in set(map(len, hashes)))
+    return not joined.translate(None, _LOWER_HEX) and all(
+        n and not n % 2 and n <= MAX_HASH_HEX_LEN for n in set(map(len, hashes)))
 
 
 def _decode_u32(frame: bytes, field: str) -> int:
@@ -228,7 +215,7 @@ def _decode_u32(frame: bytes, field: str) -> int:
 
 
 def _validate_group_ids(frame: bytes, num_groups: int) -> tuple[int, ...]:
-    groups = _unpack(frame, "kv_cache_group_ids", MAX_GROUPS_IN_REQUEST)
+    groups = _unpack(frame, "kv_cache_group_ids")
     if not isinstance(groups, list) or not groups:
         raise ProtocolError(Code.BAD_GROUP_IDS, "kv_cache_group_ids: expected a non-empty array")
     if not all(_is_int(g) for g in groups):
@@ -273,16 +260,17 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> LookupRequest:
     n_hashes = _array_header(frames[3])
     if n_hashes is not None and n_hashes > limits.max_hashes:
         raise ProtocolError(Code.TOO_MANY_HASHES, f"block_hashes: {n_hashes} above the limit {limits.max_hashes}")
-    hashes = _unpack(frames[3], "block_hashes", limits.max_hashes)
+    hashes = _unpack(frames[3], "block_hashes")
     if not isinstance(hashes, list):
         raise ProtocolError(Code.BAD_HASHES, "block_hashes: expected an array")
     # Fast path first; only a request that fails it walks the list to name the first bad element.
     lower = _hex_fast(hashes)
     if not lower:
         for i, h in enumerate(hashes):
-            if not isinstance(h, str) or not h or len(h) % 2 or not _HEX.issuperset(h):
-                raise ProtocolError(Code.BAD_HASHES,
-                                    f"block_hashes[{i}]: expected a non-empty even-length hex string")
+            if not isinstance(h, str) or not h or len(h) % 2 or len(h) > MAX_HASH_HEX_LEN \
+                    or not _HEX.issuperset(h):
+                raise ProtocolError(Code.BAD_HASHES, f"block_hashes[{i}]: expected a non-empty even-length "
+                                                     f"hex string of at most {MAX_HASH_HEX_LEN} characters")
     # .hex() produces lowercase, so lowering is nearly always a no-op: skip the per-hash work then
     lowered = tuple(hashes) if lower else tuple(h.lower() for h in hashes)
     return LookupRequest(token_len, group_ids, hbm_hit_tokens, lowered)

@@ -30,6 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
 
+from .peers import delay_categories
 from .base import Duration, Fault, FaultParams, register
 from .toxiproxy import TOXIC_TYPES
 
@@ -108,6 +109,11 @@ class Latency(ToxicFault):
         latency: Millis = Field(..., description="added delay")
         jitter: Millis = Field(0.0, description="+- random variation")
 
+    def expected_categories(self) -> tuple[str, ...]:
+        if self.params.toxicity < 1.0:
+            return ()
+        return delay_categories(self.ctx, self.params.latency + self.params.jitter)
+
 
 @register
 class Bandwidth(ToxicFault):
@@ -138,6 +144,10 @@ class Timeout(ToxicFault):
     name = "timeout"
     toxic_type = "timeout"
 
+    def expected_categories(self) -> tuple[str, ...]:
+        # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
+        return ("timeout",) if self.params.toxicity >= 1.0 else ()
+
     class Params(ToxicParams):
         timeout: Millis = Field(..., description="0ms: hold the connection open without data")
 
@@ -148,6 +158,10 @@ class ResetPeer(ToxicFault):
 
     name = "reset_peer"
     toxic_type = "reset_peer"
+
+    def expected_categories(self) -> tuple[str, ...]:
+        # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
+        return ("timeout",) if self.params.toxicity >= 1.0 else ()
 
     class Params(ToxicParams):
         timeout: Millis = Field(0.0, description="delay before the reset")
@@ -173,6 +187,10 @@ class LimitData(ToxicFault):
     name = "limit_data"
     toxic_type = "limit_data"
 
+    def expected_categories(self) -> tuple[str, ...]:
+        # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
+        return ("timeout",) if self.params.toxicity >= 1.0 else ()
+
     class Params(ToxicParams):
         bytes: int = Field(..., ge=0, description="bytes transmitted before the close")
 
@@ -183,6 +201,7 @@ class Down(Fault):
 
     name = "down"
     requires = ("toxiproxy",)
+    categories = ("timeout",)
 
     def __init__(self, params: FaultParams, ctx: Any):
         super().__init__(params, ctx)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     n_items = sum(len([t for t in s.model.targets if not args.target or t in args.target]) for s in scenarios)
     progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
     with ExitStack() as stack:
-        toxiproxy = start_toxiproxy(scenarios, stack)
+        toxiproxy = start_toxiproxy(scenarios, stack, run_dir)
         runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy)
         runner.on_start = progress.start
 

@@ -224,9 +224,15 @@ class LoadedScenario:
 def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
     """Follow a pydantic error location through the YAML node tree to a line number (1-based)."""
     line = node.start_mark.line + 1 if node is not None else None
+    fault_names = set(load_registry())
+    prev: Any = None
     for part in loc:
         if node is None:
             break
+        if isinstance(prev, int) and part in fault_names:
+            prev = part
+            continue  # the discriminator tag pydantic inserts after a list index: not a YAML key
+        prev = part
         if isinstance(node, yaml.MappingNode):
             nxt = None
             for k, v in node.value:

@@ -92,6 +92,31 @@ def failed_checks(r: Result) -> list[dict]:
 
 # ---------------------------------------------------------------- summary.md
 
+FLOOR_FILE = "toxiproxy_floor.json"  # written by the runner (harness/floor.py) when a run used Toxiproxy
+
+
+def floor_md(run_dir: Path) -> list[str]:
+    """The measurement floor section: what Toxiproxy itself adds, so readers know which latency
+    differences are noise. Nothing when the run used no Toxiproxy."""
+    path = Path(run_dir) / FLOOR_FILE
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    lines = ["#### Measurement floor (Toxiproxy)", "", _md(rec.get("text", "")), ""]
+    f = rec.get("floor") if rec.get("measured") else None
+    if f:
+        lines += ["| | median ms | p90 ms |", "|---|---:|---:|",
+                  f"| direct | {f['direct_median_ms']:.3f} | {f['direct_p90_ms']:.3f} |",
+                  f"| through the proxy, no toxic | {f['proxied_median_ms']:.3f} | {f['proxied_p90_ms']:.3f} |",
+                  f"| added by Toxiproxy | {f['added_median_ms']:.3f} | |", "",
+                  f"Latency toxic: configured {f['latency_configured_ms']} ms, measured "
+                  f"{f['latency_measured_ms']:.2f} ms above the direct round trip (raw round trips with the toxic: "
+                  f"min {f['latency_min_ms']:.2f}, max {f['latency_max_ms']:.2f} ms); "
+                  f"toxiproxy-server {_md(rec.get('toxiproxy_version', '?'))}.", ""]
+    return lines
+
+
 def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
     scenarios = run.scenarios()
@@ -153,6 +178,8 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
                           f"**p50 {fmt_ratio(ratio(bs['legacy']['p50'], bs['hardened']['p50']))}**, "
                           f"**p99 {fmt_ratio(ratio(bs['legacy']['p99'], bs['hardened']['p99']))}**."]
         lines.append("")
+
+    lines += floor_md(run.path)
 
     devs = deviations(run)
     if devs:

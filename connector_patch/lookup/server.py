@@ -155,6 +155,10 @@ class LookupServer:
         sock = self._ctx.socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, _POLL_MS)  # the serving loop checks the stop flag this often
+        # ZMTP heartbeats: a client that vanished without a FIN or RST (a REJECT firewall, a host
+        # crash) would otherwise hold a connection, and a descriptor, on the server forever
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         try:
             sock.bind(endpoint)
         except zmq.ZMQError:

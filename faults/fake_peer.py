@@ -38,12 +38,10 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import ipaddress
 import itertools
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -62,6 +60,8 @@ from connector_patch.lookup.protocol import (
     encode_error,
     encode_ok,
 )
+
+from .nodeio import NodeUsageError, check_endpoint, read_hashes, stop_on_signals  # noqa: F401 - used by interposer too
 
 logger = logging.getLogger("faults.fake_peer")
 
@@ -140,86 +140,6 @@ def request_token_len(body: Sequence[bytes]) -> int:
 
 
 # --------------------------------------------------------------------------- node helpers
-
-
-class NodeUsageError(Exception):
-    """Bad node input: printed as one ``error:`` line, exit 2 (faults cannot use harness.errors)."""
-
-
-def check_endpoint(endpoint: str, what: str) -> str:
-    """The same rules as harness/endpoints.py: ipc:// in an existing folder (<= 107 bytes), or
-    tcp:// on loopback only."""
-    if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
-        if not path:
-            raise NodeUsageError(f"{what}: {endpoint!r} has no path")
-        if path.startswith("@"):
-            return endpoint
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise NodeUsageError(f"{what}: folder {folder!r} of {endpoint!r} does not exist")
-        if len(os.fsencode(path)) > 107:
-            raise NodeUsageError(f"{what}: ipc path of {endpoint!r} is longer than 107 bytes")
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise NodeUsageError(f"{what}: {endpoint!r} needs a port, like tcp://127.0.0.1:5555")
-        host = host.strip("[]")
-        if host != "localhost":
-            try:
-                loopback = ipaddress.ip_address(host).is_loopback
-            except ValueError:
-                raise NodeUsageError(f"{what}: {endpoint!r}: host must be an IP address or localhost") from None
-            if not loopback:
-                raise NodeUsageError(f"{what}: {endpoint!r} is not on loopback (127.0.0.0/8 or ::1)")
-        return endpoint
-    raise NodeUsageError(f"{what}: {endpoint!r} must start with ipc:// or tcp://")
-
-
-def read_hashes(path: str, what: str = "--preload") -> list[str]:
-    """One hex block hash per line; blank lines and '#' comments skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise NodeUsageError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise NodeUsageError(f"{what}: {path!r} is not UTF-8 text") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        h = line.strip()
-        if not h or h.startswith("#"):
-            continue
-        if len(h) % 2 or any(c not in "0123456789abcdefABCDEF" for c in h):
-            raise NodeUsageError(f"{what}: {path}:{n}: expected one hex block hash per line")
-        out.append(h.lower())
-    return out
-
-
-def stop_on_signals() -> threading.Event:
-    """An Event set by SIGTERM or SIGINT, or when the parent (the runner) dies.
-
-    Nodes run in their own sessions (the runner signals whole groups), so a runner killed with
-    SIGKILL sends nothing; a watcher thread notices the node was re-parented and stops it, so no
-    node outlives a crashed runner by more than a quarter second. (PR_SET_PDEATHSIG is tied to the
-    parent *thread*, and the runner starts nodes from its nemesis thread, which ends early.)"""
-    ev = threading.Event()
-    parent = os.getppid()
-
-    def handler(signum, frame):  # noqa: ARG001
-        ev.set()
-
-    def watch_parent() -> None:
-        while not ev.wait(0.25):
-            if os.getppid() != parent:
-                ev.set()
-                return
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
-    return ev
 
 
 def unlink_ipc(endpoint: str | None) -> None:

@@ -14,6 +14,8 @@ import importlib
 import signal
 import sys
 
+from faults.nodeio import NodeUsageError
+
 from .errors import HarnessError, UsageError
 
 # name -> (module, help)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(argv)
         mod = importlib.import_module(args._module)
         return int(mod.run(args) or 0)
-    except UsageError as exc:
+    except NodeUsageError as exc:  # UsageError and the node helpers' own bad-input error
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except HarnessError as exc:

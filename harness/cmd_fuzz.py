@@ -120,10 +120,7 @@ def _check_args(args: argparse.Namespace) -> list[bytes] | None:
     _positive(args.check_token_len, "--check-token-len", MAX_TOKEN_LEN)
     from .node_server import read_preload
 
-    try:
-        hashes = [bytes.fromhex(h) for h in read_preload(args.check_hashes_file)]
-    except UsageError as exc:
-        raise UsageError(str(exc).replace("--preload", "--check-hashes-file")) from None
+    hashes = [bytes.fromhex(h) for h in read_preload(args.check_hashes_file, "--check-hashes-file")]
     if not hashes:
         raise UsageError(f"--check-hashes-file: {args.check_hashes_file!r} holds no hashes")
     return hashes

@@ -33,10 +33,7 @@ def run(args: argparse.Namespace) -> int:
         groups = tuple(int(g) for g in args.groups.split(","))
     except ValueError:
         raise UsageError(f"--groups: {args.groups!r} is not a comma-separated list of integers") from None
-    try:
-        hashes = [bytes.fromhex(h) for h in read_preload(args.hashes_file)]
-    except UsageError as exc:
-        raise UsageError(str(exc).replace("--preload", "--hashes-file")) from None
+    hashes = [bytes.fromhex(h) for h in read_preload(args.hashes_file, "--hashes-file")]
     try:
         client = LookupClient(args.endpoint, args.timeout_ms)
     except ValueError as exc:

@@ -1,7 +1,9 @@
 """Errors the CLI turns into one clear line on stderr and exit code 2 (no traceback)."""
 
+from faults.nodeio import NodeUsageError
 
-class UsageError(Exception):
+
+class UsageError(NodeUsageError):
     """Bad input: a flag, a file, a scenario. The message names what and where."""
 
 

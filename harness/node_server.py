@@ -18,29 +18,16 @@ from connector_patch.lookup import LookupServer, MemoryBackend
 from connector_patch.lookup.backend import Backend
 from connector_patch.lookup.protocol import LookupRequest
 
+from faults.nodeio import read_hashes
+
 from .endpoints import check_endpoint
 from .errors import UsageError
 from .nodeutil import announce_ready, setup_logging, stop_event
 
 
-def read_preload(path: str) -> list[str]:
+def read_preload(path: str, what: str = "--preload") -> list[str]:
     """One hex block hash per line; blank lines and '#' comments are skipped."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise UsageError(f"--preload: cannot read {path!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--preload: {path!r} is not UTF-8 text") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        h = line.strip()
-        if not h or h.startswith("#"):
-            continue
-        if len(h) % 2 or any(c not in "0123456789abcdefABCDEF" for c in h):
-            raise UsageError(f"--preload: {path}:{n}: expected one hex block hash per line")
-        out.append(h.lower())
-    return out
+    return read_hashes(path, what)
 
 
 class FaultyBackend(Backend):

@@ -9,7 +9,7 @@ import threading
 
 def stop_event() -> threading.Event:
     """An Event set by SIGTERM or SIGINT, or when the runner that started us dies."""
-    from faults.fake_peer import stop_on_signals
+    from faults.nodeio import stop_on_signals
 
     return stop_on_signals()
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_patch.lookup.backend import prefix_hit_tokens
+from faults.control import process_stats
 
 from .journal import JournalWriter
 from .nodeutil import setup_logging
@@ -91,14 +92,6 @@ class OpGenerator:
         expected = prefix_hit_tokens(token_len, hexes, groups, hbm, self.bs,
                                      lambda h, g: h in self.present)
         return OpSpec(kind, token_len, tuple(hashes), groups, hbm, expected)
-
-
-def _stats() -> dict[str, int]:
-    try:
-        fds = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        fds = -1
-    return {"pid": os.getpid(), "threads": threading.active_count(), "fds": fds}
 
 
 class Workload:
@@ -185,7 +178,7 @@ class Workload:
     def run(self) -> int:
         cfg = self.cfg
         self.journal.write({"type": "probe", "node": "client", "when": "baseline", "t": time.monotonic(),
-                            **_stats(), "counters": {}})
+                            **process_stats(), "counters": {}})
         n = int(cfg["concurrency"])
         gens = [OpGenerator(cfg["preload"], cfg["block_size"], cfg["groups"], cfg["mix"],
                             tuple(cfg["prompt_blocks"]), cfg["seed"] * 1000 + i) for i in range(n)]
@@ -220,7 +213,7 @@ class Workload:
                 counters[k] = counters.get(k, 0) + v
             c.close()
         self.journal.write({"type": "probe", "node": "client", "when": "final", "t": time.monotonic(),
-                            **_stats(), "counters": counters, "stuck_workers": len(stuck),
+                            **process_stats(), "counters": counters, "stuck_workers": len(stuck),
                             "alive": True})
         self.journal.close()
         if stuck:

@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Sequence
 
-import msgpack
 import zmq
 
 from .metrics import CLIENT_CATEGORIES, Counters, RateLimitedWarner

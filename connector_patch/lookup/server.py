@@ -26,7 +26,6 @@ from .client import validate_timeout_ms
 from .metrics import SERVER_CATEGORIES, Counters, RateLimitedWarner
 from .protocol import (
     LookupRequest,
-    REQUEST_CODES,
     RESET_FRAME,
     Code,
     Limits,

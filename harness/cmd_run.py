@@ -27,6 +27,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
     p.add_argument("--no-report", action="store_true", help="skip plots and summaries (journals and checks only)")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--bench", type=int, metavar="N", default=0,
+                   help="also run `pdchaos bench lookup --n N` first and keep its samples in the run folder "
+                        "(normal-path CDF and ratios in the reports)")
+
+
+def run_bench(run_dir: Path, n: int) -> None:
+    """The normal-path benchmark as its own process (it starts and stops its own servers); its raw
+    samples go to bench_samples.json, which the reports turn into the CDF and the cost ratios."""
+    import subprocess
+
+    out = run_dir / "bench_samples.json"
+    cmd = [sys.executable, "-m", "harness.cli", "bench", "lookup", "--n", str(n), "--save", str(out)]
+    print(f"bench: {n} lookups per target, hardened vs legacy ...", flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        print("warning: bench did not finish within 600 s; no normal-path figures", file=sys.stderr)
+        return
+    if proc.returncode not in (0, 1) or not out.exists():
+        print(f"warning: bench failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        return
+    (run_dir / "bench.txt").write_text(proc.stdout)
+    print(proc.stdout.strip(), flush=True)
 
 
 def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
@@ -67,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
         scenarios = [s for s in scenarios if args.filter in s.name]
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
+    if args.bench and args.bench < 100:
+        raise UsageError("--bench: at least 100 lookups per target")
     run_dir = new_run_dir(args.runs_dir)
+    if args.bench:
+        run_bench(run_dir, args.bench)
     started_wall = datetime.now(timezone.utc).isoformat()
     t_start = time.monotonic()
     n_items = sum(len([t for t in s.model.targets if not args.target or t in args.target]) for s in scenarios)

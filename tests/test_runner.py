@@ -264,3 +264,38 @@ def test_nodes_die_with_a_crashed_runner_and_the_next_run_sweeps(tmp_path: Path)
                     "--target", "hardened")
     assert again.returncode == 0, again.stdout + again.stderr
     assert not list(Path("/tmp").glob(f"pdc-{proc.pid}-*"))
+
+
+@pytest.mark.timeout(120)
+def test_pytest_plugin_collects_scenarios_and_reports_deviations(tmp_path: Path) -> None:
+    """`pytest --pdchaos FILE`: one item per target; a target that deviates fails with its checks."""
+    ok = write(tmp_path, "fine", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 500ms"))
+    # expecting "fail" from a target that passes is a deviation the plugin must report as a failure
+    bad = write(tmp_path, "wrong", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 500ms")
+                .replace("name: clean", "name: wrong-expectation") + "expect: {hardened: fail}\ntargets: [hardened]\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pdchaos", str(ok), str(bad), "-q", "-p", "no:cacheprovider",
+                           "--pdchaos-runs-dir", str(tmp_path / "runs"), "--junitxml", str(tmp_path / "j.xml"),
+                           "-o", "testpaths=", "--rootdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "2 passed" in out and "1 failed" in out, out
+    assert "verdict pass, expected fail" in out
+    junit = (tmp_path / "j.xml").read_text()
+    assert junit.count("<testcase") == 3
+    assert list((tmp_path / "runs").glob("*/summary.json"))
+
+
+@pytest.mark.timeout(60)
+def test_tcp_port_and_ipc_files_are_free_after_a_run(tmp_path: Path) -> None:
+    import socket
+
+    write(tmp_path, "clean", CLEAN.replace("TRANSPORT", "tcp").replace("duration: 1s", "duration: 300ms"))
+    runs = tmp_path / "runs"
+    proc = run_cli("run", str(tmp_path / "clean.yaml"), "--runs-dir", str(runs), "--no-report", "--target", "hardened")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list(runs.iterdir())
+    cfg = json.loads((run_dir / "clean" / "hardened" / "workload.json").read_text())
+    port = int(cfg["endpoint"].rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))  # nothing still listens on the server's port

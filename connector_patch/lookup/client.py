@@ -72,6 +72,13 @@ _NB_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 def _send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
     """send_multipart(frames, NOBLOCK) without the enum overhead (a REQ message is queued whole
     or not at all: the first frame raises zmq.Again when it cannot be)."""
+    if len(frames) == 4:  # a lookup: unrolled
+        send = sock.send
+        send(frames[0], _NB_MORE)
+        send(frames[1], _NB_MORE)
+        send(frames[2], _NB_MORE)
+        send(frames[3], _NB)
+        return
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         sock.send(frame, _NB_MORE if i < last else _NB)
@@ -168,7 +175,7 @@ class LookupClient:
             if self._closed:
                 raise _Failure("transport", Code.TRANSPORT)
             try:
-                sock = self._ensure_socket()
+                sock = self._sock or self._ensure_socket()
                 phase = "send"
                 try:  # a REQ socket is nearly always writable: try first, wait only on zmq.Again
                     _send_frames(sock, frames)
@@ -183,7 +190,7 @@ class LookupClient:
                 # libzmq: the poll then says "readable" but the recv finds nothing; wait again.
                 while True:
                     remaining_ms = (deadline - time.monotonic()) * 1000.0
-                    if remaining_ms <= 0 or not self._poller.poll(max(1, math.ceil(remaining_ms))):
+                    if remaining_ms <= 0 or not self._poller.poll(int(remaining_ms) + 1):  # ms, rounded up
                         raise _Failure("timeout", Code.TIMEOUT)
                     try:
                         reply = sock.recv_multipart(_NB)
@@ -195,14 +202,28 @@ class LookupClient:
             except zmq.ZMQError:
                 raise _Failure("transport", Code.TRANSPORT) from None
             phase = "validate"
-            hit = _canonical_ok_hit(reply, token_len)
-            if hit is not None:  # the common case, exactly what decode_reply would accept
+            # The common case inline (see _canonical_ok_hit): one frame, the ok prefix, a
+            # positive fixint hit. Anything else takes the general path below.
+            hit = None
+            if len(reply) == 1:
+                frame = reply[0]
+                n = len(frame) - _PREFIX_LEN
+                if frame.startswith(_OK_PREFIX):
+                    if n == 1 and frame[-1] < 0x80:  # positive fixint
+                        hit = frame[-1]
+                    elif n == 3 and frame[-3] == 0xCD:  # uint 16
+                        hit = (frame[-2] << 8) | frame[-1]
+                    else:
+                        hit = _canonical_ok_hit(reply, None)
+                    if hit is not None and token_len is not None and hit > token_len:
+                        hit = None
+            if hit is not None:  # exactly what decode_reply would accept
                 if time.monotonic() > deadline:  # the deadline covers validation too
                     raise _Failure("timeout", Code.TIMEOUT)
                 self.last_outcome, self.last_code = "ok", ""
                 if admin:
                     return 0
-                self._counters.inc("ok")
+                self._counters.inc_unlocked("ok")  # under this client's lock
                 return hit
             try:
                 decoded = decode_reply(reply, token_len)

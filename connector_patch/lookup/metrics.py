@@ -98,6 +98,12 @@ class Counters:
         with self._lock:
             self._values[category] = self._values.get(category, 0) + n
 
+    def inc_unlocked(self, category: str) -> None:
+        """For a category only one thread ever increments (the caller's own lock or thread
+        guarantees it): skips the lock on the request path. A concurrent snapshot may see the
+        value from just before."""
+        self._values[category] += 1
+
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)

@@ -112,7 +112,7 @@ class LookupRequest(NamedTuple):
     token_len: int
     group_ids: tuple[int, ...]
     hbm_hit_tokens: int
-    hashes: tuple[str, ...]
+    hashes: Sequence[str]  # the decoded list itself (no copy on the hot path); treat as read-only
 
 
 @dataclass(frozen=True)
@@ -204,8 +204,13 @@ def _hex_fast(hashes: list) -> bool:
         joined = "".join(hashes).encode("ascii")
     except (TypeError, ValueError):
         return False
-    return not joined.translate(None, _LOWER_HEX) and all(
-        n and not n % 2 and n <= MAX_HASH_HEX_LEN for n in set(map(len, hashes)))
+    if joined.translate(None, _LOWER_HEX):
+        return False
+    lengths = set(map(len, hashes))
+    if len(lengths) == 1:  # the usual case: every hash the same length
+        (n,) = lengths
+        return 0 < n <= MAX_HASH_HEX_LEN and not n % 2
+    return all(n and not n % 2 and n <= MAX_HASH_HEX_LEN for n in lengths)
 
 
 def _decode_u32(frame: bytes, field: str) -> int:
@@ -249,8 +254,12 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> LookupRequest:
     """Validate a 4-frame lookup request strictly. Raises ProtocolError with a request code."""
     if len(frames) != 4:
         raise ProtocolError(Code.BAD_FRAME_COUNT, f"expected 4 frames, got {len(frames)}")
-    token_len = _decode_u32(frames[0], "token_len")
-    hbm_hit_tokens = _decode_u32(frames[2], "hbm_hit_tokens")
+    f0, f1, f2, f3 = frames
+    if len(f0) != 4 or len(f2) != 4:
+        _decode_u32(f0, "token_len")  # raises, naming the frame
+        _decode_u32(f2, "hbm_hit_tokens")
+    token_len = int.from_bytes(f0, "big")
+    hbm_hit_tokens = int.from_bytes(f2, "big")
     if token_len > limits.max_token_len:
         raise ProtocolError(Code.BAD_TOKEN_LEN, f"token_len {token_len} above the limit {limits.max_token_len}")
     if hbm_hit_tokens > token_len:
@@ -272,7 +281,7 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> LookupRequest:
                 raise ProtocolError(Code.BAD_HASHES, f"block_hashes[{i}]: expected a non-empty even-length "
                                                      f"hex string of at most {MAX_HASH_HEX_LEN} characters")
     # .hex() produces lowercase, so lowering is nearly always a no-op: skip the per-hash work then
-    lowered = tuple(hashes) if lower else tuple(h.lower() for h in hashes)
+    lowered = hashes if lower else [h.lower() for h in hashes]
     return LookupRequest(token_len, group_ids, hbm_hit_tokens, lowered)
 
 
@@ -282,9 +291,18 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> LookupRequest:
 OK_PREFIX = msgpack.packb({"version": PROTOCOL_VERSION, "status": "ok", "hit_tokens": 0})[:-1]
 
 
+_OK_CACHE: dict[int, bytes] = {}
+
+
 def encode_ok(hit_tokens: int) -> bytes:
-    """The ok envelope: a fixed map prefix plus the packed int (same bytes as packing the dict)."""
-    return OK_PREFIX + msgpack.packb(int(hit_tokens))
+    """The ok envelope: a fixed map prefix plus the packed int (same bytes as packing the dict).
+    Hits repeat (multiples of the block size): the first 4096 distinct ones are kept."""
+    out = _OK_CACHE.get(hit_tokens)
+    if out is None:
+        out = OK_PREFIX + msgpack.packb(int(hit_tokens))
+        if len(_OK_CACHE) < 4096 and type(hit_tokens) is int:
+            _OK_CACHE[hit_tokens] = out
+    return out
 
 
 def encode_error(code: str, message: str) -> bytes:

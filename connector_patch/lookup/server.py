@@ -212,7 +212,7 @@ class LookupServer:
                 self._rebuild("recv", time.monotonic())
                 continue
             start = time.monotonic()
-            self._counters.inc("requests")
+            self._counters.inc_unlocked("requests")  # only the serving thread counts requests
             try:
                 reply = self._handle(frames, start, epoch)
             except _Abandoned:
@@ -270,7 +270,7 @@ class LookupServer:
             if type(hit) is not int or not 0 <= hit <= request.token_len:
                 return self._fail("backend_error", Code.BACKEND_ERROR, "backend returned an out-of-range hit",
                                   "backend", start, **_counts(request))
-            self._counters.inc("ok")
+            self._counters.inc_unlocked("ok")  # only a serving thread that still owns the socket
             return encode_ok(hit)
         except _Abandoned:
             raise

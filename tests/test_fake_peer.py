@@ -6,7 +6,6 @@ Nothing is mocked.
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import socket
@@ -23,6 +22,7 @@ from connector_patch.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
 from faults.control import control_call
 from faults.fake_peer import REPLY_KINDS
+from nodes import Node, free_tcp_endpoint
 
 DEADLINE_MS = 200
 TOLERANCE_S = 0.15  # bounded_return: deadline + this, on 2 noisy cores
@@ -30,63 +30,6 @@ BLOCK = 16
 PRELOADED = [bytes([i]) * 32 for i in range(1, 9)]
 ABSENT = [bytes([0xF0 + i]) * 32 for i in range(8)]
 PARTIAL = PRELOADED[:5] + ABSENT[:3]  # 5 blocks present: 80 of 128 tokens
-
-
-class Node:
-    """A ``pdchaos node KIND`` process: started, READY awaited, stopped with a signal (killed if stuck)."""
-
-    def __init__(self, kind: str, args: list[str], workdir: str):
-        self.log_path = os.path.join(workdir, f"{kind}-{time.monotonic_ns()}.log")
-        self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "node", kind, *args],
-                                     stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     start_new_session=True)
-        self.signalled = False
-
-    def wait_ready(self, timeout: float = 10.0) -> "Node":
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.05)
-            if r:
-                line = self.proc.stdout.readline()
-                if line.strip() == "READY":
-                    return self
-                if line == "" and self.proc.poll() is not None:
-                    break
-        self.proc.kill()
-        self.stop()
-        raise AssertionError(f"node not READY: rc={self.proc.returncode} log={self.log()!r}")
-
-    def log(self) -> str:
-        with open(self.log_path) as fh:
-            return fh.read()
-
-    def send(self, sig: int = signal.SIGTERM) -> None:
-        """Send ``sig`` once: a second SIGTERM that lands while Python is already shutting down
-        (handlers restored to the default) would kill the process instead of stopping it."""
-        if self.proc.poll() is None and not self.signalled:
-            self.signalled = True
-            self.proc.send_signal(sig)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
-        if self.proc.poll() is None:
-            self.send(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-        return self.proc.returncode
-
-
-def free_tcp_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")

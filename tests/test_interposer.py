@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ import zmq
 from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
 from connector_patch.lookup.protocol import decode_reply, encode_request
 from faults.control import ControlError, control_call
+from nodes import Node, free_tcp_endpoint
 
 DEADLINE_MS = 200
 TOLERANCE_S = 0.15  # bounded_return: deadline + this, on 2 noisy cores
@@ -36,55 +35,6 @@ ABSENT = [bytes([0xF0 + i]) * 32 for i in range(8)]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-class Node:
-    """A ``pdchaos node KIND`` process: started, READY awaited, stopped with SIGTERM (killed if stuck)."""
-
-    def __init__(self, kind: str, args: list[str], workdir: str):
-        self.log_path = os.path.join(workdir, f"{kind}-{time.monotonic_ns()}.log")
-        self._log = open(self.log_path, "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "node", kind, *args],
-                                     stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.05)
-            if r:
-                line = self.proc.stdout.readline()
-                if line.strip() == "READY":
-                    return
-                if line == "" and self.proc.poll() is not None:
-                    break
-        self.stop()
-        raise AssertionError(f"node not READY: rc={self.proc.returncode} log={self.log()!r}")
-
-    def log(self) -> str:
-        self._log.flush()
-        with open(self.log_path) as fh:
-            return fh.read()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-        return self.proc.returncode
-
-
-def free_tcp_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def expected_hit(hashes: list[bytes], token_len: int) -> int:

@@ -1,0 +1,70 @@
+"""A ``pdchaos node KIND`` process for tests that drive nodes directly (fake peer, interposer)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+class Node:
+    """A ``pdchaos node KIND`` process: started, READY awaited, stopped with a signal (killed if stuck)."""
+
+    def __init__(self, kind: str, args: list[str], workdir: str):
+        self.log_path = os.path.join(workdir, f"{kind}-{time.monotonic_ns()}.log")
+        self._log = open(self.log_path, "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "node", kind, *args],
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     start_new_session=True)
+        self.signalled = False
+
+    def wait_ready(self, timeout: float = 10.0) -> "Node":
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.05)
+            if r:
+                line = self.proc.stdout.readline()
+                if line.strip() == "READY":
+                    return self
+                if line == "" and self.proc.poll() is not None:
+                    break
+        self.proc.kill()
+        self.stop()
+        raise AssertionError(f"node not READY: rc={self.proc.returncode} log={self.log()!r}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        with open(self.log_path) as fh:
+            return fh.read()
+
+    def send(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` once: a second SIGTERM that lands while Python is already shutting down
+        (handlers restored to the default) would kill the process instead of stopping it."""
+        if self.proc.poll() is None and not self.signalled:
+            self.signalled = True
+            self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int:
+        if self.proc.poll() is None:
+            self.send(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+        return self.proc.returncode
+
+
+def free_tcp_endpoint() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"

@@ -79,8 +79,8 @@ def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
     limit = deadline + tol
     if not inp.ops:
         return _r(None, "no ops")
-    late = [o for o in inp.ops if o.get("outcome") == "stalled" or (o.get("elapsed_ms") or 0) > limit]
-    worst = max((o.get("elapsed_ms") or 0 for o in inp.ops), default=0)
+    late = [o for o in inp.all_ops if o.get("outcome") == "stalled" or (o.get("elapsed_ms") or 0) > limit]
+    worst = max((o.get("elapsed_ms") or 0 for o in inp.all_ops), default=0)
     det = {"limit_ms": limit, "deadline_ms": deadline, "tolerance_ms": tol, "worst_ms": worst,
            "late_ops": _first([o["id"] for o in late])}
     if late:
@@ -136,6 +136,8 @@ def _merged_windows(windows: list[dict]) -> list[tuple[float, float, list[str]]]
 
 @check("recovery")
 def recovery(inp: CheckInput, opts: dict) -> CheckResult:
+    """For every worker (one client each): among its first N ops after a fault window closes (and
+    before the next one opens), one succeeds with the right hit."""
     within = int(opts.get("within", 1))
     if not inp.windows:
         return _r(None, "no fault windows")
@@ -143,14 +145,18 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
     merged = _merged_windows(inp.windows)
     for i, (start, stop, names) in enumerate(merged):
         next_start = merged[i + 1][0] if i + 1 < len(merged) else float("inf")
-        # ops between this window's end and the next window's start
+        # ops between this window's end and the next window's start, per worker
         after = [o for o in inp.ops if stop <= o.get("t_invoke", 0) < next_start]
         if not after:
             continue
         checked += 1
-        first = after[:within]
-        if not any(o.get("phase") == "ok" and o.get("value") == o.get("expected") for o in first):
-            bad.append((names, first[0]))
+        by_worker: dict = {}
+        for o in after:
+            by_worker.setdefault(o.get("process"), []).append(o)
+        for ops_of_worker in by_worker.values():
+            first = ops_of_worker[:within]
+            if not any(o.get("phase") == "ok" and o.get("value") == o.get("expected") for o in first):
+                bad.append((names, first[0]))
     if bad:
         names, o = bad[0]
         return _r(False, f"{len(bad)} fault windows not recovered from within {within} ops; after "
@@ -181,11 +187,13 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
                                 f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
     _, final = _server_probes(inp)
     c = final[-1].get("counters") if final else None
-    if c:
-        replies = sum(c.get(k, 0) for k in ("ok", "timeout", "protocol", "server_error", "backend_error"))
+    if c and "replies" in c:
+        # replies counts envelopes actually handed to the socket (by the serving thread or, for a
+        # backend call that overran, by the watchdog), not envelopes built
+        sent = c.get("replies", 0) + c.get("replies_watchdog", 0)
         evidence.append("server counters")
-        if replies != c.get("requests", 0):
-            problems.append(f"server received {c.get('requests')} requests but sent {replies} replies")
+        if sent != c.get("requests", 0):
+            problems.append(f"server received {c.get('requests')} requests but sent {sent} replies")
     if problems:
         return _r(False, "; ".join(problems))
     if not evidence:
@@ -297,9 +305,42 @@ def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
                     f"explained by an injected fault")
 
 
+@check("workload_ran")
+def workload_ran(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """The history is not empty by accident: the workload process exited as it should (0, or 3
+    when it left calls stuck in a hung client) and issued at least a quarter of its planned ops
+    (a target whose calls hang issues fewer; no_stall says so). Without this, a workload that
+    crashed would leave a history in which every other check holds vacuously."""
+    ev = [e for e in inp.events if e.get("what") == "workload_exit"]
+    if not ev:
+        return _r(False, "no record of the workload's exit")
+    code = ev[-1].get("returncode")
+    if code not in (0, 3):
+        return _r(False, f"the workload exited with code {code} (see logs/client-workload.log)")
+    w = inp.meta.get("workload") or {}
+    planned = float(w.get("rate", 0)) * float(w.get("duration", 0))
+    n = len(inp.all_ops)
+    stalled = any(o.get("outcome") == "stalled" for o in inp.ops)
+    if n == 0 or (planned and n < 0.25 * planned and not stalled):
+        return _r(False, f"only {n} ops of about {planned:.0f} planned")
+    return _r(True, f"{n} ops (about {planned:.0f} planned), workload exit {code}")
+
+
+@check("harness_integrity")
+def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """The run itself went as planned: every fault started and healed without error, the final
+    server probe answered, nothing outlived the teardown."""
+    bad = [e for e in inp.events if e.get("what") in ("fault_error", "probe_failed", "leftovers", "nemesis_stuck")]
+    if bad:
+        e = bad[0]
+        detail = e.get("error") or e.get("what_left") or e.get("fault") or ""
+        return _r(False, f"{len(bad)} harness problem(s); first: {e['what']} {detail}".strip())
+    return _r(True, "faults started and healed cleanly; nothing left behind")
+
+
 @check("no_stall")
 def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    stalled = [o for o in inp.ops if o.get("outcome") == "stalled"]
+    stalled = [o for o in inp.all_ops if o.get("outcome") == "stalled"]
     end = next((r for r in inp.records if r.get("type") == "end"), {})
     if stalled:
         return _r(False, f"{len(stalled)} ops never returned (first: op {stalled[0]['id']}); the runner "

@@ -56,6 +56,8 @@ class JournalWriter:
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), default=str)
         with self._lock:
+            if self._fh.closed:  # a late writer after the run closed its journal: nothing to keep
+                return
             self._fh.write(line + "\n")
 
     def flush(self) -> None:

@@ -33,6 +33,7 @@ from .schema import LoadedScenario
 from .topology import Topology
 
 GRACE_S = 1.0  # after the workload's duration, on top of deadline + tolerance
+NEMESIS_JOIN_S = 15.0  # a fault start/stop is bounded (a node's READY wait is 10 s)
 
 
 @dataclass
@@ -172,13 +173,14 @@ class Runner:
             jw.close()
             res.verdict, res.reason = "error", f"topology: {type(exc).__name__}: {exc}"
             return res
-        for fm, f in zip(faults_meta, sc.faults):  # what each fault should cause, given this topology
-            fm["categories"] = list(self._instance(f, topo).expected_categories())
         workload = None
+        nemesis = None
         active: dict[int, Fault] = {}
         reason = "done"
         stop_nemesis = threading.Event()
         try:
+            for fm, f in zip(faults_meta, sc.faults):  # what each fault should cause, given this topology
+                fm["categories"] = list(self._instance(f, topo).expected_categories())
             topo.start()
             cfg = {"endpoint": topo.client_endpoint, "target": target, "deadline_ms": int(round(m.deadline * 1000)),
                    "concurrency": m.workload.concurrency, "rate": m.workload.rate,
@@ -202,8 +204,6 @@ class Runner:
                 if self._stop.is_set():
                     raise _Interrupted()
                 time.sleep(0.02)
-            stop_nemesis.set()
-            nemesis.join(max(0.0, min(5.0, hard_cap - time.monotonic())))
             if workload.alive:
                 reason = "cap" if time.monotonic() >= hard_cap else "done"
                 workload.kill()
@@ -216,19 +216,27 @@ class Runner:
         finally:
             t_down = time.monotonic()
             stop_nemesis.set()
+            if nemesis is not None:
+                # a fault may be half-way through starting (a peer swap waits for READY): let it
+                # finish, so the heal below sees it; never touch the topology from two threads
+                nemesis.join(NEMESIS_JOIN_S)
+                if nemesis.is_alive():
+                    topo.event("nemesis_stuck", error=f"fault schedule still busy after {NEMESIS_JOIN_S:g} s")
             for fid, fault in list(active.items()):
                 self._heal(fault, fid, jw, "teardown")
             active.clear()
             if workload is not None:
                 workload.stop(2.0)
+                topo.event("workload_exit", returncode=workload.returncode)
             try:
                 topo.final_probe()
             except Exception as exc:  # noqa: BLE001 - a probe must not break teardown
                 topo.event("probe_failed", error=type(exc).__name__)
+            handles = topo.handles() + ([workload] if workload is not None else [])
             topo.close()
-            leftovers = topo.leftovers()
+            leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive] + topo.leftovers()
             if leftovers:
-                topo.event("leftovers", what=leftovers)
+                topo.event("leftovers", what_left=leftovers)
             if part.exists():
                 for rec in read_journal(part):
                     jw.write(rec)
@@ -277,11 +285,11 @@ class Runner:
                 fault = self._instance(f, topo)
                 jw.write({"type": "fault", "id": i, "name": f.type, "phase": "start", "t": time.monotonic(),
                           "params": fault.params.model_dump(mode="json")})
+                active[i] = fault  # before start(): a fault half-started at teardown is healed too
                 try:
                     fault.start()
                 except Exception as exc:  # noqa: BLE001 - recorded; the run goes on and heals
                     topo.event("fault_error", fault=f.type, phase="start", error=f"{type(exc).__name__}: {exc}")
-                active[i] = fault
             elif i in active:
                 self._heal(active.pop(i), i, jw, "schedule")
 

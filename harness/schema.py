@@ -100,7 +100,8 @@ class RandomFaults(_Strict):
 
 
 _CHECK_NAMES = ("bounded_return", "fail_open", "correct_hits", "recovery", "exactly_one_reply",
-                "server_alive", "no_leaks", "log_hygiene", "metrics_match", "no_stall")
+                "server_alive", "no_leaks", "log_hygiene", "metrics_match", "workload_ran", "harness_integrity",
+                "no_stall")
 
 
 class CheckOptions(_Strict):

@@ -66,6 +66,7 @@ class Topology:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-"))
         self.server: ProcHandle | None = None
         self.server_baseline: dict | None = None
+        self._stopped: list[ProcHandle] = []  # servers replaced or stopped during the run
         self.interposer: ProcHandle | None = None
         self.toxiproxy = toxiproxy
         self.proxy_name = "lookup"
@@ -120,12 +121,13 @@ class Topology:
             self.netns.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def handles(self) -> list[ProcHandle]:
+        """Every process this topology started and still holds (check them after close())."""
+        return [p for p in (self.server, self.interposer) if p is not None] + list(self._stopped)
+
     def leftovers(self) -> list[str]:
-        """What would leak: live processes of this topology, or its ipc folder."""
-        out = [f"pid {p.pid} ({p.name})" for p in (self.server, self.interposer) if p is not None and p.alive]
-        if self.tmp.exists():
-            out.append(str(self.tmp))
-        return out
+        """What close() could not remove: the ipc folder."""
+        return [str(self.tmp)] if self.tmp.exists() else []
 
     # ------------------------------------------------------------ helpers
     def _spawn(self, kind: str, args: list[str], *, side: str = "b", log_name: str | None = None,
@@ -182,6 +184,7 @@ class Topology:
 
     def stop_server(self) -> None:
         if self.server is not None:
+            self._stopped.append(self.server)
             self.server.stop(2.0)
             self.event("process_stop", kind=self.server.name, pid=self.server.pid,
                        returncode=self.server.returncode)
@@ -189,6 +192,7 @@ class Topology:
 
     def kill_server(self) -> None:
         if self.server is not None:
+            self._stopped.append(self.server)
             self.server.kill()
             self.event("process_kill", kind=self.server.name, pid=self.server.pid)
             self.server = None

@@ -194,6 +194,14 @@ class Workload:
         t_end = t_start + duration
         interval = n / float(cfg["rate"])
         reset_at = cfg.get("reset_at_s")
+        crashed: list[str] = []
+
+        def on_crash(args: threading.ExceptHookArgs) -> None:  # a bug in a worker must not look like a quiet run
+            crashed.append(f"{args.exc_type.__name__} in {args.thread.name if args.thread else '?'}")
+            self.journal.write({"type": "event", "what": "workload_crash", "t": time.monotonic(),
+                                "error": crashed[-1]})
+
+        threading.excepthook = on_crash
         threads = []
         for i in range(n):
             th = threading.Thread(target=self.worker, name=f"workload-{i}", daemon=True,
@@ -219,7 +227,7 @@ class Workload:
         if stuck:
             sys.stdout.flush()
             os._exit(3)  # leave the hung call behind; the runner records its op as stalled
-        return 0
+        return 4 if crashed else 0
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001

@@ -86,7 +86,7 @@ def test_recovery() -> None:
 
 
 def test_exactly_one_reply_and_server_alive() -> None:
-    ok = {"requests": 10, "ok": 7, "protocol": 2, "backend_error": 1}
+    ok = {"requests": 10, "replies": 10, "ok": 7, "protocol": 2, "backend_error": 1}
     hist = [meta(), probe("server", "baseline"), probe("server", "final", counters=ok)]
     assert run("exactly_one_reply", hist).ok is True
     lost = dict(ok, requests=11)
@@ -156,3 +156,46 @@ def test_no_stall_and_verdict() -> None:
 def test_every_check_can_be_disabled(name: str) -> None:
     results = C.run_checks(C.CheckInput([meta(), *op(1, 0)]), {name: {"enabled": False}})
     assert name not in {r.name for r in results}
+
+
+def test_recovery_is_per_worker() -> None:
+    """One worker's success does not cover another worker that never recovers."""
+    def op_w(i, t, worker, **kw):
+        recs = op(i, t, **kw)
+        for r in recs:
+            r["process"] = worker
+        return recs
+
+    hist = [meta(), *fault(0, "slow_peer", 1.0, 2.0), *op_w(1, 2.01, 0),
+            *op_w(2, 2.02, 1, phase="fail", value=0, outcome="timeout"), *op_w(3, 2.3, 1)]
+    assert run("recovery", hist).ok is False
+    assert run("recovery", hist, {"within": 2}).ok is True
+
+
+def test_workload_ran() -> None:
+    exit0 = {"type": "event", "what": "workload_exit", "t": T0, "returncode": 0}
+    w = meta(workload={"rate": 10, "duration": 1.0})
+    good = [w, exit0, *[r for i in range(10) for r in op(i, i * 0.1)]]
+    assert run("workload_ran", good).ok is True
+    assert run("workload_ran", [w, exit0]).ok is False  # no op at all: nothing was tested
+    assert run("workload_ran", [w, *op(1, 0)]).ok is False  # no record of the exit
+    crashed = [w, {**exit0, "returncode": 4}, *[r for i in range(10) for r in op(i, i * 0.1)]]
+    r = run("workload_ran", crashed)
+    assert r.ok is False and "code 4" in r.message
+    # a quarter of the planned ops is the floor, unless the target hung (no_stall reports that)
+    assert run("workload_ran", [w, exit0, *op(1, 0), *op(2, 0.1)]).ok is False
+    assert run("workload_ran", [w, {**exit0, "returncode": 3}, *op(1, 0), *op(2, 0.1, complete=False)]).ok is True
+
+
+def test_harness_integrity() -> None:
+    assert run("harness_integrity", [meta()]).ok is True
+    for what in ("fault_error", "probe_failed", "leftovers", "nemesis_stuck"):
+        r = run("harness_integrity", [meta(), {"type": "event", "what": what, "t": T0, "error": "x"}])
+        assert r.ok is False and what in r.message
+
+
+def test_exactly_one_reply_counts_replies_sent() -> None:
+    sent = {"requests": 10, "replies": 9, "replies_watchdog": 1}
+    assert run("exactly_one_reply", [meta(), probe("server", "final", counters=sent)]).ok is True
+    lost = {"requests": 10, "replies": 9, "replies_watchdog": 0}
+    assert run("exactly_one_reply", [meta(), probe("server", "final", counters=lost)]).ok is False

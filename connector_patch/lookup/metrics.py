@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 
 CLIENT_CATEGORIES = ("ok", "timeout", "transport", "protocol", "server_error", "backend_error", "bad_call",
                      "socket_rebuilds", "reset_ok", "reset_failed")
-SERVER_CATEGORIES = ("requests", "ok", "timeout", "transport", "protocol", "server_error", "backend_error",
-                     "socket_rebuilds", "resets")
+SERVER_CATEGORIES = ("requests", "replies", "replies_watchdog", "ok", "timeout", "transport", "protocol",
+                     "server_error", "backend_error", "socket_rebuilds", "resets")
 
 _HELP = {"client": "AscendStore lookup RPC client events by category",
          "server": "AscendStore lookup RPC server events by category"}

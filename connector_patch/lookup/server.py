@@ -49,6 +49,7 @@ class _Abandoned(Exception):
 
 
 _WATCHDOG_S = 0.02
+MAX_ABANDONED = 4  # threads stuck in backend calls before the server stops calling the backend
 
 
 class LookupServer:
@@ -83,6 +84,7 @@ class LookupServer:
         self._own_lock = threading.Lock()
         self._epoch = 0
         self._inflight: tuple[float, int, str, LookupRequest | None] | None = None
+        self._abandoned: list[threading.Thread] = []  # serving threads left stuck in a backend call
         self._close_lock = threading.Lock()
         self._closed = False
         self._counters = Counters("server", SERVER_CATEGORIES)
@@ -134,8 +136,13 @@ class LookupServer:
                     break
                 thread.join(min(0.05, limit - now))
             with self._own_lock:  # take the socket from a thread stuck in a backend call, if any
+                in_backend = self._inflight is not None
                 self._epoch += 1
                 self._inflight = None
+            if thread is not None and thread.is_alive() and not in_backend and thread is not threading.current_thread():
+                # it just came back from its backend call and may be sending its reply: let it
+                # finish (it sees the stop flag next); the socket must not be closed under it
+                thread.join(0.2)
             self._close_socket()
             self._unlink_ipc()
             if self._own_ctx:
@@ -219,6 +226,7 @@ class LookupServer:
                 return  # the watchdog answered this request and serves on; the socket is not ours
             try:
                 sock.send(reply, _NB)
+                self._counters.inc_unlocked("replies")  # only the thread owning the socket sends
             except zmq.ZMQError:
                 self._rebuild("send", start)
 
@@ -240,8 +248,13 @@ class LookupServer:
             if sock is not None:
                 try:
                     sock.send(reply, _NB)
+                    self._counters.inc("replies_watchdog")
                 except zmq.ZMQError:
                     self._rebuild("send", time.monotonic())
+            with self._own_lock:
+                self._abandoned = [t for t in self._abandoned if t.is_alive()]
+                if self._thread is not None:
+                    self._abandoned.append(self._thread)  # stuck in the backend; exits when it returns
             if not self._stop.is_set():
                 self._spawn_serving(epoch)
 
@@ -259,6 +272,9 @@ class LookupServer:
                 request = decode_request(frames, self.limits)
             except ProtocolError as exc:
                 return self._fail("protocol", exc.code, exc.message, "decode", start, frames=len(frames))
+            if self._abandoned and self._backend_stuck():
+                return self._fail("timeout", Code.BACKEND_TIMEOUT, "backend still stuck: not called",
+                                  "backend", start, **_counts(request))
             try:
                 hit = self._call_backend(self.backend.hit_tokens, request, self.backend_timeout_s, epoch,
                                          Code.BACKEND_TIMEOUT)
@@ -294,6 +310,13 @@ class LookupServer:
         self._counters.inc("resets")
         self._counters.inc("ok")
         return encode_ok(0)
+
+    def _backend_stuck(self) -> bool:
+        """Circuit breaker: with MAX_ABANDONED serving threads still stuck in backend calls, a new
+        request is answered BACKEND_TIMEOUT at once instead of leaving one more thread behind."""
+        with self._own_lock:
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            return len(self._abandoned) >= MAX_ABANDONED
 
     def _call_backend(self, fn: Callable[..., Any], request: LookupRequest | None, timeout_s: float, epoch: int,
                       timeout_code: str) -> Any:

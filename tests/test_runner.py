@@ -138,6 +138,17 @@ def test_legacy_hangs_forever_is_reported_stalled(tmp_path: Path) -> None:
     assert pids_alive(started_pids(run_dir)) == []
 
 
+def wait_until_running(runs: Path, timeout_s: float = 20.0) -> Path:
+    """The journal of the long-run scenario, once its workload has recorded some ops."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        parts = list(runs.glob("*/long-run/hardened/ops.part.jsonl"))
+        if parts and parts[0].stat().st_size > 2000:
+            return parts[0].parent / "journal.jsonl"
+        time.sleep(0.1)
+    raise AssertionError("the run never started")
+
+
 SLOW = """
 name: long-run
 seed: 9
@@ -154,15 +165,7 @@ def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
     proc = subprocess.Popen(PDCHAOS + ["run", str(tmp_path / "long.yaml"), "--runs-dir", str(runs), "--no-report",
                                        "--plain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        journal = None
-        while time.monotonic() < deadline:  # wait until the workload runs (ops in the part file)
-            parts = list(runs.glob("*/long-run/hardened/ops.part.jsonl"))
-            if parts and parts[0].stat().st_size > 2000:
-                journal = parts[0].parent / "journal.jsonl"
-                break
-            time.sleep(0.1)
-        assert journal is not None, "the run never started"
+        journal = wait_until_running(runs)
         pids = [r["pid"] for r in J.read_journal(journal) if r.get("what") == "process_start"]
         assert pids
         proc.send_signal(signal.SIGINT)
@@ -234,15 +237,7 @@ def test_nodes_die_with_a_crashed_runner_and_the_next_run_sweeps(tmp_path: Path)
     proc = subprocess.Popen(PDCHAOS + ["run", str(tmp_path / "long.yaml"), "--runs-dir", str(runs), "--no-report",
                                        "--plain"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        journal = None
-        while time.monotonic() < deadline:
-            parts = list(runs.glob("*/long-run/hardened/ops.part.jsonl"))
-            if parts and parts[0].stat().st_size > 2000:
-                journal = parts[0].parent / "journal.jsonl"
-                break
-            time.sleep(0.1)
-        assert journal is not None, "the run never started"
+        journal = wait_until_running(runs)
         pids = [r["pid"] for r in J.read_journal(journal) if r.get("what") == "process_start"]
         assert len(pids) >= 2  # server and workload
         proc.kill()

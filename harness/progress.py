@@ -30,7 +30,9 @@ class Progress:
 
     def start(self, scenario: str, target: str) -> None:
         if self._rich is not None:
-            self._rich.update(self._task, description=f"{scenario} [{target}]")
+            from rich.markup import escape
+
+            self._rich.update(self._task, description=escape(f"{scenario} [{target}]"))
 
     def result(self, r) -> None:
         self.done += 1

@@ -188,9 +188,9 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     _, final = _server_probes(inp)
     c = final[-1].get("counters") if final else None
     if c and "replies" in c:
-        # replies counts envelopes actually handed to the socket (by the serving thread or, for a
-        # backend call that overran, by the watchdog), not envelopes built
-        sent = c.get("replies", 0) + c.get("replies_watchdog", 0)
+        # replies counts envelopes handed to the socket (by the serving thread or, for a backend
+        # call that overran, by the watchdog); a send that raised is counted in send_failed
+        sent = c.get("replies", 0) + c.get("replies_watchdog", 0) - c.get("send_failed", 0)
         evidence.append("server counters")
         if sent != c.get("requests", 0):
             problems.append(f"server received {c.get('requests')} requests but sent {sent} replies")

@@ -199,3 +199,8 @@ def test_exactly_one_reply_counts_replies_sent() -> None:
     assert run("exactly_one_reply", [meta(), probe("server", "final", counters=sent)]).ok is True
     lost = {"requests": 10, "replies": 9, "replies_watchdog": 0}
     assert run("exactly_one_reply", [meta(), probe("server", "final", counters=lost)]).ok is False
+
+
+def test_exactly_one_reply_subtracts_failed_sends() -> None:
+    failed = {"requests": 10, "replies": 10, "replies_watchdog": 0, "send_failed": 1}
+    assert run("exactly_one_reply", [meta(), probe("server", "final", counters=failed)]).ok is False

@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 CLIENT_CATEGORIES = ("ok", "timeout", "transport", "protocol", "server_error", "backend_error", "bad_call",
                      "socket_rebuilds", "reset_ok", "reset_failed")
-SERVER_CATEGORIES = ("requests", "replies", "replies_watchdog", "ok", "timeout", "transport", "protocol",
+SERVER_CATEGORIES = ("requests", "replies", "replies_watchdog", "send_failed", "ok", "timeout", "transport", "protocol",
                      "server_error", "backend_error", "socket_rebuilds", "resets")
 
 _HELP = {"client": "AscendStore lookup RPC client events by category",

@@ -224,10 +224,13 @@ class LookupServer:
                 reply = self._handle(frames, start, epoch)
             except _Abandoned:
                 return  # the watchdog answered this request and serves on; the socket is not ours
+            # counted before the send, so a client that reads the counters right after its reply
+            # sees it; a send that fails is counted again as send_failed
+            self._counters.inc_unlocked("replies")  # only the thread owning the socket sends
             try:
                 sock.send(reply, _NB)
-                self._counters.inc_unlocked("replies")  # only the thread owning the socket sends
             except zmq.ZMQError:
+                self._counters.inc("send_failed")
                 self._rebuild("send", start)
 
     def _watch(self) -> None:
@@ -246,10 +249,11 @@ class LookupServer:
                                time.monotonic() - self.backend_timeout_s, **_counts(request))
             sock = self._sock
             if sock is not None:
+                self._counters.inc("replies_watchdog")
                 try:
                     sock.send(reply, _NB)
-                    self._counters.inc("replies_watchdog")
                 except zmq.ZMQError:
+                    self._counters.inc("send_failed")
                     self._rebuild("send", time.monotonic())
             with self._own_lock:
                 self._abandoned = [t for t in self._abandoned if t.is_alive()]

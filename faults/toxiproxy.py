@@ -239,14 +239,18 @@ class Toxiproxy:
         return self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream,
                                                "enabled": enabled})
 
-    def delete_proxy(self, name: str, *, missing_ok: bool = False) -> bool:
+    def _delete(self, path: str, missing_ok: bool) -> bool:
+        """DELETE ``path``: True if removed, False if it was not there and ``missing_ok``."""
         try:
-            self._call("DELETE", f"/proxies/{name}")
+            self._call("DELETE", path)
             return True
         except ToxiproxyError as exc:
             if missing_ok and exc.status == 404:
                 return False
             raise
+
+    def delete_proxy(self, name: str, *, missing_ok: bool = False) -> bool:
+        return self._delete(f"/proxies/{name}", missing_ok)
 
     def set_enabled(self, proxy: str, enabled: bool) -> dict:
         """Enable or disable a proxy (disabled: the listener is closed and live connections are cut)."""
@@ -277,13 +281,7 @@ class Toxiproxy:
 
     def remove_toxic(self, proxy: str, name: str, *, missing_ok: bool = True) -> bool:
         """True if removed, False if it was not there (``missing_ok``; a reset may have removed it)."""
-        try:
-            self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
-            return True
-        except ToxiproxyError as exc:
-            if missing_ok and exc.status == 404:
-                return False
-            raise
+        return self._delete(f"/proxies/{proxy}/toxics/{name}", missing_ok)
 
 
 # --------------------------------------------------------------------------- binary and server

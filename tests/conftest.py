@@ -32,14 +32,24 @@ TRANSPORTS = ("ipc", "tcp")
 
 # --------------------------------------------------------------------------- endpoints
 
-@pytest.fixture(scope="session")
-def ipc_dir() -> Iterator[str]:
+def _short_tmp() -> Iterator[str]:
     # Under /tmp, short: tmp_path is often longer than the 107 bytes a unix socket path allows.
     path = tempfile.mkdtemp(prefix="pdc", dir="/tmp")
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ipc_dir() -> Iterator[str]:
+    yield from _short_tmp()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    """A fresh short folder under /tmp for one test (ipc paths, preload files, TMPDIR)."""
+    yield from _short_tmp()
 
 
 _ipc_counter = itertools.count()

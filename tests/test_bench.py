@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 
 @pytest.fixture
-def tmpbase():
+def tmpbase(short_tmp):
     """A short TMPDIR for the bench, so its work folder and server processes can be found."""
-    d = tempfile.mkdtemp(prefix="pdc", dir="/tmp")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    return short_tmp
 
 
 def _env(tmpbase: str) -> dict:

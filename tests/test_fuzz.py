@@ -10,10 +10,8 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 
 import pytest
@@ -40,12 +38,9 @@ def _fuzz_json(endpoint: str, *extra: str) -> tuple[int, dict]:
 
 
 @pytest.fixture
-def workdir():
-    d = tempfile.mkdtemp(prefix="pdc", dir="/tmp")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def workdir(short_tmp):
+    """A short work folder (conftest short_tmp)."""
+    return short_tmp
 
 
 def _preload(workdir: str) -> str:

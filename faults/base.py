@@ -17,16 +17,19 @@ The runner builds it with validated params and a :class:`FaultContext`, calls ``
 happened). ``requires`` names what the fault needs from the machine ("toxiproxy", "netns",
 "root"); a missing requirement makes the scenario skipped with the reason, never passed.
 
-Adding a fault = adding one module in ``faults/`` that defines and registers its class; the
-module list in :data:`FAULT_MODULES` makes the registry import it.
+Adding a generic fault = adding one module in ``faults/`` that defines and registers its class
+(every module of the package is imported). A family's own faults set ``family = "<name>"`` and
+live in the family's folder (harness/families/<name>/), imported when the family is loaded.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import pkgutil
 import random
 import re
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -58,23 +61,21 @@ class FaultParams(BaseModel):
 
 
 class FaultContext(Protocol):
-    """What a fault may touch: the topology of the current scenario run (harness/topology.py)."""
+    """What a fault may touch: the topology of the current scenario run (harness/topology.py,
+    extended by the family's own topology for that family's faults)."""
 
-    target: str  # "hardened" | "legacy"
-    server_endpoint: str  # where the server binds
-    client_endpoint: str  # where the client connects (differs with an interposer or a proxy)
+    target: str  # the target under test, e.g. "hardened"
     rng: random.Random  # seeded by the scenario
-    deadline: float  # the hardened client's lookup deadline, seconds (what a delay should cause)
+    deadline: float  # the scenario's deadline, seconds (what a delay should cause)
 
     def event(self, what: str, **fields: Any) -> None: ...
-    def start_server(self) -> None: ...
-    def stop_server(self) -> None: ...
-    def kill_server(self) -> None: ...
-    def signal_server(self, sig: int) -> None: ...
-    def swap_server(self, kind: str, args: list[str]) -> None: ...
-    def restore_server(self) -> None: ...
-    def server_control(self, cmd: str, **fields: Any) -> dict: ...
-    def interposer_control(self, cmd: str, **fields: Any) -> dict: ...
+    def roles(self, spec: str) -> list[str]: ...
+    def start_node(self, role: str) -> Any: ...
+    def stop_node(self, role: str) -> None: ...
+    def kill_node(self, role: str) -> None: ...
+    def restart_node(self, role: str, *, kill: bool = False) -> None: ...
+    def signal_node(self, role: str, sig: int) -> None: ...
+    def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict: ...
 
 
 # --------------------------------------------------------------------------- faults
@@ -82,6 +83,8 @@ class FaultContext(Protocol):
 
 class Fault(abc.ABC):
     name: ClassVar[str]
+    # None: a generic fault any family may use; else the one family whose scenarios may use it
+    family: ClassVar[str | None] = None
     Params: ClassVar[type[FaultParams]] = FaultParams
     requires: ClassVar[tuple[str, ...]] = ()
     # Failure categories this fault is expected to cause in the hardened client's counters
@@ -100,21 +103,69 @@ class Fault(abc.ABC):
     def stop(self) -> None:
         """Heal it. Idempotent: the runner may call it again at teardown."""
 
+    # Categories this fault may cause without having to (e.g. a bandwidth limit times out only the
+    # requests that queue long enough): they explain a failure, but their absence is no deviation.
+    may_cause: ClassVar[tuple[str, ...]] = ()
+
     def expected_categories(self) -> tuple[str, ...]:
         return self.categories
+
+    def possible_categories(self) -> tuple[str, ...]:
+        """Every category that this fault explains: the expected ones and ``may_cause``."""
+        return tuple(dict.fromkeys(self.expected_categories() + self.may_cause))
+
+
+class OnceFault(Fault):
+    """A fault whose heal runs at most once, and only after its injection began: ``start()``
+    marks it active, then calls :meth:`inject`; ``stop()`` calls :meth:`heal` once if active.
+    Marked before injecting, so a fault that failed half-way is still healed at teardown."""
+
+    def __init__(self, params: FaultParams, ctx: FaultContext):
+        super().__init__(params, ctx)
+        self._active = False
+
+    @abc.abstractmethod
+    def inject(self) -> None:
+        """Inject the fault."""
+
+    def heal(self) -> None:
+        """Undo :meth:`inject` (default: nothing to undo)."""
+
+    def start(self) -> None:
+        self._active = True
+        self.inject()
+
+    def stop(self) -> None:
+        if self._active:
+            self._active = False
+            self.heal()
+
+
+def delay_categories(ctx: FaultContext, delay_s: float, *, over: tuple[str, ...] = ("timeout",)) -> tuple[str, ...]:
+    """What a delay of ``delay_s`` (backend or interposer; not a peer swap, see above) is expected
+    to cause in the hardened client's counters.
+
+    When the topology tells the client deadline (``ctx.deadline``, seconds; optional), a delay
+    under half of it is expected to cause nothing (returns ``()``, "no expectation"); otherwise,
+    or when the deadline is unknown, ``over``. Near the deadline the outcome depends on
+    scheduling noise, so "may time out" is the honest expectation there.
+    """
+    deadline = getattr(ctx, "deadline", None)
+    if isinstance(deadline, (int, float)) and deadline > 0 and delay_s < deadline / 2:
+        return ()
+    return over
 
 
 REGISTRY: dict[str, type[Fault]] = {}
 
-FAULT_MODULES = (
-    "faults.peers",
-    "faults.process",
-    "faults.backend",
-    "faults.requests",
-    "faults.interpose",
-    "faults.toxics",
-    "faults.partition",
-)
+def _generic_modules() -> tuple[str, ...]:
+    """Every module of this package: adding a generic fault is adding a module here."""
+    pkg = __name__.rsplit(".", 1)[0]
+    here = [str(Path(__file__).parent)]
+    return tuple(f"{pkg}.{m.name}" for m in pkgutil.iter_modules(here) if not m.name.startswith("_"))
+
+
+FAULT_MODULES = _generic_modules()
 
 
 def register(cls: type[Fault]) -> type[Fault]:
@@ -126,11 +177,11 @@ def register(cls: type[Fault]) -> type[Fault]:
     return cls
 
 
-def load_registry() -> dict[str, type[Fault]]:
+def load_registry(family: str | None = None) -> dict[str, type[Fault]]:
+    """The generic faults, plus those of ``family`` when given (the family must be loaded: see
+    harness/family.py); without a family, every fault registered so far."""
     for module in FAULT_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-    return REGISTRY
+        importlib.import_module(module)
+    if family is None:
+        return REGISTRY
+    return {n: c for n, c in REGISTRY.items() if c.family in (None, family)}

@@ -18,7 +18,7 @@ import itertools
 
 from .base import Fault, FaultContext, FaultParams, register
 from .interposer import Rule
-from .peers import delay_categories
+from .base import delay_categories
 
 _ids = itertools.count(1)
 
@@ -48,12 +48,12 @@ class Interpose(Fault):
     def start(self) -> None:
         rule = self.wire_rule()
         self._active = True
-        self.ctx.interposer_control("add_rule", id=self.rule_id, rule=rule)
+        self.ctx.control("interposer", "add_rule", id=self.rule_id, rule=rule)
 
     def stop(self) -> None:
         if self._active:
             self._active = False
-            self.ctx.interposer_control("remove_rule", id=self.rule_id)
+            self.ctx.control("interposer", "remove_rule", id=self.rule_id)
 
     def expected_categories(self) -> tuple[str, ...]:
         p: Rule = self.params  # type: ignore[assignment]

@@ -70,7 +70,7 @@ import zmq
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .base import Duration, FaultParams
-from .fake_peer import (
+from harness.families.lookup.fake_peer import (  # TODO(codec hook): lookup wire knowledge
     REPLY_KINDS,
     NodeUsageError,
     check_endpoint,

@@ -81,6 +81,7 @@ class BandwidthLimit(Fault):
 
     name = "bandwidth_limit"
     requires = ("netns", "root")
+    may_cause = ("timeout",)  # only requests that queue past the deadline
 
     class Params(LinkParams):
         rate_kbit: int = Field(..., ge=8, le=100_000_000, description="kbit/s")

@@ -1,94 +1,99 @@
-"""Faults on the server process itself: nothing bound, killed, frozen, restarted.
+"""Process faults on the nodes of any family, by role (Jepsen's db-nemesis: kill, pause, restart).
 
-All of them act through the topology (FaultContext): the server is a separate OS process, as
-worker rank 0 is in a deployment. Each ``stop()`` heals what its ``start()`` did, once.
+``node`` is a node spec: a role (``server``, ``prefill:0``), every role with a prefix
+(``prefill:*``) or ``all``. Each fault acts through the topology (harness/topology.py), so it
+works for every family whose nodes are processes; ``stop()`` heals what ``start()`` did, once.
+A family may subclass one with a fixed node (the lookup family's ``server_kill`` is ``kill`` of
+its ``server``).
 """
 
 from __future__ import annotations
 
 import signal
+from typing import ClassVar
 
 from pydantic import Field
 
-from .base import Fault, FaultContext, FaultParams, register
+from .base import FaultParams, OnceFault, register
+
+NODE_SPEC = r"^(all|[a-z][a-z0-9_-]*(:([0-9]+|\*))?)$"
 
 
-class _OnceFault(Fault):
-    def __init__(self, params: FaultParams, ctx: FaultContext):
-        super().__init__(params, ctx)
-        self._active = False
+class NodeParams(FaultParams):
+    node: str = Field(..., pattern=NODE_SPEC, description="role, role prefix with :*, or all")
 
 
-@register
-class ServerDown(_OnceFault):
-    """Nothing bound on the endpoint: the server is stopped cleanly and started again at heal."""
+class _NodeFault(OnceFault):
+    Params = NodeParams
+    fixed_node: ClassVar[str | None] = None  # subclasses for one role set this and drop ``node``
 
-    name = "server_down"
-    categories = ("timeout",)
-
-    def start(self) -> None:
-        self._active = True
-        self.ctx.stop_server()
-
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.ctx.start_server()
+    def targets(self) -> list[str]:
+        return self.ctx.roles(self.fixed_node or self.params.node)
 
 
 @register
-class ServerKill(_OnceFault):
-    """The server process is killed with SIGKILL (mid-request when lookups are in flight); it is
-    started again on the same endpoint at heal."""
+class Down(_NodeFault):
+    """The node is stopped cleanly (nothing bound on its endpoints) and started again at heal."""
 
-    name = "server_kill"
-    categories = ("timeout",)
+    name = "node_down"
 
-    def start(self) -> None:
-        self._active = True
-        self.ctx.kill_server()
+    def inject(self) -> None:
+        self._roles = self.targets()
+        for role in self._roles:
+            self.ctx.stop_node(role)
 
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.ctx.start_server()
+    def heal(self) -> None:
+        for role in self._roles:
+            self.ctx.start_node(role)
 
 
 @register
-class ServerFreeze(_OnceFault):
-    """The server process is frozen with SIGSTOP (its sockets stay bound, nothing answers) and
-    thawed with SIGCONT at heal."""
+class Kill(_NodeFault):
+    """The node is killed with SIGKILL (mid-request when requests are in flight) and started again
+    on the same endpoints at heal."""
 
-    name = "server_freeze"
-    categories = ("timeout",)
+    name = "kill"
 
-    def start(self) -> None:
-        self._active = True
-        self.ctx.signal_server(signal.SIGSTOP)
+    def inject(self) -> None:
+        self._roles = self.targets()
+        for role in self._roles:
+            self.ctx.kill_node(role)
 
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.ctx.signal_server(signal.SIGCONT)
+    def heal(self) -> None:
+        for role in self._roles:
+            self.ctx.start_node(role)
 
 
 @register
-class ServerRestart(_OnceFault):
-    """The server is stopped and started again at once, on the same endpoint (lookups in flight
-    at that moment are lost). Nothing is left to heal: ``stop()`` does nothing."""
+class Stop(_NodeFault):
+    """The node is frozen with SIGSTOP (its sockets stay bound, nothing answers) and thawed with
+    SIGCONT at heal."""
 
-    name = "server_restart"
-    categories = ("timeout",)
+    name = "stop"
 
-    class Params(FaultParams):
-        kill: bool = Field(False, description="SIGKILL instead of a clean stop")
+    def inject(self) -> None:
+        self._roles = []
+        for role in self.targets():
+            self.ctx.signal_node(role, signal.SIGSTOP)
+            self._roles.append(role)
 
-    def start(self) -> None:
-        if self.params.kill:
-            self.ctx.kill_server()
-        else:
-            self.ctx.stop_server()
-        self.ctx.start_server()
+    def heal(self) -> None:
+        for role in self._roles:
+            self.ctx.signal_node(role, signal.SIGCONT)
 
-    def stop(self) -> None:
-        return None
+
+class RestartParams(NodeParams):
+    kill: bool = Field(False, description="SIGKILL instead of a clean stop")
+
+
+@register
+class Restart(_NodeFault):
+    """The node is stopped and started again at once on the same endpoints (requests in flight
+    at that moment are lost). Nothing is left to heal."""
+
+    name = "restart"
+    Params = RestartParams
+
+    def inject(self) -> None:
+        for role in self.targets():
+            self.ctx.restart_node(role, kill=self.params.kill)

@@ -30,7 +30,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
 
-from .peers import delay_categories
+from .base import delay_categories
 from .base import Duration, Fault, FaultParams, register
 from .toxiproxy import TOXIC_TYPES
 
@@ -114,6 +114,9 @@ class Latency(ToxicFault):
             return ()
         return delay_categories(self.ctx, self.params.latency + self.params.jitter)
 
+    def possible_categories(self) -> tuple[str, ...]:
+        return delay_categories(self.ctx, self.params.latency + self.params.jitter)
+
 
 @register
 class Bandwidth(ToxicFault):
@@ -121,6 +124,7 @@ class Bandwidth(ToxicFault):
 
     name = "bandwidth"
     toxic_type = "bandwidth"
+    may_cause = ("timeout",)  # only requests that queue past the deadline
 
     class Params(ToxicParams):
         rate: int = Field(..., ge=0, description="KB/s")
@@ -148,6 +152,8 @@ class Timeout(ToxicFault):
         # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
         return ("timeout",) if self.params.toxicity >= 1.0 else ()
 
+    may_cause = ("timeout",)  # with toxicity < 1, on the connections it hits
+
     class Params(ToxicParams):
         timeout: Millis = Field(..., description="0ms: hold the connection open without data")
 
@@ -162,6 +168,8 @@ class ResetPeer(ToxicFault):
     def expected_categories(self) -> tuple[str, ...]:
         # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
         return ("timeout",) if self.params.toxicity >= 1.0 else ()
+
+    may_cause = ("timeout",)  # with toxicity < 1, on the connections it hits
 
     class Params(ToxicParams):
         timeout: Millis = Field(0.0, description="delay before the reset")
@@ -190,6 +198,8 @@ class LimitData(ToxicFault):
     def expected_categories(self) -> tuple[str, ...]:
         # the REQ client never sees the cut connection (ZMQ reconnects quietly): it times out
         return ("timeout",) if self.params.toxicity >= 1.0 else ()
+
+    may_cause = ("timeout",)  # with toxicity < 1, on the connections it hits
 
     class Params(ToxicParams):
         bytes: int = Field(..., ge=0, description="bytes transmitted before the close")

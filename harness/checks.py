@@ -1,9 +1,12 @@
 """Checkers: pure functions over a saved journal (and the logs beside it).
 
-Each check is ``fn(inp: CheckInput, opts: dict) -> CheckResult`` registered under the name the YAML
-uses. ``ok`` is True (holds), False (violated) or None (cannot be decided from this history, e.g.
-the legacy client keeps no counters); None never fails a run. ``pdchaos check RUN_DIR`` re-runs
-them from the files alone, with the options saved in the journal's meta line.
+Each check is ``fn(inp: CheckInput, opts: dict) -> CheckResult`` registered under the name the
+YAML uses: the generic ones here, in :data:`GENERIC`, a family's own in its family's registry
+(harness/family.py). A check returns ``ok`` True (holds) or False (violated, or could not be
+decided from a history that should have decided it: the message says why). A check that does not
+apply to a scenario and target (the family says which) is not run: it is reported as not
+applicable (``ok`` None), never as passing. ``pdchaos check RUN_DIR`` re-runs them from the files
+alone, with the options and the applicability saved in the journal's meta line.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import journal as J
-
-FAIL_CATEGORIES = ("timeout", "transport", "protocol", "server_error", "backend_error", "bad_call")
 
 
 @dataclass
@@ -33,26 +34,53 @@ class CheckResult:
 class CheckInput:
     records: list[dict]
     logs: dict[str, str] = field(default_factory=dict)
-    preload: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)  # strings no log may contain (keys, prompts)
+    log_pattern: str | None = None  # text no log may contain whatever the run (the family's)
 
     def __post_init__(self) -> None:
         self.meta = J.meta(self.records)
         self.all_ops = J.ops(self.records)
-        self.ops = [o for o in self.all_ops if o.get("f") == "lookup"]
-        self.admin_ops = [o for o in self.all_ops if o.get("f") == "reset"]
+        primary = self.meta.get("primary_ops") or []
+        # the workload's main operation (e.g. lookups; admin calls are in all_ops only)
+        self.ops = [o for o in self.all_ops if not primary or o.get("f") in primary]
         self.windows = J.fault_windows(self.records)
         self.probes = J.probes(self.records)
         self.events = [r for r in self.records if r.get("type") == "event"]
 
 
-CHECKS: dict[str, Callable[[CheckInput, dict], CheckResult]] = {}
+Checker = Callable[[CheckInput, dict], CheckResult]
 
 
-def check(name: str):
-    def deco(fn):
-        CHECKS[name] = lambda inp, opts: _named(name, fn(inp, opts))
-        return fn
-    return deco
+class CheckRegistry:
+    """Checks by YAML name. Registering a name twice is an error, as it is for faults."""
+
+    def __init__(self, owner: str):
+        self.owner = owner
+        self.checks: dict[str, Checker] = {}
+
+    def check(self, name: str):
+        def deco(fn):
+            if name in self.checks:
+                raise TypeError(f"check {name!r} registered twice in {self.owner}")
+            self.checks[name] = lambda inp, opts: _named(name, fn(inp, opts))
+            return fn
+        return deco
+
+
+GENERIC = CheckRegistry("the generic checks")
+check = GENERIC.check
+CHECKS = GENERIC.checks  # the generic checks, by name
+
+
+def checks_for(family: Any) -> dict[str, Checker]:
+    """Every check a scenario of ``family`` runs: the generic ones it does not skip, then its own.
+    A family check may not reuse a generic name."""
+    out = {n: fn for n, fn in GENERIC.checks.items() if n not in family.skip_generic_checks}
+    for name, fn in family.checks.checks.items():
+        if name in GENERIC.checks:
+            raise TypeError(f"family {family.name!r}: check {name!r} is already a generic check")
+        out[name] = fn
+    return out
 
 
 def _named(name: str, r: CheckResult) -> CheckResult:
@@ -77,51 +105,23 @@ def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
     tol = opts.get("tolerance_ms")
     tol = float(inp.meta.get("tolerance_ms", 0)) if tol is None else float(tol)
     limit = deadline + tol
-    if not inp.ops:
-        return _r(None, "no ops")
+    if not inp.all_ops:
+        return _r(False, "no op in the history: nothing returned, so nothing was bounded")
     late = [o for o in inp.all_ops if o.get("outcome") == "stalled" or (o.get("elapsed_ms") or 0) > limit]
     worst = max((o.get("elapsed_ms") or 0 for o in inp.all_ops), default=0)
+    n = len(inp.all_ops)
     det = {"limit_ms": limit, "deadline_ms": deadline, "tolerance_ms": tol, "worst_ms": worst,
            "late_ops": _first([o["id"] for o in late])}
     if late:
         o = late[0]
         how = "never returned" if o.get("outcome") == "stalled" else f"took {o['elapsed_ms']:.1f} ms"
-        return _r(False, f"{len(late)} of {len(inp.ops)} ops over deadline+tolerance ({deadline:g}+{tol:g} ms); "
+        return _r(False, f"{len(late)} of {n} ops over deadline+tolerance ({deadline:g}+{tol:g} ms); "
                          f"op {o['id']} {how}", **det)
-    return _r(True, f"all {len(inp.ops)} ops within {deadline:g}+{tol:g} ms (worst {worst:.1f} ms)", **det)
+    return _r(True, f"all {n} ops within {deadline:g}+{tol:g} ms (worst {worst:.1f} ms)", **det)
 
 
-@check("fail_open")
-def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    raised = [o for o in inp.all_ops if o.get("outcome") == "raised"]
-    nonzero = [o for o in inp.all_ops if o.get("phase") == "fail" and o.get("value") not in (0, False)]
-    failed = [o for o in inp.all_ops if o.get("phase") == "fail"]
-    if raised:
-        o = raised[0]
-        return _r(False, f"{len(raised)} ops raised to the caller; op {o['id']}: {o.get('code')}",
-                  raised=_first([o["id"] for o in raised]))
-    if nonzero:
-        o = nonzero[0]
-        return _r(False, f"{len(nonzero)} failed ops returned non-zero; op {o['id']} returned {o.get('value')}",
-                  nonzero=_first([o["id"] for o in nonzero]))
-    return _r(True, f"no op raised; {len(failed)} failed ops all returned 0", failed=len(failed))
-
-
-@check("correct_hits")
-def correct_hits(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    ok_ops = [o for o in inp.all_ops if o.get("phase") == "ok"]  # lookups and admin resets
-    wrong = [o for o in ok_ops if o.get("value") != o.get("expected")]
-    if wrong:
-        o = wrong[0]
-        return _r(False, f"{len(wrong)} of {len(ok_ops)} successful ops returned a wrong hit; op {o['id']} "
-                         f"({o.get('kind')}) returned {o.get('value')}, expected {o.get('expected')}",
-                  wrong=_first([o["id"] for o in wrong]))
-    if not ok_ops:
-        return _r(None, "no successful op to check")
-    return _r(True, f"all {len(ok_ops)} successful ops returned the expected hit")
-
-
-def _merged_windows(windows: list[dict]) -> list[tuple[float, float, list[str]]]:
+def merged_windows(windows: list[dict]) -> list[tuple[float, float, list[str]]]:
+    """Fault windows with overlapping ones merged: [(start, stop, names)], in time order."""
     out: list[list] = []
     for w in sorted(windows, key=lambda w: w["start"] or 0.0):
         if w["start"] is None:
@@ -136,173 +136,101 @@ def _merged_windows(windows: list[dict]) -> list[tuple[float, float, list[str]]]
 
 @check("recovery")
 def recovery(inp: CheckInput, opts: dict) -> CheckResult:
-    """For every worker (one client each): among its first N ops after a fault window closes (and
-    before the next one opens), one succeeds with the right hit."""
+    """After every fault window closes (overlapping windows merged), until the next one opens:
+    each worker (one client each) that issues ops there succeeds, with the expected value, within
+    its first N. A worker still busy with a call begun during the fault may issue none. Two
+    windows with no op at all between them are judged as one period; if no op follows the last
+    one, recovery cannot be shown, and that fails. (The schedule is validated to leave every
+    worker time for N ops after each window.)"""
     within = int(opts.get("within", 1))
     if not inp.windows:
-        return _r(None, "no fault windows")
-    bad, checked = [], 0
-    merged = _merged_windows(inp.windows)
+        return _r(False, "no fault window in the history, though the scenario schedules faults")
+    bad: list[str] = []
+    # Windows with no op at all between them (e.g. the first one's heal, a process restart, ran
+    # into the next one's start) were never seen healthy apart: they are judged as one period.
+    merged: list[tuple[float, float, list[str]]] = []
+    joined = 0
+    for start, stop, names in merged_windows(inp.windows):
+        if merged and not any(merged[-1][1] <= o.get("t_invoke", 0) < start for o in inp.ops):
+            merged[-1] = (merged[-1][0], stop, merged[-1][2] + names)
+            joined += 1
+        else:
+            merged.append((start, stop, list(names)))
     for i, (start, stop, names) in enumerate(merged):
         next_start = merged[i + 1][0] if i + 1 < len(merged) else float("inf")
-        # ops between this window's end and the next window's start, per worker
-        after = [o for o in inp.ops if stop <= o.get("t_invoke", 0) < next_start]
-        if not after:
-            continue
-        checked += 1
+        label = "+".join(names)
         by_worker: dict = {}
-        for o in after:
-            by_worker.setdefault(o.get("process"), []).append(o)
-        for ops_of_worker in by_worker.values():
-            first = ops_of_worker[:within]
+        for o in inp.ops:
+            if stop <= o.get("t_invoke", 0) < next_start:
+                by_worker.setdefault(o.get("process"), []).append(o)
+        if not by_worker:
+            bad.append(f"no op was invoked after {label} before the end of the run")
+        for w, ops in by_worker.items():
+            first = ops[:within]
             if not any(o.get("phase") == "ok" and o.get("value") == o.get("expected") for o in first):
-                bad.append((names, first[0]))
+                bad.append(f"after {label}, worker {w}'s op {first[0]['id']} was {first[0].get('outcome')}")
     if bad:
-        names, o = bad[0]
-        return _r(False, f"{len(bad)} fault windows not recovered from within {within} ops; after "
-                         f"{'+'.join(names)} op {o['id']} was {o.get('outcome')}", windows=len(bad))
-    if checked == 0:
-        return _r(None, "no op was invoked after any fault window")
-    return _r(True, f"recovered after all {checked} fault windows within {within} ops")
-
-
-def _server_probes(inp: CheckInput) -> tuple[list[dict], list[dict]]:
-    base = [p for p in inp.probes if p.get("node") == "server" and p.get("when") == "baseline"]
-    final = [p for p in inp.probes if p.get("node") == "server" and p.get("when") == "final"]
-    return base, final
-
-
-@check("exactly_one_reply")
-def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    problems, evidence = [], []
-    for ev in inp.events:
-        if ev.get("what") == "malformed_requests":
-            evidence.append("malformed_requests")
-            # every bad request must get exactly one reply, and that reply must be a v1 error
-            # envelope (not accepted as ok, not an undecodable or raw 4-byte reply)
-            if (ev.get("unanswered", 0) or ev.get("duplicates", 0) or ev.get("answered") != ev.get("sent")
-                    or ev.get("invalid", 0) or ev.get("accepted", 0)):
-                problems.append(f"malformed requests: sent {ev.get('sent')}, answered {ev.get('answered')}, "
-                                f"unanswered {ev.get('unanswered')}, duplicates {ev.get('duplicates', 0)}, "
-                                f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
-    _, final = _server_probes(inp)
-    c = final[-1].get("counters") if final else None
-    if c and "replies" in c:
-        # replies counts envelopes handed to the socket (by the serving thread or, for a backend
-        # call that overran, by the watchdog); a send that raised is counted in send_failed
-        sent = c.get("replies", 0) + c.get("replies_watchdog", 0) - c.get("send_failed", 0)
-        evidence.append("server counters")
-        if sent != c.get("requests", 0):
-            problems.append(f"server received {c.get('requests')} requests but sent {sent} replies")
-    if problems:
-        return _r(False, "; ".join(problems))
-    if not evidence:
-        return _r(None, "no server counters or request probes in this history (legacy server keeps none)")
-    return _r(True, f"every request answered exactly once ({', '.join(evidence)})")
-
-
-@check("server_alive")
-def server_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    _, final = _server_probes(inp)
-    if not final:
-        return _r(False, "no final server probe: the server did not answer its control channel at the end")
-    p = final[-1]
-    if not p.get("alive"):
-        return _r(False, f"server process {p.get('pid')} is up but its serving thread is dead")
-    return _r(True, f"server process {p.get('pid')} alive and serving at the end")
+        return _r(False, f"{len(bad)} fault windows/workers without recovery within {within} ops; {bad[0]}",
+                  problems=bad[:5])
+    note = f" ({joined} windows with no op before the next one judged with it)" if joined else ""
+    return _r(True, f"recovered after all {len(merged)} fault periods within {within} ops{note}", joined=joined)
 
 
 @check("no_leaks")
 def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
+    """Every node process still running at the end (client included) is back to the threads and
+    fds of its baseline probe, taken when it started. Every node must have given both probes. A
+    process stopped, killed or swapped out during the run is not compared (its clients were still
+    connected when it went, and the OS reclaims whatever it held)."""
     slack = int(opts.get("slack", 0))
+    retired = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
     problems, compared = [], []
-    finals = [p for p in inp.probes if p.get("when") == "final"]
-    for fin in finals:
-        node = fin.get("node")
-        base = [p for p in inp.probes if p.get("when") == "baseline" and p.get("node") == node
-                and p.get("pid") == fin.get("pid")]
-        if not base:
+    for e in inp.events:
+        if e.get("what") == "probe_silent" and e.get("when") in ("baseline", "final"):
+            problems.append(f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} gave no {e.get('when')} probe")
+    finals = {p.get("pid"): p for p in inp.probes if p.get("when") == "final"}
+    for b in (p for p in inp.probes if p.get("when") == "baseline"):
+        who = f"{b.get('node')} ({b.get('kind') or 'node'}) pid {b.get('pid')}"
+        fin = finals.get(b.get("pid"))
+        if fin is None:
+            if b.get("pid") not in retired:
+                problems.append(f"{who}: no final probe, and it was not stopped during the run")
             continue
-        b = base[-1]
-        compared.append(node)
+        compared.append(str(b.get("node")))
         for k in ("threads", "fds"):
-            if fin.get(k, 0) > b.get(k, 0) + slack:
-                problems.append(f"{node}: {k} {b.get(k)} -> {fin.get(k)}")
+            if (fin.get(k) or 0) > (b.get(k) or 0) + slack:
+                problems.append(f"{who}: {k} {b.get(k)} -> {fin.get(k)}")
     if problems:
-        return _r(False, "leak: " + "; ".join(problems))
+        return _r(False, "; ".join(problems[:4]), problems=problems)
     if not compared:
-        return _r(None, "no baseline/final probe pair")
-    return _r(True, f"threads and fds back to baseline ({', '.join(compared)})")
+        return _r(False, "no node was probed at baseline and at the end: nothing to compare")
+    return _r(True, f"threads and fds back to baseline ({', '.join(sorted(set(compared)))})")
 
 
-_HEXRUN = re.compile(r"[0-9a-fA-F]{16,}")
+_PIECES = (re.compile(r"[0-9a-fA-F]{16,}"), re.compile(r"[0-9A-Za-z]{16,}"))
 
 
 @check("log_hygiene")
 def log_hygiene(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    """No block hash, nor a 16+ hex-digit piece of one, nor any 32+ hex-digit run in any log."""
-    keys = [h.lower() for h in inp.preload if len(h) >= 16]
+    """No log holds a secret of the run (a key, a prompt: the family says which), nor a 16+
+    character piece of one, nor any text matching the family's pattern (e.g. 32+ hex digits)."""
+    if not inp.logs:
+        return _r(False, "no logs captured: every node writes one, so something lost them")
+    pattern = re.compile(inp.log_pattern) if inp.log_pattern else None
+    secrets = [x.lower() for x in inp.secrets if len(x) >= 16]
     hits = []
     for name, text in inp.logs.items():
-        for run in _HEXRUN.findall(text):
-            low = run.lower()
-            if len(low) >= 32 or any(low in k or k in low for k in keys):
-                hits.append(name)
-                break
-    if hits:
-        return _r(False, f"block-hash-like text in {len(hits)} log(s): {', '.join(sorted(hits)[:3])}")
-    if not inp.logs:
-        return _r(None, "no logs captured")
-    return _r(True, f"no block hash in {len(inp.logs)} logs")
-
-
-@check("metrics_match")
-def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    if inp.meta.get("target") != "hardened":
-        return _r(None, "the legacy client keeps no failure counters")
-    final = [p for p in inp.probes if p.get("node") == "client" and p.get("when") == "final"]
-    if not final:
-        return _r(False, "no final client probe: the workload did not finish")
-    counters = final[-1].get("counters") or {}
-    tally = {c: 0 for c in ("ok",) + FAIL_CATEGORIES}
-    for o in inp.all_ops:  # a failed reset counts under its failure category, a good one under reset_ok
-        if o.get("outcome") in tally and not (o.get("f") == "reset" and o["outcome"] == "ok"):
-            tally[o["outcome"]] += 1
-    mismatch = {c: (counters.get(c, 0), n) for c, n in tally.items() if counters.get(c, 0) != n}
-    if mismatch:
-        c, (got, want) = next(iter(mismatch.items()))
-        return _r(False, f"client counter {c}={got} but the history has {want} such ops", mismatch=mismatch)
-    # failures by category must be explained by an injected fault active at the time
-    grace = (float(inp.meta.get("deadline_ms", 0)) + float(inp.meta.get("tolerance_ms", 0))) / 1000.0
-    faults = {f["id"]: f for f in inp.meta.get("faults", [])}
-    unexplained, missing = [], []
-    for o in inp.ops:
-        if o.get("outcome") not in FAIL_CATEGORIES:
+        if pattern is not None and pattern.search(text):
+            hits.append(name)
             continue
-        t = o.get("t_invoke", 0)
-        cats = set()
-        active = False
-        for w in inp.windows:
-            if w["start"] is not None and w["start"] - grace <= t <= w["stop"] + grace:
-                active = True
-                cats |= set(faults.get(w["id"], {}).get("categories", []) or [o["outcome"]])
-        if not active or o["outcome"] not in cats:
-            unexplained.append(o)
-    for w in inp.windows:
-        cats = set(faults.get(w["id"], {}).get("categories", []))
-        if not cats or w["stop"] - w["start"] < grace:
-            continue  # a window squeezed by slow fault set-up (a peer swap) may fairly cause nothing
-        during = [o for o in inp.ops if w["start"] <= o.get("t_invoke", 0) <= w["stop"]]
-        if during and not any(o.get("outcome") in cats for o in during):
-            missing.append(f"{w['name']} (expected {'/'.join(sorted(cats))})")
-    if unexplained:
-        o = unexplained[0]
-        return _r(False, f"{len(unexplained)} failures not explained by an injected fault; op {o['id']} "
-                         f"{o.get('outcome')}/{o.get('code')}", unexplained=_first([o["id"] for o in unexplained]))
-    if missing:
-        return _r(False, f"injected faults left no failure of their category: {', '.join(missing)}")
-    return _r(True, f"client counters match the history ({sum(tally.values())} ops) and every failure is "
-                    f"explained by an injected fault")
+        low_text = text.lower()
+        if any(x in low_text for x in secrets) or any(
+                any(run in x for x in secrets) for pat in _PIECES for run in (r.lower() for r in pat.findall(text))):
+            hits.append(name)
+    if hits:
+        return _r(False, f"secret-like text (a key or a piece of one) in {len(hits)} log(s): "
+                         f"{', '.join(sorted(hits)[:3])}")
+    return _r(True, f"no secret in {len(inp.logs)} logs")
 
 
 @check("workload_ran")
@@ -317,25 +245,50 @@ def workload_ran(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     code = ev[-1].get("returncode")
     if code not in (0, 3):
         return _r(False, f"the workload exited with code {code} (see logs/client-workload.log)")
-    w = inp.meta.get("workload") or {}
-    planned = float(w.get("rate", 0)) * float(w.get("duration", 0))
+    planned = float(inp.meta.get("planned_ops") or 0)
     n = len(inp.all_ops)
-    stalled = any(o.get("outcome") == "stalled" for o in inp.ops)
+    stalled = any(o.get("outcome") == "stalled" for o in inp.all_ops)
     if n == 0 or (planned and n < 0.25 * planned and not stalled):
         return _r(False, f"only {n} ops of about {planned:.0f} planned")
     return _r(True, f"{n} ops (about {planned:.0f} planned), workload exit {code}")
 
 
+HARNESS_PROBLEMS = ("fault_error", "probe_failed", "probe_silent", "leftovers", "nemesis_stuck")
+
+
 @check("harness_integrity")
 def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    """The run itself went as planned: every fault started and healed without error, the final
-    server probe answered, nothing outlived the teardown."""
-    bad = [e for e in inp.events if e.get("what") in ("fault_error", "probe_failed", "leftovers", "nemesis_stuck")]
+    """The run itself went as planned: every fault started and healed without error, every probe
+    of a running node answered (baseline, before a stop, final), nothing outlived the teardown."""
+    bad = [e for e in inp.events if e.get("what") in HARNESS_PROBLEMS]
     if bad:
         e = bad[0]
-        detail = e.get("error") or e.get("what_left") or e.get("fault") or ""
+        detail = e.get("error") or e.get("what_left") or e.get("fault") or (
+            f"{e.get('role')} ({e.get('kind')}) at {e.get('when')}" if e.get("what") == "probe_silent" else "")
         return _r(False, f"{len(bad)} harness problem(s); first: {e['what']} {detail}".strip())
-    return _r(True, "faults started and healed cleanly; nothing left behind")
+    if not any(p.get("when") == "final" for p in inp.probes):
+        return _r(False, "no final probe of any node was recorded")
+    return _r(True, "faults started and healed cleanly; every probe answered; nothing left behind")
+
+
+@check("node_alive")
+def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every node of the topology is up and serving at the end (its final probe answered and says
+    its serving threads are alive)."""
+    final = [p for p in inp.probes if p.get("when") == "final"]
+    silent = [e for e in inp.events if e.get("what") == "probe_silent" and e.get("when") == "final"]
+    dead = [p for p in final if not p.get("alive")]
+    if silent:
+        e = silent[0]
+        return _r(False, f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} did not answer at the end")
+    if dead:
+        p = dead[0]
+        return _r(False, f"{p.get('node')} ({p.get('kind')}) process {p.get('pid')} is up but its serving "
+                         f"thread is dead")
+    if not final:
+        return _r(False, "no final probe: no node answered its control channel at the end")
+    return _r(True, f"{len(final)} nodes alive and serving at the end: "
+                    f"{', '.join(str(p.get('node')) for p in final)}")
 
 
 @check("no_stall")
@@ -353,17 +306,27 @@ def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 # --------------------------------------------------------------------------- running
 
 
-def run_checks(inp: CheckInput, config: dict[str, dict]) -> list[CheckResult]:
-    """``config``: {name: options}; a check with ``enabled: false`` is left out."""
+def run_checks(inp: CheckInput, config: dict[str, dict], checks: dict[str, Checker] | None = None,
+               not_applicable: dict[str, str] | None = None) -> list[CheckResult]:
+    """Run ``checks`` (default: the generic ones) with ``config`` {name: options}; a check with
+    ``enabled: false`` is left out, one in ``not_applicable`` is reported as such (ok None) and not
+    run. A check that returns None from a history it should have decided fails, saying why."""
     out = []
-    for name, fn in CHECKS.items():
+    na = not_applicable or {}
+    for name, fn in (CHECKS if checks is None else checks).items():
         opts = config.get(name, {})
         if opts.get("enabled", True) is False:
             continue
+        if name in na:
+            out.append(CheckResult(name, None, f"not applicable: {na[name]}"))
+            continue
         try:
-            out.append(fn(inp, opts))
+            r = fn(inp, opts)
         except Exception as exc:  # a checker bug must show, not pass
-            out.append(CheckResult(name, False, f"checker error: {type(exc).__name__}: {exc}"))
+            r = CheckResult(name, False, f"checker error: {type(exc).__name__}: {exc}")
+        if r.ok is None:
+            r.ok, r.message = False, f"undecided: {r.message}"
+        out.append(r)
     return out
 
 
@@ -375,12 +338,21 @@ def verdict(results: list[CheckResult]) -> str:
     return "pass"
 
 
-def load_input(journal_path: str | Path) -> CheckInput:
+def load_input(journal_path: str | Path) -> tuple[CheckInput, dict[str, Checker]]:
+    """The check input of a saved run and the checks its family runs (found from the meta line)."""
+    from .family import DEFAULT_FAMILY, get_family
+
     jp = Path(journal_path)
     records = J.read_journal(jp)
+    family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
     logs = {}
     for log in sorted((jp.parent / "logs").glob("*.log")):
         logs[log.name] = log.read_text(encoding="utf-8", errors="replace")
-    preload_path = jp.parent / "preload.txt"
-    preload = preload_path.read_text().split() if preload_path.exists() else []
-    return CheckInput(records, logs, preload)
+    inp = CheckInput(records, logs, family.log_secrets(jp.parent), family.log_pattern)
+    return inp, checks_for(family)
+
+
+def check_saved(journal_path: str | Path) -> list[CheckResult]:
+    """Re-run the checks of one saved scenario run, with the options and applicability it saved."""
+    inp, checks = load_input(journal_path)
+    return run_checks(inp, inp.meta.get("checks") or {}, checks, inp.meta.get("not_applicable") or {})

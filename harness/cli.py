@@ -20,7 +20,7 @@ from .errors import HarnessError, UsageError
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("harness.cmd_run", "run scenarios against the hardened patch and the legacy baseline"),
+    "run": ("harness.cmd_run", "run scenarios against each of their targets (e.g. hardened and legacy)"),
     "validate": ("harness.cmd_validate", "validate scenario files"),
     "list": ("harness.cmd_list", "list scenarios"),
     "schema": ("harness.cmd_schema", "print the scenario JSON Schema"),
@@ -28,11 +28,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("harness.cmd_report", "regenerate plots and summaries of a saved run"),
     "compare": ("harness.cmd_compare", "compare two runs"),
     "doctor": ("harness.cmd_doctor", "list the tools present and what their absence disables"),
-    "node": ("harness.cmd_node", "run one node of a topology (lookup server, fake peer, interposer, workload)"),
-    "lookup": ("harness.cmd_lookup", "send one lookup and print the result as JSON"),
-    "fuzz": ("harness.cmd_fuzz", "fuzz a live lookup server"),
-    "bench": ("harness.cmd_bench", "benchmark the normal path, hardened vs legacy"),
+    "node": ("harness.cmd_node", "run one node of a topology (any family's node kinds)"),
+    "fuzz": ("harness.cmd_fuzz", "fuzz a live node of a family: pdchaos fuzz FAMILY ..."),
+    "bench": ("harness.cmd_bench", "benchmark a family's normal path, its targets side by side"),
 }
+# Commands a family adds (e.g. ``pdchaos lookup``) are found in the families, not listed here.
+
+
+def _family_commands() -> dict[str, tuple[str, str]]:
+    from .family import all_families
+
+    out: dict[str, tuple[str, str]] = {}
+    for fam in all_families():
+        for name, spec in fam.commands.items():
+            if name in COMMANDS or name in out:
+                raise HarnessError(f"family {fam.name!r}: command {name!r} already exists")
+            out[name] = spec
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +58,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
+    commands = dict(COMMANDS)
+    if wanted not in COMMANDS:  # family commands: loaded only when asked for (nodes start fast)
+        commands.update(_family_commands())
+    for name, (module, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         if name == wanted:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import checks as C
 from .errors import UsageError
+from . import journal as J
 from .journal import iter_runs, meta
 
 
@@ -23,13 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def recheck(run_dir: Path) -> list[dict]:
     out = []
     for scenario, target, path in iter_runs(run_dir):
-        inp = C.load_input(path)
-        m = meta(inp.records)
+        m = meta(J.read_journal(path))
         if m.get("skipped"):
             out.append({"scenario": scenario, "target": target, "verdict": "skipped", "expected": m.get("expect"),
                         "checks": []})
             continue
-        results = C.run_checks(inp, m.get("checks", {}))
+        results = C.check_saved(path)
         out.append({"scenario": scenario, "target": target, "verdict": C.verdict(results),
                     "expected": m.get("expect", "pass"), "checks": [r.to_dict() for r in results]})
     return out

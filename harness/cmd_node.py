@@ -9,31 +9,65 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+from pathlib import Path
 
 from .cli import _Parser
 from .errors import UsageError
 
-# kind -> (module with add_arguments(parser) and run(args) -> int, help)
+# generic kinds: kind -> (module with add_node_arguments(parser, kind) and run_node(args) -> int, help);
+# each family adds its own (harness/family.py, ``node_kinds``)
 KINDS: dict[str, tuple[str, str]] = {
-    "lookup-server": ("harness.node_server", "the hardened lookup server (worker rank 0)"),
-    "legacy-server": ("harness.node_server", "a model of today's upstream lookup server"),
-    "fake-peer": ("faults.fake_peer", "a misbehaving lookup peer: slow, silent, malformed, legacy"),
     "interposer": ("faults.interposer", "a ZMQ man-in-the-middle between client and server"),
-    "workload": ("harness.workload", "the scheduler side: runs lookups and records them"),
 }
 
 
+def _family_kinds(name: str) -> dict[str, tuple[str, str]]:
+    """A family's node kinds from its light ``nodes`` module (``NODE_KINDS``), without loading the
+    family (pydantic, its faults and checks): node processes start often and must start fast."""
+    module = f"harness.families.{name}" if "." not in name else name
+    try:
+        return dict(importlib.import_module(f"{module}.nodes").NODE_KINDS)
+    except ModuleNotFoundError:
+        return {}
+
+
+def all_kinds() -> dict[str, tuple[str, str]]:
+    """Generic kinds, then those of the family that started this node (PDCHAOS_FAMILY, set by
+    the topology), then those of every built-in family."""
+    kinds = dict(KINDS)
+    here = Path(__file__).parent / "families"  # the built-in families, without importing harness.family
+    builtin = sorted(p.name for p in here.iterdir() if (p / "nodes.py").exists())
+    names = [n for n in [os.environ.get("PDCHAOS_FAMILY")] if n] + builtin
+    for name in dict.fromkeys(names):
+        for kind, spec in _family_kinds(name).items():
+            kinds.setdefault(kind, spec)
+    return kinds
+
+
+def _find(kind: str) -> tuple[str, str] | None:
+    if kind in KINDS:
+        return KINDS[kind]
+    fam = os.environ.get("PDCHAOS_FAMILY")
+    if fam:
+        spec = _family_kinds(fam).get(kind)
+        if spec:
+            return spec
+    return all_kinds().get(kind)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    kinds = ", ".join(KINDS)
+    kinds = ", ".join(all_kinds())
     parser.add_argument("kind", metavar="KIND", help=f"one of: {kinds}")
     parser.add_argument("options", nargs=argparse.REMAINDER, help="the node's own options (KIND --help)")
-    parser.epilog = "kinds: " + "; ".join(f"{k}: {h}" for k, (_, h) in KINDS.items())
+    parser.epilog = "kinds: " + "; ".join(f"{k}: {h}" for k, (_, h) in all_kinds().items())
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kind not in KINDS:
-        raise UsageError(f"node: unknown kind {args.kind!r}; expected one of {', '.join(KINDS)}")
-    module_name, help_text = KINDS[args.kind]
+    found = _find(args.kind)
+    if found is None:
+        raise UsageError(f"node: unknown kind {args.kind!r}; expected one of {', '.join(all_kinds())}")
+    module_name, help_text = found
     mod = importlib.import_module(module_name)  # only the kind asked for: nodes start fast
     parser = _Parser(prog=f"pdchaos node {args.kind}", description=help_text)
     mod.add_node_arguments(parser, args.kind)

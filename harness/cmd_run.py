@@ -16,13 +16,15 @@ from pathlib import Path
 
 from .errors import UsageError
 from .progress import Progress
-from .runner import Runner, new_run_dir, write_summary
-from .schema import TARGETS, load_all
+from .outputs import write_summary
+from .runner import Runner, new_run_dir
+from .schema import load_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
-    p.add_argument("--target", action="append", choices=TARGETS, help="only this target (repeatable)")
+    p.add_argument("--target", action="append", metavar="TARGET",
+                   help="only this target (repeatable; `pdchaos list` shows each scenario's targets)")
     p.add_argument("-k", "--filter", default=None, help="only scenarios whose name contains this text")
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
     p.add_argument("--no-report", action="store_true", help="skip plots and summaries (journals and checks only)")
@@ -52,6 +54,14 @@ def run_bench(run_dir: Path, n: int) -> None:
     print(proc.stdout.strip(), flush=True)
 
 
+def _needs_toxiproxy(sc) -> bool:
+    from faults.base import load_registry
+
+    registry = load_registry(sc.family.name)
+    return "toxiproxy" in sc.family.requirements(sc) or any("toxiproxy" in registry[f.type].requires
+                                                            for f in sc.faults)
+
+
 def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
     """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed.
 
@@ -59,7 +69,7 @@ def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
     toxic configured vs measured) is measured once, before any scenario, and written to
     ``<run_dir>/toxiproxy_floor.json`` (harness/floor.py); when toxiproxy-server is missing the
     file says so. A failed measurement is recorded there and never fails the run."""
-    if not any(s.model.topology.link == "toxiproxy" for s in scenarios):
+    if not any(_needs_toxiproxy(s) for s in scenarios):
         return None
     from . import floor
     from .errors import HarnessError
@@ -90,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
         scenarios = [s for s in scenarios if args.filter in s.name]
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
+    if args.target:
+        known = {t for s in scenarios for t in s.model.targets}
+        unknown = [t for t in args.target if t not in known]
+        if unknown:
+            raise UsageError(f"--target {unknown[0]!r}: no selected scenario has it; targets: {', '.join(sorted(known))}")
     if args.bench and args.bench < 100:
         raise UsageError("--bench: at least 100 lookups per target")
     run_dir = new_run_dir(args.runs_dir)
@@ -125,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - the verdicts stand without the pictures
             print(f"warning: reports not generated: {type(exc).__name__}: {exc}", file=sys.stderr)
     deviations = [r for r in results if not r.as_expected]
-    interrupted = runner._stop.is_set()
+    interrupted = runner.interrupted
     progress.final(results, run_dir, elapsed)
     if interrupted:
         print("interrupted: every process of the run was stopped", file=sys.stderr)

@@ -25,69 +25,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model,
+                      model_validator)
 
 from faults.base import Duration, load_registry
 
-from .checks import CHECKS
+from .checks import checks_for
 from .errors import UsageError
+from .family import DEFAULT_FAMILY, Family, get_family, known_families
 
-TARGETS = ("hardened", "legacy")
-VERDICTS = ("pass", "fail", "stall", "skipped")
+VERDICTS = ("pass", "fail", "stall")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class Topology(_Strict):
-    transport: Literal["ipc", "tcp"] = "ipc"
-    link: Literal["direct", "interposer", "toxiproxy", "netns"] = "direct"
-    block_size: int = Field(16, ge=1, le=4096)
-    groups: int = Field(1, ge=1, le=16)
-    preload_blocks: int = Field(64, ge=1, le=100_000)
-    backend_timeout: Duration = Field(4.0, description="the hardened server's backend_timeout_ms")
-
-    @model_validator(mode="after")
-    def _links(self) -> "Topology":
-        if self.link in ("toxiproxy", "netns") and self.transport != "tcp":
-            raise ValueError(f"link {self.link!r} needs transport: tcp")
-        return self
-
-
-class Mix(_Strict):
-    full: int = Field(3, ge=0)
-    partial: int = Field(2, ge=0)
-    miss: int = Field(1, ge=0)
-    hbm: int = Field(1, ge=0)
-    multigroup: int = Field(1, ge=0)
-
-    @model_validator(mode="after")
-    def _some(self) -> "Mix":
-        if sum(self.model_dump().values()) == 0:
-            raise ValueError("at least one op kind needs a positive weight")
-        return self
-
-
-class Workload(_Strict):
-    duration: Duration = 3.0
-    concurrency: int = Field(2, ge=1, le=64, description="client workers (one REQ client each)")
-    rate: float = Field(40.0, gt=0, le=20_000, description="ops/s over all workers")
-    mix: Mix = Field(default_factory=Mix)
-    prompt_blocks: tuple[int, int] = (2, 12)
-    reset_at: Duration | None = Field(None, description="one admin reset at this time (needs concurrency 1: "
-                                                        "every later op then expects a miss)")
-
-    @model_validator(mode="after")
-    def _ranges(self) -> "Workload":
-        lo, hi = self.prompt_blocks
-        if not 1 <= lo <= hi <= 4096:
-            raise ValueError("prompt_blocks must be [lo, hi] with 1 <= lo <= hi <= 4096")
-        if self.duration <= 0:
-            raise ValueError("duration must be positive")
-        if self.reset_at is not None and (self.concurrency != 1 or self.reset_at >= self.duration):
-            raise ValueError("reset_at needs concurrency: 1 and a time within the duration")
-        return self
 
 
 class RandomFaults(_Strict):
@@ -100,9 +51,6 @@ class RandomFaults(_Strict):
     choices: list[dict[str, Any]] = Field(min_length=1)
 
 
-_CHECK_NAMES = tuple(CHECKS)  # the YAML names are the checkers' own registry keys
-
-
 class CheckOptions(_Strict):
     enabled: bool = True
     within: int = Field(1, ge=1, description="recovery: the first N ops after a window must include a success")
@@ -110,8 +58,8 @@ class CheckOptions(_Strict):
     slack: int = Field(0, ge=0, description="no_leaks: allowed extra threads/fds")
 
 
-def _fault_union():
-    registry = load_registry()
+def _fault_union(family: Family):
+    registry = load_registry(family.name)
     models = []
     for name, cls in sorted(registry.items()):
         namespace = {
@@ -135,25 +83,15 @@ def _fault_union():
 class _ScenarioBase(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
     description: str = ""
+    family: str = Field(DEFAULT_FAMILY, description="the system under test (harness/families/<name>)")
     seed: int = 0
-    targets: list[Literal["hardened", "legacy"]] = Field(default_factory=lambda: list(TARGETS), min_length=1)
     deadline: Duration = 0.2
     tolerance: Duration = 0.15
     cap: Duration = Field(30.0, description="hard wall-clock cap of one scenario run")
-    topology: Topology = Field(default_factory=Topology)
-    workload: Workload = Field(default_factory=Workload)
     random_faults: RandomFaults | None = None
-    checks: dict[Literal[_CHECK_NAMES], CheckOptions] = Field(default_factory=dict)  # type: ignore[valid-type]
-    expect: dict[Literal["hardened", "legacy"], Union[Literal["pass", "fail", "stall"],
-                                                       list[Literal["pass", "fail", "stall"]]]] = Field(
-        default_factory=dict,
-        description="the verdict expected per target (default pass); a list when several are honest "
-                    "outcomes, e.g. [fail, stall] for a baseline that stalls only if a request was in flight")
 
     @model_validator(mode="after")
     def _sane(self):
-        if self.workload.reset_at is not None and "legacy" in self.targets:
-            raise ValueError("workload.reset_at: the legacy protocol has no reset; use targets: [hardened]")
         if self.deadline <= 0:
             raise ValueError("deadline must be positive")
         if self.cap <= self.workload.duration:
@@ -162,6 +100,8 @@ class _ScenarioBase(_Strict):
             if f.at + f.for_ > self.workload.duration:
                 raise ValueError(f"fault {f.type!r} at {f.at:g}s for {f.for_:g}s ends after the workload "
                                  f"({self.workload.duration:g}s)")
+        validate_recovery_gaps(self, self.faults)
+        get_family(self.family).validate(self)
         return self
 
     def expected(self, target: str) -> str:
@@ -173,42 +113,95 @@ class _ScenarioBase(_Strict):
         return self.checks.get(name, CheckOptions())
 
 
-_SCENARIO_MODEL = None
+def validate_recovery_gaps(scenario: Any, faults: list) -> None:
+    """A schedule must leave the ``recovery`` check something to look at: after every (merged)
+    fault window, time for each worker's first N ops before the next window or the end."""
+    opts = scenario.checks.get("recovery")
+    if not faults or (opts is not None and not opts.enabled):
+        return
+    within = opts.within if opts is not None else 1
+    need = scenario.workload.recovery_gap(within)
+    spans = sorted((f.at, f.at + f.for_) for f in faults)
+    merged: list[list[float]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    for i, (_, stop) in enumerate(merged):
+        nxt = merged[i + 1][0] if i + 1 < len(merged) else scenario.workload.duration
+        if nxt - stop < need:
+            what = "the next fault" if i + 1 < len(merged) else "the end of the workload"
+            raise ValueError(f"recovery: the fault window ending at {stop:g}s leaves {nxt - stop:g}s before {what}, "
+                             f"less than the {need:g}s every worker needs for {within} op(s); move the fault, "
+                             f"or set checks: {{recovery: {{enabled: false}}}}")
 
 
-def scenario_model():
-    """The Scenario model, built once the fault registry is loaded."""
-    global _SCENARIO_MODEL
-    if _SCENARIO_MODEL is None:
-        _SCENARIO_MODEL = create_model("Scenario", __base__=_ScenarioBase,
-                                       faults=(list[_fault_union()], Field(default_factory=list)))
-    return _SCENARIO_MODEL
+_MODELS: dict[str, Any] = {}
+
+
+def scenario_model(family: str = DEFAULT_FAMILY):
+    """The Scenario model of one family, built once its faults and checks are loaded."""
+    if family not in _MODELS:
+        fam = get_family(family)
+        verdicts = Literal["pass", "fail", "stall"]
+        targets = Literal[fam.targets]  # type: ignore[valid-type]
+        check_names = Literal[tuple(checks_for(fam))]  # type: ignore[valid-type]
+        _MODELS[family] = create_model(
+            f"Scenario_{family}", __base__=_ScenarioBase,
+            family=(Literal[family], Field(family, description=fam.description)),  # type: ignore[valid-type]
+            targets=(list[targets], Field(default_factory=lambda: list(fam.targets), min_length=1)),
+            topology=(fam.Topology, Field(default_factory=fam.Topology)),
+            workload=(fam.Workload, Field(default_factory=fam.Workload)),
+            faults=(list[_fault_union(fam)], Field(default_factory=list)),
+            checks=(dict[check_names, CheckOptions], Field(default_factory=dict)),
+            expect=(dict[targets, Union[verdicts, list[verdicts]]], Field(
+                default_factory=dict,
+                description="the verdict expected per target (default pass); a list when several are honest "
+                            "outcomes, e.g. [fail, stall] for a baseline that stalls only if a request was in "
+                            "flight")),
+        )
+    return _MODELS[family]
 
 
 def json_schema() -> dict:
-    return scenario_model().model_json_schema(by_alias=True)
+    """One JSON Schema for every family's scenario files (``family`` selects the branch)."""
+    branches = [scenario_model(n).model_json_schema(by_alias=True) for n in known_families()]
+    if len(branches) == 1:
+        return branches[0]
+    return {"title": "pd-chaos scenario", "oneOf": branches}
 
 
 # --------------------------------------------------------------------------- loading
 
 
 class LoadedScenario:
+    """A validated scenario, its family, and its whole fault schedule (random faults drawn)."""
+
     def __init__(self, model: Any, path: Path):
         self.model = model
         self.path = path
+        self.family = get_family(model.family)
         self.faults = list(model.faults) + self._draw_random()
+        if model.random_faults is not None:
+            validate_recovery_gaps(model, self.faults)
 
     @property
     def name(self) -> str:
         return self.model.name
+
+    def __getattr__(self, name: str) -> Any:  # topology, workload, targets, ... of the model
+        if name.startswith("_") or name in ("model", "path", "family", "faults"):
+            raise AttributeError(name)
+        return getattr(self.model, name)
 
     def _draw_random(self) -> list:
         rf = self.model.random_faults
         if rf is None:
             return []
         rng = random.Random(self.model.seed)
-        model = scenario_model()
-        out = []
+        model = scenario_model(self.model.family)
+        out: list[dict] = []
         slot = (rf.window[1] - rf.window[0]) / rf.count  # one fault per slot: they never overlap
         for i in range(rf.count):
             choice = dict(rng.choice(rf.choices))
@@ -216,8 +209,11 @@ class LoadedScenario:
             at = rf.window[0] + i * slot + rng.uniform(0.0, slot - length)
             choice.update({"at": f"{at * 1000:.0f}ms", "for": f"{length * 1000:.0f}ms"})
             out.append(choice)
-        drawn = model.model_validate({"name": "drawn", "faults": out,
-                                      "workload": {"duration": f"{self.model.workload.duration}s"}}).faults
+        drawn = TypeAdapter(model.model_fields["faults"].annotation).validate_python(out)
+        for f in drawn:
+            if f.at + f.for_ > self.model.workload.duration + 1e-9:
+                raise UsageError(f"{self.path}: random_faults: a drawn fault ends after the workload; "
+                                 f"narrow random_faults.window")
         return sorted(drawn, key=lambda f: f.at)
 
 
@@ -270,7 +266,7 @@ def _friendly(err: dict) -> str:
         return "unknown field"
     if err["type"] == "union_tag_invalid":
         tag = (err.get("ctx") or {}).get("tag")
-        return f"unknown fault type {tag!r}; known: {', '.join(sorted(load_registry()))}"
+        return f"unknown fault type {tag!r}; known: {', '.join(sorted(err.get('_known') or load_registry()))}"
     if err["type"] == "union_tag_not_found":
         return "missing 'type' (the fault name)"
     if msg.startswith("Value error, "):
@@ -295,7 +291,12 @@ def load_scenario(path: str | Path) -> LoadedScenario:
         raise UsageError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}:1: a scenario must be a mapping (name, workload, faults, ...)")
-    model = scenario_model()
+    family = data.get("family", DEFAULT_FAMILY)
+    try:
+        model = scenario_model(family if isinstance(family, str) else repr(family))
+    except UsageError as exc:
+        line = _line_of(node, ("family",))
+        raise UsageError(f"{path}:{line}: family: {exc}") from None
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
@@ -304,7 +305,7 @@ def load_scenario(path: str | Path) -> LoadedScenario:
         for err in exc.errors():
             line = _line_of(node, err["loc"])
             where = f"{path}:{line}" if line else str(path)
-            lines.append(f"{where}: {_fmt_loc(err['loc'], names)}: {_friendly(err)}")
+            lines.append(f"{where}: {_fmt_loc(err['loc'], names)}: {_friendly({**err, '_known': load_registry(family)})}")
         raise UsageError("\n".join(lines)) from None
     try:
         return LoadedScenario(scenario, path)

@@ -1,14 +1,20 @@
-"""The topology of one scenario run: the lookup server and whatever sits in the link, as OS processes.
+"""The generic part of every family's topology: nodes with roles, as OS processes.
 
-Server (worker rank 0) and client (the scheduler's workload) run as separate processes, as in a
-deployment, on ipc or tcp loopback. The link is ``direct``, through the ZMQ ``interposer``, or
-through a Toxiproxy proxy (tcp only). Every process is started in its own process group with a
-parent-death signal, so nothing outlives the runner, even when it is killed; ``close()`` stops
-them all and removes the run's ipc folder. This object is the FaultContext of faults/base.py.
+A topology is the set of nodes of one scenario run (Jepsen's db, per node): each node has a
+**role** (``server``, ``interposer``, later ``prefill:0``, ``decode:0``, ``proxy``), a kind (what
+``pdchaos node KIND`` runs), its process, its log, and its control channel. Families subclass
+:class:`BaseTopology`, say which nodes exist and how each role is (re)started
+(:meth:`node_spec`), and start them in :meth:`start`. Everything else is here and works for any
+family: process faults by role (kill, stop/cont, restart, swap), probes of threads, fds and
+counters (baseline when a node starts, ``last`` before it is stopped, ``final`` at the end), links
+through Toxiproxy or across two network namespaces, and a teardown that leaves nothing behind.
+
+This object is the FaultContext of faults/base.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -16,6 +22,7 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +31,8 @@ from faults.control import ControlClient, ControlError
 from .errors import HarnessError
 from .procs import ProcHandle, node_command, start_process
 
-SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
+PROBE_TIMEOUT_MS = 1000
+LAST_PROBE_TIMEOUT_MS = 300  # before a stop or kill: a frozen node must not hold the fault up
 
 
 def sweep_stale_tmp() -> None:
@@ -47,197 +55,293 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-class Topology:
-    def __init__(self, scenario: Any, target: str, run_dir: Path, preload_path: Path,
-                 record: Callable[[dict], None], *, toxiproxy: Any = None):
+@dataclass
+class NodeSpec:
+    """How to start the node of one role: ``pdchaos node KIND ARGS`` on ``side`` of the link."""
+
+    kind: str
+    args: list[str]
+    side: str = "b"  # with a netns link: "a" (client side) or "b" (server side)
+    control: bool = True  # answers the control channel (stats, and the node's own commands)
+    ready_timeout_s: float = 10.0
+
+
+@dataclass
+class Node:
+    role: str
+    kind: str
+    proc: ProcHandle
+    control_ep: str | None
+    client: ControlClient | None
+    baseline: dict | None = None
+    frozen: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class BaseTopology:
+    """Nodes by role; a family subclass implements :meth:`node_spec` and :meth:`start`."""
+
+    workload_kind = "workload"
+
+    def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any] | None = None):
         self.scenario = scenario
-        self.topo = scenario.topology
+        fam = scenario.family
+        self.family_name = fam if isinstance(fam, str) else fam.name
         self.target = target
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.preload_path = preload_path
         self._record = record
+        self.services = services or {}
         self.rng = random.Random(scenario.seed)
         self.deadline = scenario.deadline  # seconds: faults judge what a delay should cause
         sweep_stale_tmp()
         # short (unix socket paths max 107 bytes), and named after the runner's pid so a folder
         # left by a runner that was killed outright can be recognised and swept by the next run
         self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-"))
-        self.server: ProcHandle | None = None
-        self.server_baseline: dict | None = None
-        self._stopped: list[ProcHandle] = []  # servers replaced or stopped during the run
-        self.interposer: ProcHandle | None = None
-        self.toxiproxy = toxiproxy
-        self.proxy_name = "lookup"
+        self.nodes: dict[str, Node] = {}
+        self._retired: list[ProcHandle] = []  # processes stopped, killed or replaced during the run
+        self._clients: dict[str, ControlClient] = {}
         self._n = 0
-        self.server_control_ep = f"ipc://{self.tmp}/server-ctl.sock"
-        self.interposer_control_ep = f"ipc://{self.tmp}/interposer-ctl.sock"
-        self._server_ctl = ControlClient(self.server_control_ep)
-        self._interposer_ctl = ControlClient(self.interposer_control_ep)
-        self.netns = None  # a faults.netns.NetnsPair with link: netns (client in "a", server in "b")
-        if self.topo.link == "netns":
-            from faults.netns import NetnsPair
+        self.netns = None  # a faults.netns.NetnsPair when the family links two namespaces
+        self.toxiproxy = self.services.get("toxiproxy")
+        self.proxy_name: str | None = None  # the Toxiproxy proxy in the faulted link, if any
 
-            self.netns = NetnsPair().create()
-            self.server_endpoint = f"tcp://{self.netns.ip_b}:{free_tcp_port()}"
-        elif self.topo.transport == "ipc":
-            self.server_endpoint = f"ipc://{self.tmp}/lookup.sock"
-        else:
-            self.server_endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
-        self.client_endpoint = self.server_endpoint
+    # ------------------------------------------------------------------ family hooks
+    def node_spec(self, role: str) -> NodeSpec:
+        """How the node in ``role`` is started (and restarted after a fault)."""
+        raise HarnessError(f"this topology has no role {role!r}")
 
-    # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.start_server()
-        if self.topo.link == "interposer":
-            listen = (f"ipc://{self.tmp}/interposer.sock" if self.topo.transport == "ipc"
-                      else f"tcp://127.0.0.1:{free_tcp_port()}")
-            self.interposer = self._spawn("interposer", [
-                "--listen", listen, "--upstream", self.server_endpoint, "--control", self.interposer_control_ep,
-            ])
-            self.client_endpoint = listen
-        elif self.topo.link == "toxiproxy":
-            if self.toxiproxy is None:
-                raise HarnessError("link toxiproxy: no toxiproxy-server running")
-            listen_port = free_tcp_port()
-            upstream = self.server_endpoint[len("tcp://"):]
-            self.toxiproxy.create_proxy(self.proxy_name, listen=f"127.0.0.1:{listen_port}", upstream=upstream)
-            self.client_endpoint = f"tcp://127.0.0.1:{listen_port}"
+        """Start the nodes and links, then return (the workload is started by the runner)."""
+        raise NotImplementedError
 
+    def workload_args(self, config_path: Path, journal_part: Path) -> list[str]:
+        return ["--config", str(config_path), "--journal", str(journal_part)]
+
+    def workload_config(self) -> dict:
+        """The workload node's configuration (written to workload.json)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ processes
+    def spawn(self, kind: str, args: list[str], *, side: str = "b", log_name: str | None = None,
+              ready_timeout_s: float = 10.0) -> ProcHandle:
+        """Start a ``pdchaos node`` process; with a netns link inside its namespace. ipc control
+        sockets live in the file system, so they work across network namespaces."""
+        self._n += 1
+        log = self.logs / (log_name or f"{self._n:02d}-{kind}.log")
+        argv = node_command(kind, args)
+        env = {"PDCHAOS_FAMILY": self.family_name}  # where the node finds its kind
+        if self.netns is not None:
+            argv = self.netns.argv(side, argv)
+            env["PDCHAOS_NETNS"] = self.netns.ns[side]  # lets the node bind/connect its veth address
+        proc = start_process(argv, name=f"node {kind}", log_path=str(log), ready_timeout_s=ready_timeout_s, env=env)
+        self.event("process_start", kind=kind, pid=proc.pid)
+        return proc
+
+    def control_endpoint(self, role: str) -> str:
+        return f"ipc://{self.tmp}/{role.replace(':', '-')}-ctl.sock"
+
+    def start_node(self, role: str, spec: NodeSpec | None = None) -> Node:
+        """Start the node of ``role`` (no-op if it runs); record its baseline probe."""
+        cur = self.nodes.get(role)
+        if cur is not None and cur.proc.alive and spec is None:
+            return cur
+        spec = spec or self.node_spec(role)
+        ctl = self.control_endpoint(role) if spec.control else None
+        args = list(spec.args) + (["--control", ctl] if ctl else [])
+        proc = self.spawn(spec.kind, args, side=spec.side, ready_timeout_s=spec.ready_timeout_s)
+        client = None
+        if ctl:
+            # one kept-open client per role, reused across restarts: it reconnects to the new
+            # process on the same endpoint (a new client per start would leave the old one
+            # connected, and the node's fd count would grow with every restart)
+            client = self._clients.get(role)
+            if client is None:
+                client = self._clients[role] = ControlClient(ctl)
+        node = Node(role, spec.kind, proc, ctl, client)
+        self.nodes[role] = node
+        if ctl:
+            node.baseline = self.probe(role, "baseline")
+        return node
+
+    def node(self, role: str) -> Node:
+        n = self.nodes.get(role)
+        if n is None:
+            raise HarnessError(f"no node with role {role!r} (roles: {', '.join(self.nodes) or 'none'})")
+        return n
+
+    def roles(self, spec: str) -> list[str]:
+        """A node spec (``server``, ``prefill:0``, ``prefill:*``, ``all``) -> roles, in order."""
+        if spec == "all":
+            return list(self.nodes)
+        if spec.endswith(":*"):
+            found = [r for r in self.nodes if r.startswith(spec[:-1])]
+        else:
+            found = [spec] if spec in self.nodes else []
+        if not found:
+            raise HarnessError(f"node {spec!r}: no such role (roles: {', '.join(self.nodes) or 'none'})")
+        return found
+
+    def _retire(self, role: str, how: str) -> Node | None:
+        node = self.nodes.pop(role, None)
+        if node is None:
+            return None
+        if node.client is not None and node.proc.alive and not node.frozen:
+            self.probe_node(node, "last", timeout_ms=LAST_PROBE_TIMEOUT_MS)
+        self._retired.append(node.proc)
+        if how == "kill":
+            node.proc.kill()
+            self.event("process_kill", kind=node.kind, role=role, pid=node.proc.pid)
+        else:
+            if node.frozen:  # a stopped process cannot handle SIGTERM until it runs again
+                self._signal(node, signal.SIGCONT)
+            node.proc.stop(2.0)
+            self.event("process_stop", kind=node.kind, role=role, pid=node.proc.pid,
+                       returncode=node.proc.returncode)
+        return node
+
+    def stop_node(self, role: str) -> None:
+        self._retire(role, "stop")
+
+    def kill_node(self, role: str) -> None:
+        self._retire(role, "kill")
+
+    def restart_node(self, role: str, *, kill: bool = False) -> None:
+        self._retire(role, "kill" if kill else "stop")
+        self.start_node(role)
+
+    def swap_node(self, role: str, spec: NodeSpec) -> None:
+        """Replace the node of ``role`` by another (e.g. a fake peer on the same endpoints);
+        ``restore_node`` puts the real one back."""
+        self._retire(role, "stop")
+        self.start_node(role, spec)
+
+    def restore_node(self, role: str) -> None:
+        self._retire(role, "stop")
+        self.start_node(role)
+
+    def _signal(self, node: Node, sig: int) -> None:
+        os.kill(node.proc.pid, sig)
+        self.event("process_signal", kind=node.kind, role=node.role, pid=node.proc.pid,
+                   signal=signal.Signals(sig).name)
+
+    def signal_node(self, role: str, sig: int) -> None:
+        node = self.node(role)
+        if not node.proc.alive:
+            raise HarnessError(f"signal {signal.Signals(sig).name}: node {role!r} is not running")
+        self._signal(node, sig)
+        if sig == signal.SIGSTOP:
+            node.frozen = True
+        elif sig == signal.SIGCONT:
+            node.frozen = False
+
+    # ------------------------------------------------------------------ control and probes
+    def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:
+        node = self.node(role)
+        if node.client is None:
+            raise HarnessError(f"node {role!r} has no control channel")
+        return node.client.call(cmd, timeout_ms=timeout_ms, **fields)
+
+    def node_stats(self, role: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> dict | None:
+        """Stats of the node in ``role``, or None if it is down, frozen or does not answer."""
+        node = self.nodes.get(role)
+        if node is None or node.client is None or not node.proc.alive or node.frozen:
+            return None
+        try:
+            return node.client.call("stats", timeout_ms=timeout_ms)
+        except ControlError:
+            return None
+
+    def probe_node(self, node: Node, when: str, stats: dict | None = None,
+                   timeout_ms: int = PROBE_TIMEOUT_MS) -> dict | None:
+        if stats is None and node.client is not None and node.proc.alive and not node.frozen:
+            try:
+                stats = node.client.call("stats", timeout_ms=timeout_ms)
+            except ControlError:
+                stats = None
+        if stats is None:
+            self.event("probe_silent", role=node.role, kind=node.kind, pid=node.proc.pid, when=when)
+            return None
+        probe = {"type": "probe", "node": node.role, "kind": node.kind, "when": when, "t": time.monotonic(),
+                 "pid": stats.get("pid"), "threads": stats.get("threads"), "fds": stats.get("fds"),
+                 "counters": stats.get("counters", {}), "alive": bool(stats.get("alive", True))}
+        self._record(probe)
+        return probe
+
+    def probe(self, role: str, when: str) -> dict | None:
+        return self.probe_node(self.node(role), when)
+
+    def final_probe(self, timeout_s: float = 1.0) -> None:
+        """Record the final probe of every node with a control channel, once its threads and fds
+        are back to its baseline (threads of a healed fault wind down for a moment) or
+        ``timeout_s`` passed. A node that does not answer is recorded as ``probe_silent``."""
+        deadline = time.monotonic() + timeout_s
+        for role, node in list(self.nodes.items()):
+            if node.client is None:
+                continue
+            base = node.baseline or {}
+            stats = self.node_stats(role)
+            while stats is not None and time.monotonic() < deadline and stats.get("pid") == base.get("pid") \
+                    and (stats.get("threads", 0) > base.get("threads", 0) or stats.get("fds", 0) > base.get("fds", 0)):
+                time.sleep(0.05)
+                stats = self.node_stats(role)
+            if stats is None:
+                self.event("probe_silent", role=role, kind=node.kind, pid=node.proc.pid, when="final")
+            else:
+                self.probe_node(node, "final", stats)
+
+    # ------------------------------------------------------------------ workload
+    def start_workload(self, journal_part: Path) -> ProcHandle:
+        """The workload node (the client side), configured by :meth:`workload_config`."""
+        cfg_path = self.run_dir / "workload.json"
+        cfg_path.write_text(json.dumps(self.workload_config()))
+        return self.spawn(self.workload_kind, self.workload_args(cfg_path, journal_part), side="a",
+                          log_name="client-workload.log", ready_timeout_s=15.0)
+
+    # ------------------------------------------------------------------ links
+    def make_netns(self) -> Any:
+        from faults.netns import NetnsPair
+
+        self.netns = NetnsPair().create()
+        return self.netns
+
+    def toxiproxy_link(self, name: str, upstream_hostport: str) -> str:
+        """A Toxiproxy proxy in front of ``upstream_hostport``; returns the host:port to dial."""
+        if self.toxiproxy is None:
+            raise HarnessError("link toxiproxy: no toxiproxy-server running")
+        listen = f"127.0.0.1:{free_tcp_port()}"
+        self.toxiproxy.create_proxy(name, listen=listen, upstream=upstream_hostport)
+        self.proxy_name = name
+        return listen
+
+    # ------------------------------------------------------------------ teardown
     def close(self) -> None:
-        for proc in (self.interposer, self.server):
-            if proc is not None:
-                proc.stop(2.0)
-        self.interposer = self.server = None
-        if self.toxiproxy is not None and self.topo.link == "toxiproxy":
+        for role in reversed(list(self.nodes)):
+            node = self.nodes.pop(role)
+            if node.frozen:
+                self._signal(node, signal.SIGCONT)
+            self._retired.append(node.proc)
+            node.proc.stop(2.0)
+        if self.toxiproxy is not None and self.proxy_name is not None:
             try:
                 self.toxiproxy.delete_proxy(self.proxy_name)
             except Exception:  # the server may be gone already; the run's teardown stops it
                 pass
-        self._server_ctl.close()
-        self._interposer_ctl.close()
+        for c in self._clients.values():
+            c.close()
         if self.netns is not None:
             self.netns.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def handles(self) -> list[ProcHandle]:
-        """Every process this topology started and still holds (check them after close())."""
-        return [p for p in (self.server, self.interposer) if p is not None] + list(self._stopped)
+        """Every process this topology started (check them after close())."""
+        return [n.proc for n in self.nodes.values()] + list(self._retired)
 
     def leftovers(self) -> list[str]:
         """What close() could not remove: the ipc folder."""
         return [str(self.tmp)] if self.tmp.exists() else []
 
-    # ------------------------------------------------------------ helpers
-    def _spawn(self, kind: str, args: list[str], *, side: str = "b", log_name: str | None = None,
-               ready_timeout_s: float = 10.0) -> ProcHandle:
-        """Start a node; with link netns inside its namespace ("a" client side, "b" server side).
-        ipc control sockets live in the file system, so they work across network namespaces."""
-        self._n += 1
-        log = self.logs / (log_name or f"{self._n:02d}-{kind}.log")
-        argv = node_command(kind, args)
-        env = None
-        if self.netns is not None:
-            argv = self.netns.argv(side, argv)
-            env = {"PDCHAOS_NETNS": self.netns.ns[side]}  # lets the node bind/connect its veth address
-        proc = start_process(argv, name=f"node {kind}", log_path=str(log), ready_timeout_s=ready_timeout_s, env=env)
-        self.event("process_start", kind=kind, pid=proc.pid)
-        return proc
-
-    def spawn_client(self, args: list[str], log_name: str) -> ProcHandle:
-        """The workload (the scheduler side), on the client side of the link."""
-        return self._spawn("workload", args, side="a", log_name=log_name, ready_timeout_s=15.0)
-
-    def _server_args(self) -> list[str]:
-        t = self.topo
-        return ["--endpoint", self.server_endpoint, "--control", self.server_control_ep,
-                "--preload", str(self.preload_path), "--block-size", str(t.block_size), "--groups", str(t.groups)]
-
     def event(self, what: str, **fields: Any) -> None:
         self._record({"type": "event", "what": what, "t": time.monotonic(), **fields})
-
-    def probe_server(self, when: str, stats: dict | None = None) -> dict | None:
-        """Record the server's threads, fds, counters and liveness; None if it does not answer."""
-        stats = stats or self.server_stats()
-        if stats is None:
-            return None
-        probe = {"type": "probe", "node": "server", "when": when, "t": time.monotonic(),
-                 "pid": stats.get("pid"), "threads": stats.get("threads"), "fds": stats.get("fds"),
-                 "counters": stats.get("counters", {}), "alive": bool(stats.get("alive", True)),
-                 "kind": self.server.name if self.server else None}
-        self._record(probe)
-        if when == "baseline":
-            self.server_baseline = probe
-        return probe
-
-    # ------------------------------------------------------------ FaultContext
-    def start_server(self) -> None:
-        if self.server is not None and self.server.alive:
-            return
-        kind = SERVER_KIND[self.target]
-        args = self._server_args()
-        if kind == "lookup-server":
-            args += ["--backend-timeout-ms", str(max(1, int(self.topo.backend_timeout * 1000)))]
-        self.server = self._spawn(kind, args)
-        self.probe_server("baseline")
-
-    def stop_server(self) -> None:
-        if self.server is not None:
-            self._stopped.append(self.server)
-            self.server.stop(2.0)
-            self.event("process_stop", kind=self.server.name, pid=self.server.pid,
-                       returncode=self.server.returncode)
-            self.server = None
-
-    def kill_server(self) -> None:
-        if self.server is not None:
-            self._stopped.append(self.server)
-            self.server.kill()
-            self.event("process_kill", kind=self.server.name, pid=self.server.pid)
-            self.server = None
-
-    def signal_server(self, sig: int) -> None:
-        if self.server is None:
-            raise HarnessError("signal_server: no server running")
-        os.kill(self.server.pid, sig)
-        self.event("process_signal", kind=self.server.name, pid=self.server.pid, signal=signal.Signals(sig).name)
-
-    def swap_server(self, kind: str, args: list[str]) -> None:
-        self.stop_server()
-        self.server = self._spawn(kind, self._server_args() + list(args))
-        self.probe_server("baseline")
-
-    def restore_server(self) -> None:
-        self.stop_server()
-        self.start_server()
-
-    def server_control(self, cmd: str, **fields: Any) -> dict:
-        return self._server_ctl.call(cmd, **fields)
-
-    def interposer_control(self, cmd: str, **fields: Any) -> dict:
-        if self.interposer is None:
-            raise HarnessError("this fault needs topology.link: interposer")
-        return self._interposer_ctl.call(cmd, **fields)
-
-    def server_stats(self, timeout_ms: int = 1000) -> dict | None:
-        """Stats of the current server, or None if it is down or does not answer."""
-        if self.server is None or not self.server.alive:
-            return None
-        try:
-            return self._server_ctl.call("stats", timeout_ms=timeout_ms)
-        except ControlError:
-            return None
-
-    def final_probe(self, timeout_s: float = 1.0) -> dict | None:
-        """Record the final server probe once threads and fds are back to ``baseline`` (threads of
-        a healed fault wind down for a moment) or ``timeout_s`` passed, whichever is first."""
-        deadline = time.monotonic() + timeout_s
-        baseline = self.server_baseline
-        stats = self.server_stats()
-        while stats is not None and baseline is not None and stats.get("pid") == baseline.get("pid") \
-                and time.monotonic() < deadline \
-                and (stats.get("threads", 0) > baseline.get("threads", 0) or stats.get("fds", 0) > baseline.get("fds", 0)):
-            time.sleep(0.05)
-            stats = self.server_stats()
-        return self.probe_server("final", stats) if stats is not None else None

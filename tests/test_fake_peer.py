@@ -21,7 +21,7 @@ import zmq
 from connector_patch.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
 from faults.control import control_call
-from faults.fake_peer import REPLY_KINDS
+from harness.families.lookup.fake_peer import REPLY_KINDS
 from nodes import Node, free_tcp_endpoint
 
 DEADLINE_MS = 200

@@ -28,10 +28,10 @@ from pydantic import ValidationError
 
 from connector_patch.legacy import LegacyLookupServer
 from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
-from faults import fake_peer
+from harness.families.lookup import fake_peer
 from faults.base import FAULT_MODULES, load_registry
 from faults.control import control_call
-from faults.requests import EXPECTED_CODE, REQUEST_KINDS, bad_requests
+from harness.families.lookup.fault_requests import EXPECTED_CODE, REQUEST_KINDS, bad_requests
 
 MINE = {
     "faults.peers": {"slow_peer", "silent_peer", "malformed_reply", "legacy_peer"},
@@ -152,7 +152,7 @@ def test_every_fault_is_registered_from_its_module():
 def test_reply_kinds_agree_between_fault_and_peer():
     from typing import get_args
 
-    from faults.peers import ReplyKind
+    from harness.families.lookup.fault_peers import ReplyKind
 
     assert set(get_args(ReplyKind)) == set(fake_peer.REPLY_KINDS)
 

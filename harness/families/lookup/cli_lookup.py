@@ -8,8 +8,8 @@ import time
 
 from connector_patch.lookup import LookupClient
 
-from .endpoints import check_endpoint
-from .errors import UsageError
+from harness.endpoints import check_endpoint
+from harness.errors import UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .node_server import read_preload
+    from .server_node import read_preload
 
     check_endpoint(args.endpoint)
     if args.token_len < 0:

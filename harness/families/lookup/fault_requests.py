@@ -30,7 +30,7 @@ from pydantic import Field
 
 from connector_patch.lookup.protocol import MAX_TOKEN_LEN, Code, ProtocolError, decode_reply, encode_u32
 
-from .base import Duration, Fault, FaultContext, FaultParams, register
+from faults.base import Duration, Fault, FaultContext, FaultParams, register
 
 RequestKind = Literal["frame_count", "int_width", "bad_msgpack", "bad_group_ids", "non_hex_hashes",
                       "oversized_token_len", "hbm_over_token_len", "too_many_hashes"]
@@ -100,6 +100,7 @@ class MalformedRequests(Fault):
     """Malformed lookup requests sent to the real server; every one must get exactly one error envelope."""
 
     name = "malformed_requests"
+    family = "lookup"
     categories = ()  # the workload's own lookups are not affected
 
     class Params(FaultParams):

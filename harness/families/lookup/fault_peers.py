@@ -17,22 +17,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .base import Duration, Fault, FaultContext, FaultParams, register
-
-
-def delay_categories(ctx: FaultContext, delay_s: float, *, over: tuple[str, ...] = ("timeout",)) -> tuple[str, ...]:
-    """What a delay of ``delay_s`` (backend or interposer; not a peer swap, see above) is expected
-    to cause in the hardened client's counters.
-
-    When the topology tells the client deadline (``ctx.deadline``, seconds; optional), a delay
-    under half of it is expected to cause nothing (returns ``()``, "no expectation"); otherwise,
-    or when the deadline is unknown, ``over``. Near the deadline the outcome depends on
-    scheduling noise, so "may time out" is the honest expectation there.
-    """
-    deadline = getattr(ctx, "deadline", None)
-    if isinstance(deadline, (int, float)) and deadline > 0 and delay_s < deadline / 2:
-        return ()
-    return over
+from faults.base import Duration, Fault, FaultContext, FaultParams, delay_categories, register  # noqa: F401
 
 
 def _positive_delay(v: float) -> float:
@@ -43,6 +28,8 @@ def _positive_delay(v: float) -> float:
 
 class _SwapFault(Fault):
     """Swap the server for a fake peer while the fault is active."""
+
+    family = "lookup"
 
     def __init__(self, params: FaultParams, ctx: FaultContext):
         super().__init__(params, ctx)

@@ -20,9 +20,9 @@ from connector_patch.lookup.protocol import LookupRequest
 
 from faults.nodeio import read_hashes
 
-from .endpoints import check_endpoint
-from .errors import UsageError
-from .nodeutil import announce_ready, setup_logging, stop_event
+from harness.endpoints import check_endpoint
+from harness.errors import UsageError
+from harness.nodeutil import announce_ready, setup_logging, stop_event
 
 
 def read_preload(path: str, what: str = "--preload") -> list[str]:

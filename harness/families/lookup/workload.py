@@ -27,8 +27,8 @@ from typing import Any
 from connector_patch.lookup.backend import prefix_hit_tokens
 from faults.control import process_stats
 
-from .journal import JournalWriter
-from .nodeutil import setup_logging
+from harness.journal import JournalWriter
+from harness.nodeutil import setup_logging
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from .errors import UsageError
+    from harness.errors import UsageError
 
     try:
         with open(args.config, encoding="utf-8") as fh:

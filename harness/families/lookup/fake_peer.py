@@ -61,7 +61,7 @@ from connector_patch.lookup.protocol import (
     encode_ok,
 )
 
-from .nodeio import NodeUsageError, check_endpoint, read_hashes, stop_on_signals  # noqa: F401 - used by interposer too
+from faults.nodeio import NodeUsageError, check_endpoint, read_hashes, stop_on_signals  # noqa: F401 - used by interposer too
 
 logger = logging.getLogger("faults.fake_peer")
 
@@ -335,7 +335,7 @@ def run_node(args: argparse.Namespace) -> int:
         except zmq.ZMQError as exc:
             return usage_exit(f"--endpoint: cannot bind {args.endpoint!r}: {exc.strerror}")
         if args.control:
-            from .control import ControlServer
+            from faults.control import ControlServer
 
             try:
                 control = ControlServer(args.control, stats=peer.stats)

@@ -16,11 +16,12 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from .base import Duration, Fault, FaultContext, FaultParams, register
-from .peers import delay_categories
+from faults.base import Duration, Fault, FaultContext, FaultParams, register
+from faults.base import delay_categories
 
 
 class _BackendFault(Fault):
+    family = "lookup"
     mode: ClassVar[str]
 
     def __init__(self, params: FaultParams, ctx: FaultContext):

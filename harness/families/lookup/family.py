@@ -1,0 +1,72 @@
+"""The lookup family's definition (see the package docstring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.family import Family
+
+from .nodes import NODE_KINDS
+from .spec import LookupTopology as TopologySpec
+from .spec import LookupWorkload
+
+PKG = __name__.rsplit(".", 1)[0]
+
+
+class LookupFamily(Family):
+    name = "lookup"
+    description = "AscendStore lookup RPC: scheduler -> worker rank 0 over ZMQ REQ/REP"
+    targets = ("hardened", "legacy")
+    baseline_target = "legacy"
+    Topology = TopologySpec
+    Workload = LookupWorkload
+    fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests")
+    check_modules = (f"{PKG}.checks",)
+    primary_ops = ("lookup",)
+    node_kinds = NODE_KINDS
+    bench_module = f"{PKG}.bench"
+    fuzz_module = f"{PKG}.fuzz"
+    commands = {"lookup": (f"{PKG}.cli_lookup", "send one lookup and print the result as JSON")}
+    # a block hash is 64 hex digits; any 32+ hex-digit run in a log is treated as one
+    log_pattern = r"[0-9a-fA-F]{32,}"
+
+    def validate(self, scenario: Any) -> None:
+        if scenario.workload.reset_at is not None and "legacy" in scenario.targets:
+            raise ValueError("workload.reset_at: the legacy protocol has no reset; use targets: [hardened]")
+
+    def requirements(self, scenario: Any) -> set[str]:
+        link = scenario.topology.link
+        return {"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set()
+
+    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
+        link = scenario.topology.link
+        if "interposer" in needs and link != "interposer":
+            return "a fault needs topology.link: interposer"
+        if "toxiproxy" in needs and link != "toxiproxy":
+            return "a toxic fault needs topology.link: toxiproxy"
+        if "netns" in needs and link != "netns":
+            return "a partition fault needs topology.link: netns"
+        return None
+
+    def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
+        if target != "legacy":
+            return {}
+        why = "the legacy model keeps no counters"
+        out = {"metrics_match": "the legacy client keeps no failure counters"}
+        if not any(f.type == "malformed_requests" for f in scenario.faults):
+            out["exactly_one_reply"] = f"{why}, and no malformed_requests fault counts replies itself"
+        return out
+
+    def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any]):
+        from .topology import LookupTopology
+
+        return LookupTopology(scenario, target, run_dir, record, services)
+
+    def log_secrets(self, run_dir: Path) -> list[str]:
+        p = run_dir / "preload.txt"
+        return p.read_text().split() if p.exists() else []
+
+
+FAMILY = LookupFamily()

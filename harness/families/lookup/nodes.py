@@ -1,0 +1,8 @@
+"""The lookup family's node kinds (``pdchaos node KIND``), importable without loading the family."""
+
+NODE_KINDS: dict[str, tuple[str, str]] = {
+    "lookup-server": (f"{__package__}.server_node", "the hardened lookup server (worker rank 0)"),
+    "legacy-server": (f"{__package__}.server_node", "a model of today's upstream lookup server"),
+    "fake-peer": (f"{__package__}.fake_peer", "a misbehaving lookup peer: slow, silent, malformed, legacy"),
+    "workload": (f"{__package__}.workload", "the scheduler side: runs lookups and records them"),
+}

@@ -1,0 +1,63 @@
+"""The lookup family's ``topology:`` and ``workload:`` blocks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from faults.base import Duration
+from harness.family import Spec, WorkloadSpec
+
+
+class LookupTopology(Spec):
+    transport: Literal["ipc", "tcp"] = "ipc"
+    link: Literal["direct", "interposer", "toxiproxy", "netns"] = "direct"
+    block_size: int = Field(16, ge=1, le=4096)
+    groups: int = Field(1, ge=1, le=16)
+    preload_blocks: int = Field(64, ge=1, le=100_000)
+    backend_timeout: Duration = Field(4.0, description="the hardened server's backend_timeout_ms")
+
+    @model_validator(mode="after")
+    def _links(self) -> "LookupTopology":
+        if self.link in ("toxiproxy", "netns") and self.transport != "tcp":
+            raise ValueError(f"link {self.link!r} needs transport: tcp")
+        return self
+
+
+class Mix(Spec):
+    full: int = Field(3, ge=0)
+    partial: int = Field(2, ge=0)
+    miss: int = Field(1, ge=0)
+    hbm: int = Field(1, ge=0)
+    multigroup: int = Field(1, ge=0)
+
+    @model_validator(mode="after")
+    def _some(self) -> "Mix":
+        if sum(self.model_dump().values()) == 0:
+            raise ValueError("at least one op kind needs a positive weight")
+        return self
+
+
+class LookupWorkload(WorkloadSpec):
+    concurrency: int = Field(2, ge=1, le=64, description="client workers (one REQ client each)")
+    rate: float = Field(40.0, gt=0, le=20_000, description="ops/s over all workers")
+    mix: Mix = Field(default_factory=Mix)
+    prompt_blocks: tuple[int, int] = (2, 12)
+    reset_at: Duration | None = Field(None, description="one admin reset at this time (needs concurrency 1: "
+                                                        "every later op then expects a miss)")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "LookupWorkload":
+        lo, hi = self.prompt_blocks
+        if not 1 <= lo <= hi <= 4096:
+            raise ValueError("prompt_blocks must be [lo, hi] with 1 <= lo <= hi <= 4096")
+        if self.duration <= 0:
+            raise ValueError("duration must be positive")
+        if self.reset_at is not None and (self.concurrency != 1 or self.reset_at >= self.duration):
+            raise ValueError("reset_at needs concurrency: 1 and a time within the duration")
+        return self
+
+    def recovery_gap(self, within: int) -> float:
+        # each worker issues rate/concurrency ops per second
+        return within * self.concurrency / self.rate

@@ -1,0 +1,196 @@
+"""Families: one folder per system under test, plugged into a core that knows none of them.
+
+A family brings everything that is specific to one system (Jepsen's db + client + generator +
+the checkers only it needs): the ``topology:`` and ``workload:`` blocks of its scenario files, its
+targets (the implementations compared, e.g. ``hardened`` and ``legacy``), its node kinds, its
+topology (which nodes run, with which roles), its workload node, its checks and its faults. The
+runner, the journal, the generic checks, the generic faults and the reports work through this
+interface only.
+
+A scenario names its family with ``family:`` (default ``lookup``, so older files stay valid).
+The name is resolved, in this order, to
+
+1. a folder of this package: ``harness.families.<name>``;
+2. an installed plugin: an entry point named ``<name>`` in the group ``pdchaos.families``;
+3. an importable module path (``family: mypkg.myfamily``), e.g. a family kept in a test folder.
+
+The module must define ``FAMILY``, an instance of a :class:`Family` subclass. Adding a family is
+adding files: nothing in the core changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from faults.base import Duration
+
+from .errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .checks import CheckRegistry
+    from .topology import BaseTopology
+
+DEFAULT_FAMILY = "lookup"
+ENTRY_POINT_GROUP = "pdchaos.families"
+
+
+class Spec(BaseModel):
+    """Base of a family's ``topology:`` and ``workload:`` blocks: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkloadSpec(Spec):
+    """Every workload runs for a duration; the fault schedule is validated against it."""
+
+    duration: Duration = Field(3.0, description="how long the workload issues ops")
+
+    def recovery_gap(self, within: int) -> float:
+        """The least time (s) a fault schedule must leave after a window for the ``recovery``
+        check to see ``within`` ops of every worker. Families with paced workers override it."""
+        return 0.0
+
+
+class Family:
+    """The interface a family implements. Class attributes describe it; methods build its parts."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    targets: ClassVar[tuple[str, ...]]
+    # The target whose verdicts are the "before" in reports (today's upstream code, or a model of it).
+    baseline_target: ClassVar[str | None] = None
+    Topology: ClassVar[type[Spec]] = Spec
+    Workload: ClassVar[type[WorkloadSpec]] = WorkloadSpec
+    # Modules that register this family's faults (``faults.base.register`` with ``family = name``)
+    # and its checks (on :attr:`checks`); imported when the family is loaded.
+    fault_modules: ClassVar[tuple[str, ...]] = ()
+    check_modules: ClassVar[tuple[str, ...]] = ()
+    # Generic checks (harness/checks.py) that do not apply to this family at all.
+    skip_generic_checks: ClassVar[tuple[str, ...]] = ()
+    # op ``f`` values that are the workload's main operation (recovery and bounded_return look at
+    # these; other ops, e.g. admin calls, are still checked for stalls)
+    primary_ops: ClassVar[tuple[str, ...]] = ()
+    # ``pdchaos node KIND``: kind -> (module with add_node_arguments/run_node, help); also in the
+    # family's light ``nodes`` module as NODE_KINDS, which node processes read (harness/cmd_node.py)
+    node_kinds: ClassVar[dict[str, tuple[str, str]]] = {}
+    # ``pdchaos bench NAME`` / ``pdchaos fuzz NAME``: module with add_arguments/run, or None
+    bench_module: ClassVar[str | None] = None
+    fuzz_module: ClassVar[str | None] = None
+    # extra top-level commands: name -> (module with add_arguments/run, help)
+    commands: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    def __init__(self) -> None:
+        from .checks import CheckRegistry
+
+        self.checks: CheckRegistry = CheckRegistry(owner=f"family {self.name!r}")
+        self._loaded = False
+
+    # ------------------------------------------------------------------ loading
+    def load(self) -> "Family":
+        """Import the family's fault and check modules (once)."""
+        if not self._loaded:
+            self._loaded = True
+            for module in self.fault_modules + self.check_modules:
+                importlib.import_module(module)
+        return self
+
+    # ------------------------------------------------------------------ scenario rules
+    def validate(self, scenario: Any) -> None:
+        """Rules across blocks (raise ValueError with a message naming the field)."""
+
+    def requirements(self, scenario: Any) -> set[str]:
+        """What this scenario needs from the machine beyond its faults' ``requires``
+        ("toxiproxy", "netns", "root", ...), given its topology."""
+        return set()
+
+    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
+        """A reason the scenario cannot run with this topology (e.g. a fault needs a link the
+        topology does not have), or None."""
+        return None
+
+    def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
+        """Checks that do not apply to this scenario and target, with the reason (they are not
+        run, and reported as not applicable — never as passing)."""
+        return {}
+
+    # ------------------------------------------------------------------ running
+    def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any]) -> "BaseTopology":
+        raise NotImplementedError
+
+    def log_secrets(self, run_dir: Path) -> list[str]:
+        """Strings that must never appear in a log of this run (keys, prompts); log_hygiene."""
+        return []
+
+    log_pattern: ClassVar[str | None] = None
+    """A regex for text that must never appear in a log whatever the run (e.g. a long hex run)."""
+
+    def setup_steps(self) -> list[Any]:
+        """What ``pdchaos setup`` installs for this family (harness/setup.py steps)."""
+        return []
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description, "targets": list(self.targets)}
+
+
+# --------------------------------------------------------------------------- registry
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def _import_family_module(name: str) -> Any:
+    builtin = f"{__package__}.families.{name}"
+    if "." not in name:
+        try:
+            return importlib.import_module(builtin)
+        except ModuleNotFoundError as exc:
+            if exc.name != builtin:
+                raise
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            return None
+        raise
+
+
+def get_family(name: str) -> Family:
+    """The loaded family called ``name``; UsageError naming the known ones otherwise."""
+    if name in _FAMILIES:
+        return _FAMILIES[name]
+    if not isinstance(name, str) or not name or name.startswith(".") or ".." in name:
+        raise UsageError(f"family {name!r}: not a family name")
+    mod = _import_family_module(name)
+    fam = getattr(mod, "FAMILY", None) if mod is not None else None
+    if mod is None:
+        raise UsageError(f"unknown family {name!r}; known: {', '.join(known_families())}")
+    if not isinstance(fam, Family):
+        raise UsageError(f"family {name!r}: module {mod.__name__} defines no FAMILY (a harness.family.Family)")
+    _FAMILIES[name] = fam.load()
+    return fam
+
+
+def builtin_families() -> list[str]:
+    """The family folders of this package (no import)."""
+    return sorted(p.name for p in (Path(__file__).parent / "families").iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists())
+
+
+def known_families() -> list[str]:
+    """Built-in family folders and installed plugins (module-path families are listed once loaded)."""
+    names = set(builtin_families())
+    names |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    names |= set(_FAMILIES)
+    return sorted(names)
+
+
+def all_families() -> list[Family]:
+    return [get_family(n) for n in known_families()]

@@ -24,12 +24,23 @@ KINDS: dict[str, tuple[str, str]] = {
 
 def _family_kinds(name: str) -> dict[str, tuple[str, str]]:
     """A family's node kinds from its light ``nodes`` module (``NODE_KINDS``), without loading the
-    family (pydantic, its faults and checks): node processes start often and must start fast."""
-    module = f"harness.families.{name}" if "." not in name else name
-    try:
-        return dict(importlib.import_module(f"{module}.nodes").NODE_KINDS)
-    except ModuleNotFoundError:
-        return {}
+    family (pydantic, its faults and checks): node processes start often and must start fast.
+    The family module is found as harness/family.py resolves names: built-in folder, then an
+    entry point of the group ``pdchaos.families``, then the name as a module path."""
+    candidates = [f"harness.families.{name}"] if "." not in name else []
+    if "." not in name and not (Path(__file__).parent / "families" / name).is_dir():
+        from importlib.metadata import entry_points
+
+        candidates += [ep.value.split(":")[0] for ep in entry_points(group="pdchaos.families")
+                       if ep.name == name]
+    candidates.append(name)
+    for module in candidates:
+        try:
+            return dict(importlib.import_module(f"{module}.nodes").NODE_KINDS)
+        except ModuleNotFoundError as exc:
+            if not (exc.name and f"{module}.nodes".startswith(exc.name)):
+                raise
+    return {}
 
 
 def all_kinds() -> dict[str, tuple[str, str]]:

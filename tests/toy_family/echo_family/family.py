@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import Field
+
+from faults.base import FaultParams, OnceFault, register
+from harness.checks import CheckInput, CheckResult
+from harness.family import Family, Spec, WorkloadSpec
+from harness.topology import BaseTopology, NodeSpec
+
+from .nodes import NODE_KINDS
+
+
+class EchoTopologySpec(Spec):
+    socket: str = Field("echo.sock", pattern=r"^[a-z.]{1,20}$", description="ipc socket file name")
+
+
+class EchoWorkloadSpec(WorkloadSpec):
+    concurrency: int = Field(1, ge=1, le=8)
+    rate: float = Field(20.0, gt=0, le=1000)
+
+    def recovery_gap(self, within: int) -> float:
+        return within * self.concurrency / self.rate
+
+
+class EchoTopology(BaseTopology):
+    workload_kind = "echo-workload"
+
+    def node_spec(self, role: str) -> NodeSpec:
+        if role == "server":
+            args = ["--endpoint", self.endpoint] + (["--uppercase"] if self.target == "shouting" else [])
+            return NodeSpec("echo-server", args)
+        return super().node_spec(role)
+
+    def start(self) -> None:
+        self.endpoint = f"ipc://{self.tmp}/{self.scenario.topology.socket}"
+        self.start_node("server")
+
+    def workload_config(self) -> dict:
+        w = self.scenario.workload
+        return {"endpoint": self.endpoint, "duration_s": w.duration, "concurrency": w.concurrency, "rate": w.rate,
+                "deadline_ms": int(self.scenario.deadline * 1000), "seed": self.scenario.seed,
+                "shout": self.target == "shouting"}
+
+
+class EchoFamily(Family):
+    name = "echo_family"
+    description = "a toy echo server (tests only)"
+    targets = ("plain", "shouting")
+    baseline_target = "plain"
+    Topology = EchoTopologySpec
+    Workload = EchoWorkloadSpec
+    fault_modules = (__name__,)
+    primary_ops = ("echo",)
+    node_kinds = NODE_KINDS
+    log_pattern = r"SECRET-[0-9]+"
+
+    def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any]) -> BaseTopology:
+        return EchoTopology(scenario, target, run_dir, record, services)
+
+    def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
+        return {"echo_matches": "the shouting target changes the text"} if target == "shouting" else {}
+
+
+FAMILY = EchoFamily()
+
+
+@FAMILY.checks.check("echo_matches")
+def echo_matches(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    ok = [o for o in inp.ops if o.get("phase") == "ok"]
+    wrong = [o for o in ok if o.get("value") != o.get("expected")]
+    if wrong:
+        return CheckResult("", False, f"{len(wrong)} of {len(ok)} echoes differ; op {wrong[0]['id']}")
+    if not ok:
+        return CheckResult("", False, "no echo came back")
+    return CheckResult("", True, f"all {len(ok)} echoes equal what was sent")
+
+
+@register
+class EchoGarble(OnceFault):
+    """The server garbles every reply while active."""
+
+    name = "echo_garble"
+    family = "echo_family"
+    Params = FaultParams
+
+    def inject(self) -> None:
+        self.ctx.control("server", "garble", on=True)
+
+    def heal(self) -> None:
+        self.ctx.control("server", "garble", on=False)

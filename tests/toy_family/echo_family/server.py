@@ -1,0 +1,47 @@
+"""Node ``echo-server``: a REP socket that sends back what it receives."""
+
+from __future__ import annotations
+
+import argparse
+
+import zmq
+
+from faults.control import ControlServer
+from harness.nodeutil import announce_ready, stop_event
+
+
+def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--control")
+    p.add_argument("--uppercase", action="store_true")
+
+
+def run_node(args: argparse.Namespace) -> int:
+    stop = stop_event()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(args.endpoint)
+    state = {"garble": False, "requests": 0, "replies": 0}
+    control = None
+    if args.control:
+        control = ControlServer(args.control, stats=lambda: {"counters": {k: v for k, v in state.items()
+                                                                          if k != "garble"}})
+        control.add("garble", lambda m: state.update(garble=bool(m.get("on"))) or {})
+        control.start()
+    announce_ready()
+    try:
+        while not stop.is_set():
+            if not sock.poll(100):
+                continue
+            msg = sock.recv()
+            state["requests"] += 1
+            out = msg.upper() if args.uppercase else msg
+            sock.send(out[::-1] if state["garble"] else out)
+            state["replies"] += 1
+    finally:
+        if control is not None:
+            control.close()
+        sock.close(0)
+        ctx.term()
+    return 0

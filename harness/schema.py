@@ -34,9 +34,6 @@ from .checks import checks_for
 from .errors import UsageError
 from .family import DEFAULT_FAMILY, Family, get_family, known_families
 
-VERDICTS = ("pass", "fail", "stall")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -193,9 +193,9 @@ def test_bad_input_exits_2_with_one_line(args, what):
 
 
 @pytest.mark.timeout(30)
-def test_unknown_target_exits_2():
+def test_unknown_family_exits_2():
     r = _cli("fuzz", "nothing", "--endpoint", "ipc:///tmp/pdc-x", "--requests", "1")
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "invalid choice" in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "unknown family 'nothing'" in r.stderr
 
 
 # --------------------------------------------------------------------------- the generator

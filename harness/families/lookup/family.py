@@ -8,8 +8,7 @@ from typing import Any, Callable
 from harness.family import Family
 
 from .nodes import NODE_KINDS
-from .spec import LookupTopology as TopologySpec
-from .spec import LookupWorkload
+from .spec import LookupTopologySpec, LookupWorkloadSpec
 
 PKG = __name__.rsplit(".", 1)[0]
 
@@ -19,8 +18,8 @@ class LookupFamily(Family):
     description = "AscendStore lookup RPC: scheduler -> worker rank 0 over ZMQ REQ/REP"
     targets = ("hardened", "legacy")
     baseline_target = "legacy"
-    Topology = TopologySpec
-    Workload = LookupWorkload
+    Topology = LookupTopologySpec
+    Workload = LookupWorkloadSpec
     fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("lookup",)

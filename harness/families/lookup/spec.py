@@ -10,7 +10,7 @@ from faults.base import Duration
 from harness.family import Spec, WorkloadSpec
 
 
-class LookupTopology(Spec):
+class LookupTopologySpec(Spec):
     transport: Literal["ipc", "tcp"] = "ipc"
     link: Literal["direct", "interposer", "toxiproxy", "netns"] = "direct"
     block_size: int = Field(16, ge=1, le=4096)
@@ -19,7 +19,7 @@ class LookupTopology(Spec):
     backend_timeout: Duration = Field(4.0, description="the hardened server's backend_timeout_ms")
 
     @model_validator(mode="after")
-    def _links(self) -> "LookupTopology":
+    def _links(self) -> "LookupTopologySpec":
         if self.link in ("toxiproxy", "netns") and self.transport != "tcp":
             raise ValueError(f"link {self.link!r} needs transport: tcp")
         return self
@@ -39,7 +39,7 @@ class Mix(Spec):
         return self
 
 
-class LookupWorkload(WorkloadSpec):
+class LookupWorkloadSpec(WorkloadSpec):
     concurrency: int = Field(2, ge=1, le=64, description="client workers (one REQ client each)")
     rate: float = Field(40.0, gt=0, le=20_000, description="ops/s over all workers")
     mix: Mix = Field(default_factory=Mix)
@@ -48,7 +48,7 @@ class LookupWorkload(WorkloadSpec):
                                                         "every later op then expects a miss)")
 
     @model_validator(mode="after")
-    def _ranges(self) -> "LookupWorkload":
+    def _ranges(self) -> "LookupWorkloadSpec":
         lo, hi = self.prompt_blocks
         if not 1 <= lo <= hi <= 4096:
             raise ValueError("prompt_blocks must be [lo, hi] with 1 <= lo <= hi <= 4096")

@@ -2,7 +2,8 @@
 
 Models vllm-ascend main at commit 182b75ea (2026-08-22; same lookup code as the PyPI release
 0.23.0.post1), ``ascend_store/pool_scheduler.py`` ``LookupKeyClient`` and
-``ascend_store_connector.py`` ``LookupKeyServer``, as described in ``shared/upstream-facts.md`` §1:
+``ascend_store_connector.py`` ``LookupKeyServer`` (both under
+``vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store/``), read at that commit:
 
 - reply: one frame, the hit count as u32 big-endian; a backend exception is folded into 0;
 - client: REQ, created lazily, no SNDTIMEO/RCVTIMEO/poller: ``recv`` blocks forever;

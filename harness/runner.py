@@ -249,10 +249,14 @@ class _ScenarioRun:
         leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive] + topo.leftovers()
         if leftovers:
             topo.event("leftovers", what_left=leftovers)
-        if self.part.exists():
-            for rec in read_journal(self.part):
-                jw.write(rec)
-            self.part.unlink()
+        # every node may write its own part of the journal (the workload writes its ops): merge
+        # the parts by time into the one journal
+        parts = sorted(self.part.parent.glob("*.part.jsonl"))
+        merged = [rec for part in parts for rec in read_journal(part)]
+        for rec in sorted(merged, key=lambda r: r.get("t", 0.0)):
+            jw.write(rec)
+        for part in parts:
+            part.unlink()
         jw.flush()
         stalled = sum(1 for o in J.ops(read_journal(jw.path)) if o.get("outcome") == "stalled")
         jw.write({"type": "end", "t": time.monotonic(), "reason": reason, "stalled": stalled})

@@ -64,18 +64,25 @@ class NodeSpec:
     side: str = "b"  # with a netns link: "a" (client side) or "b" (server side)
     control: bool = True  # answers the control channel (stats, and the node's own commands)
     ready_timeout_s: float = 10.0
+    endpoints: dict[str, str] = field(default_factory=dict)  # name -> address, for faults and reports
 
 
 @dataclass
 class Node:
+    """A running node: its role, kind, process (and log), control channel and endpoints."""
+
     role: str
     kind: str
     proc: ProcHandle
     control_ep: str | None
     client: ControlClient | None
+    endpoints: dict[str, str] = field(default_factory=dict)
     baseline: dict | None = None
     frozen: bool = False
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def log(self) -> str | None:
+        return self.proc.log_path
 
 
 class BaseTopology:
@@ -116,6 +123,11 @@ class BaseTopology:
     def start(self) -> None:
         """Start the nodes and links, then return (the workload is started by the runner)."""
         raise NotImplementedError
+
+    def journal_part(self, role: str) -> Path:
+        """Where the node of ``role`` may write its own journal records (observations, state
+        transitions; JSON lines with a ``t``): the runner merges every part by time at the end."""
+        return self.run_dir / f"{role.replace(':', '-')}.part.jsonl"
 
     def workload_args(self, config_path: Path, journal_part: Path) -> list[str]:
         return ["--config", str(config_path), "--journal", str(journal_part)]
@@ -160,7 +172,7 @@ class BaseTopology:
             client = self._clients.get(role)
             if client is None:
                 client = self._clients[role] = ControlClient(ctl)
-        node = Node(role, spec.kind, proc, ctl, client)
+        node = Node(role, spec.kind, proc, ctl, client, dict(spec.endpoints))
         self.nodes[role] = node
         if ctl:
             node.baseline = self.probe(role, "baseline")

@@ -48,7 +48,7 @@ class LookupTopology(BaseTopology):
             kind = SERVER_KIND[self.target]
             if kind == "lookup-server":
                 args += ["--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
-            return NodeSpec(kind, args)
+            return NodeSpec(kind, args, endpoints={"lookup": self.server_endpoint})
         if role == "interposer":
             return NodeSpec("interposer", ["--listen", self._interposer_listen, "--upstream", self.server_endpoint])
         return super().node_spec(role)

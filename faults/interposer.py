@@ -1,4 +1,4 @@
-"""Node ``interposer``: a protocol-aware ZMQ man-in-the-middle between the lookup client and server.
+"""Node ``interposer``: a ZMQ man-in-the-middle between a REQ client and a REP server.
 
 A TCP proxy cannot sit in an ipc link, and it sees bytes, not messages. The interposer sits at
 the ZMQ message level, on ipc or tcp::
@@ -34,9 +34,20 @@ Rules act on the body frames (the part after the delimiter). Each rule::
 ``nth`` counts the messages the rule sees (in its direction; "both" counts both) from 1 and
 matches only the Nth; ``every_nth`` matches N, 2N, ...; ``probability`` draws once per message
 the rule sees. Rules apply in order: ``drop`` ends the list, ``delay`` adds up, ``duplicate``
-adds one copy, ``truncate`` and ``rewrite`` change the frames the next rules see. Named rewrites
-(replies only) are the fake peer's broken replies (faults.fake_peer.REPLY_KINDS) plus
-``legacy4`` (the upstream raw 4-byte reply with the same hit).
+adds one copy, ``truncate`` and ``rewrite`` change the frames the next rules see.
+
+The interposer knows no protocol itself. Named rewrites (replies only) come from a **codec**,
+a module given with ``--codec MODULE`` and imported at start, which provides
+
+* ``NAMED_REWRITES``: ``{name: rewrite(reply_body, info) -> new reply_body}``;
+* optionally ``request_info(request_body) -> info``: what a rewrite needs to know of the request
+  the reply answers (kept per client, from its last request; None without it).
+
+The lookup family's codec is ``harness.families.lookup.wire`` (its broken replies, plus
+``legacy4``, today's upstream raw 4-byte reply with the same hit; ``info`` is the request's
+token_len). A rule naming a rewrite the codec does not have, or any named rewrite when no codec
+was given, is refused when it is set (``--rules``, ``set_rules``, ``add_rule``) with the name and
+the known ones in the error.
 
 Rules are set at start (``--rules JSON`` or ``--rules @file.json``; a list, or ``{"rules": [...]}``)
 and at run time on the control channel: ``set_rules {rules: [...]}`` (replaces all, resets each
@@ -63,40 +74,23 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
-import msgpack
 import zmq
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .base import Duration, FaultParams
-from harness.families.lookup.fake_peer import (  # TODO(codec hook): lookup wire knowledge
-    REPLY_KINDS,
-    NodeUsageError,
-    check_endpoint,
-    malformed_reply,
-    request_token_len,
-    setup_logging,
-    split_envelope,
-    stop_on_signals,
-    unlink_ipc,
-    usage_exit,
-)
+from .nodeio import NodeApp, NodeUsageError, run_node as run_node_process, split_envelope, unlink_ipc
 
 logger = logging.getLogger("faults.interposer")
 
-NAMED_REWRITES = (*REPLY_KINDS, "legacy4")
-NamedRewrite = Literal[
-    "empty", "two_frames", "not_msgpack", "not_map", "missing_key", "extra_key", "wrong_type",
-    "version2", "hit_over", "hit_negative", "legacy4",
-]
-assert set(NamedRewrite.__args__) == set(NAMED_REWRITES)  # type: ignore[attr-defined]
+IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 DIRECTIONS = ("request", "reply")
 STAT_KEYS = ("seen", "forwarded", "dropped", "delayed", "duplicated", "truncated", "rewritten")
 
 _POLL_MS = 50
-_MAX_HEX = 1 << 17  # 64 KiB of replacement bytes is far more than any lookup frame
+_MAX_HEX = 1 << 17  # 64 KiB of replacement bytes: far more than a rewrite needs
 
 
 # --------------------------------------------------------------------------- rules
@@ -128,7 +122,8 @@ class Rewrite(FaultParams):
 
     frame: int = Field(0, ge=-16, le=15, description="body frame index (negative counts from the end)")
     bytes_hex: str | None = Field(None, max_length=_MAX_HEX, description="the new frame, as hex")
-    named: NamedRewrite | None = Field(None, description="a named broken reply (replies only)")
+    named: str | None = Field(None, pattern=IDENTIFIER, max_length=64,
+                              description="a named rewrite of the interposer's codec (replies only)")
 
     @field_validator("bytes_hex")
     @classmethod
@@ -229,6 +224,53 @@ def format_validation_error(exc: ValidationError) -> str:
     return f"{loc + ': ' if loc else ''}{msg}{more}"
 
 
+# --------------------------------------------------------------------------- codec
+
+
+Rewriter = Callable[[list[bytes], Any], list[bytes]]
+
+
+@dataclass(frozen=True)
+class Codec:
+    """The protocol knowledge the named rewrites need (see the module docstring)."""
+
+    module: str | None = None
+    named_rewrites: Mapping[str, Rewriter] = field(default_factory=dict)
+    request_info: Callable[[list[bytes]], Any] | None = None
+
+    def check(self, rule: "Rule") -> None:
+        """ValueError when ``rule`` names a rewrite this codec does not have."""
+        name = rule.rewrite.named if rule.rewrite is not None else None
+        if name is None or name in self.named_rewrites:
+            return
+        if self.module is None:
+            raise ValueError(f"rewrite.named: {name!r} needs a codec; this interposer was started "
+                             "without --codec MODULE")
+        raise ValueError(f"rewrite.named: unknown named rewrite {name!r} (codec {self.module} knows: "
+                         f"{', '.join(self.named_rewrites) or 'none'})")
+
+
+NO_CODEC = Codec()
+
+
+def load_codec(module: str) -> Codec:
+    """Import ``module`` and read its NAMED_REWRITES (and request_info, if any); NodeUsageError
+    naming what is wrong otherwise."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise NodeUsageError(f"--codec: cannot import {module!r}: {exc}") from None
+    named = getattr(mod, "NAMED_REWRITES", None)
+    if not isinstance(named, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in named.items()):
+        raise NodeUsageError(f"--codec: {module} has no NAMED_REWRITES (a dict of name -> callable)")
+    info = getattr(mod, "request_info", None)
+    if info is not None and not callable(info):
+        raise NodeUsageError(f"--codec: {module}.request_info is not callable")
+    return Codec(module, dict(named), info)
+
+
 # --------------------------------------------------------------------------- the rule engine
 
 
@@ -259,29 +301,14 @@ class Decision:
     sends: list[tuple[float, list[bytes]]] = field(default_factory=list)
 
 
-def _reply_hit(body: Sequence[bytes]) -> int:
-    """The hit of a v1 ok reply (or a 4-byte legacy reply); 0 for anything else."""
-    if len(body) == 1:
-        if len(body[0]) == 4:
-            try:
-                msgpack.unpackb(body[0])
-            except Exception:
-                return int.from_bytes(body[0], "big")
-        try:
-            obj = msgpack.unpackb(body[0], raw=False)
-        except Exception:
-            return 0
-        if isinstance(obj, dict) and isinstance(obj.get("hit_tokens"), int):
-            return max(0, obj["hit_tokens"])
-    return 0
-
-
 class RuleEngine:
-    """Pure message-level logic, thread-safe; no sockets here."""
+    """Pure message-level logic, thread-safe; no sockets here. Named rewrites come from ``codec``:
+    rules naming one it does not have are refused (ValueError) by set_rules and add_rule."""
 
-    def __init__(self, rules: Sequence[Rule] = ()):
+    def __init__(self, rules: Sequence[Rule] = (), codec: Codec = NO_CODEC):
         self._lock = threading.Lock()
         self._states: list[_RuleState] = []
+        self.codec = codec
         self.stats: dict[str, dict[str, int]] = {}
         self.reset_stats()
         self.set_rules(rules)
@@ -291,13 +318,21 @@ class RuleEngine:
         return _RuleState(rid, rule, random.Random(rule.seed if rule.seed is not None else 0))
 
     def set_rules(self, rules: Sequence[Rule]) -> None:
-        """Replace every rule (ids "0", "1", ...); counters and random draws start afresh."""
+        """Replace every rule (ids "0", "1", ...); counters and random draws start afresh.
+        ValueError ("rules[i]: ...") if one names an unknown rewrite: then nothing changes."""
+        for i, rule in enumerate(rules):
+            try:
+                self.codec.check(rule)
+            except ValueError as exc:
+                raise ValueError(f"rules[{i}]: {exc}") from None
         states = [self._state(str(i), r) for i, r in enumerate(rules)]
         with self._lock:
             self._states = states
 
     def add_rule(self, rid: str, rule: Rule) -> None:
-        """Append a rule under ``rid`` (replacing one with the same id, in place)."""
+        """Append a rule under ``rid`` (replacing one with the same id, in place). ValueError if it
+        names an unknown rewrite."""
+        self.codec.check(rule)
         st = self._state(rid, rule)
         with self._lock:
             for i, old in enumerate(self._states):
@@ -328,7 +363,8 @@ class RuleEngine:
                            "matched": s.matched} for s in self._states],
             }
 
-    def apply(self, direction: str, body: list[bytes], token_len: int) -> Decision:
+    def apply(self, direction: str, body: list[bytes], info: Any = None) -> Decision:
+        """``info``: the codec's request_info of the request a reply answers (for named rewrites)."""
         with self._lock:
             st = self.stats[direction]
             st["seen"] += 1
@@ -358,7 +394,7 @@ class RuleEngine:
                     rw = rule.rewrite
                     assert rw is not None
                     if rw.named is not None:
-                        body = malformed_reply(rw.named, _reply_hit(body), token_len)
+                        body = self.codec.named_rewrites[rw.named](list(body), info)
                         touched.add("rewritten")
                     elif -len(body) <= rw.frame < len(body):
                         body = list(body)
@@ -379,7 +415,7 @@ class _Client:
     ident: bytes
     dealer: zmq.Socket
     last_active: float
-    token_len: int = 0
+    info: Any = None  # the codec's request_info of this client's last request
     scheduled: int = 0  # timers still holding a message of this client
     fd: int = -1  # the ROUTER-side connection this client's messages came in on
     conn: str | None = None  # readlink of that fd ("socket:[inode]"), to notice when it closes
@@ -395,12 +431,12 @@ def _conn_id(fd: int) -> str | None:
         return None
 
 
-class Interposer:
+class Interposer(NodeApp):
     def __init__(self, listen: str, upstream: str, rules: Sequence[Rule] = (), *,
-                 idle_timeout_s: float = 10.0, max_clients: int = 256):
+                 idle_timeout_s: float = 10.0, max_clients: int = 256, codec: Codec = NO_CODEC):
         self.listen = listen
         self.upstream = upstream
-        self.engine = RuleEngine(rules)
+        self.engine = RuleEngine(rules, codec)
         self.idle_timeout_s = idle_timeout_s
         self.max_clients = max_clients
         self._ctx = zmq.Context()
@@ -443,9 +479,11 @@ class Interposer:
                 raise ValueError("id: expected a non-empty string")
             try:
                 rule = Rule.model_validate(msg.get("rule"))
+                self.engine.add_rule(rid, rule)
             except ValidationError as exc:
                 raise ValueError(f"rule: {format_validation_error(exc)}") from None
-            self.engine.add_rule(rid, rule)
+            except ValueError as exc:  # a named rewrite the codec does not have
+                raise ValueError(f"rule: {exc}") from None
             logger.info("interposer: rule added")
             return {"rules": len(self.engine.snapshot()["rules"])}
 
@@ -541,9 +579,13 @@ class Interposer:
     def _handle(self, direction: str, c: _Client, rest: list[bytes], now: float) -> None:
         split = split_envelope(rest)
         envelope, body = split if split is not None else ([], list(rest))
-        if direction == "request":
-            c.token_len = request_token_len(body)
-        decision = self.engine.apply(direction, body, c.token_len)
+        request_info = self.engine.codec.request_info
+        if direction == "request" and request_info is not None:
+            try:
+                c.info = request_info(body)
+            except Exception:  # a codec that cannot read a message must not stop the interposer
+                c.info = None
+        decision = self.engine.apply(direction, body, c.info)
         for delay, out in decision.sends:
             frames = [*envelope, *out]
             if delay <= 0:
@@ -615,6 +657,13 @@ class Interposer:
         self._ctx.term()
         unlink_ipc(self.listen)
 
+    def ready_message(self) -> str:
+        return f"interposer ready: {len(self.engine.snapshot()['rules'])} rule(s)"
+
+    def stop_message(self) -> str:
+        s = self.stats()
+        return f"interposer stopping: requests={s['request']['seen']} replies={s['reply']['seen']}"
+
 
 # --------------------------------------------------------------------------- node
 
@@ -623,6 +672,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--listen", required=True, help="endpoint the client connects to (bound here)")
     p.add_argument("--upstream", required=True, help="endpoint of the real server")
     p.add_argument("--rules", help='initial rules: JSON (a list, or {"rules": [...]}) or @FILE')
+    p.add_argument("--codec", help="module providing the named rewrites (NAMED_REWRITES, request_info), "
+                                   "e.g. harness.families.lookup.wire")
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--idle-timeout-ms", type=int, default=10_000,
                    help="close a client's upstream socket after this much silence (default 10000)")
@@ -630,7 +681,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--log-level", default="INFO")
 
 
-def _load_rules(text: str) -> list[Rule]:
+def _load_rules(text: str, codec: Codec) -> list[Rule]:
     where = "--rules"
     if text.startswith("@"):
         path = text[1:]
@@ -645,51 +696,25 @@ def _load_rules(text: str) -> list[Rule]:
     except json.JSONDecodeError as exc:
         raise NodeUsageError(f"{where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     try:
-        return parse_rules(value, "rules")
+        rules = parse_rules(value, "rules")
+        RuleEngine(rules, codec)  # a named rewrite the codec does not have is refused here
     except ValueError as exc:
         raise NodeUsageError(f"{where}: {exc}") from None
+    return rules
 
 
 def run_node(args: argparse.Namespace) -> int:
-    try:
-        check_endpoint(args.listen, "--listen")
-        check_endpoint(args.upstream, "--upstream")
-        if args.control:
-            check_endpoint(args.control, "--control")
+    def build() -> Interposer:
         if args.listen == args.upstream:
             raise NodeUsageError("--listen and --upstream must differ")
         if args.idle_timeout_ms <= 0:
             raise NodeUsageError("--idle-timeout-ms: must be a positive integer")
         if not 1 <= args.max_clients <= 4096:
             raise NodeUsageError("--max-clients: must be in [1, 4096]")
-        rules = _load_rules(args.rules) if args.rules else []
-    except NodeUsageError as exc:
-        return usage_exit(str(exc))
-    setup_logging(args.log_level)
-    node = Interposer(args.listen, args.upstream, rules, idle_timeout_s=args.idle_timeout_ms / 1000.0,
-                      max_clients=args.max_clients)
-    stop = stop_on_signals()
-    control = None
-    try:
-        try:
-            node.bind()
-        except zmq.ZMQError as exc:
-            return usage_exit(f"--listen: cannot bind {args.listen!r}: {exc.strerror}")
-        if args.control:
-            from .control import ControlServer
+        codec = load_codec(args.codec) if args.codec else NO_CODEC
+        rules = _load_rules(args.rules, codec) if args.rules else []
+        return Interposer(args.listen, args.upstream, rules, idle_timeout_s=args.idle_timeout_ms / 1000.0,
+                          max_clients=args.max_clients, codec=codec)
 
-            try:
-                control = ControlServer(args.control, handlers=node.handlers(), stats=node.stats)
-            except zmq.ZMQError as exc:
-                return usage_exit(f"--control: cannot bind {args.control!r}: {exc.strerror}")
-            control.start()
-        logger.info("interposer ready: %d rule(s)", len(rules))
-        print("READY", flush=True)
-        node.serve(stop)
-        s = node.stats()
-        logger.info("interposer stopping: requests=%d replies=%d", s["request"]["seen"], s["reply"]["seen"])
-    finally:
-        if control is not None:
-            control.close()
-        node.close()
-    return 0
+    return run_node_process(build, endpoints={"--listen": args.listen, "--upstream": args.upstream},
+                            bind_flag="--listen", control=args.control, log_level=args.log_level)

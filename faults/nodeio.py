@@ -2,14 +2,22 @@
 
 One implementation used by ``faults`` and, through ``harness/endpoints.py`` and
 ``harness/nodeutil.py``, by the harness (faults cannot import harness).
+
+:func:`run_node` is the whole life of a node process, written once: check the endpoints, build
+the node (its own option checks), set up logging, bind (a taken endpoint is one ``error:`` line,
+exit 2), answer the control channel when asked, print ``READY``, serve until SIGTERM/SIGINT (or
+the runner's death), close everything, exit 0. A node is a :class:`NodeApp`.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import signal
+import sys
 import threading
+from typing import Callable, Mapping, Sequence
 
 
 class NodeUsageError(Exception):
@@ -99,3 +107,119 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGINT, handler)
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     return ev
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def split_envelope(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]] | None:
+    """``frames`` without the ROUTER identity -> (envelope up to and including the empty delimiter,
+    body). None when there is no delimiter (a REP socket would discard such a message)."""
+    for i, f in enumerate(frames):
+        if len(f) == 0:
+            return list(frames[: i + 1]), list(frames[i + 1:])
+    return None
+
+
+def unlink_ipc(endpoint: str | None) -> None:
+    """Remove the socket file of an ``ipc://`` endpoint (not of an abstract one); quiet if gone."""
+    if endpoint and endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        try:
+            os.unlink(endpoint[len("ipc://"):])
+        except OSError:
+            pass
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def usage_exit(message: str) -> int:
+    """Bad input, the way the CLI reports it: one ``error:`` line on stderr; returns exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+# --------------------------------------------------------------------------- node lifecycle
+
+
+class NodeApp:
+    """What :func:`run_node` drives. ``bind()`` binds the node's sockets (raises ``zmq.ZMQError``
+    when an endpoint cannot be bound); ``serve(stop)`` serves until ``stop`` is set (default: just
+    waits, for nodes that serve on their own threads); ``close()`` releases everything and is
+    called once ``bind()`` was tried, whatever happened. ``stats()`` and ``handlers()`` are what
+    the control channel answers (``stats`` and the node's own commands)."""
+
+    def bind(self) -> None:
+        raise NotImplementedError
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            pass
+
+    def close(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def handlers(self) -> dict[str, Callable[[dict], dict]]:
+        return {}
+
+    def ready_message(self) -> str | None:
+        """Logged when the node is ready (counts and modes only, never data)."""
+        return None
+
+    def stop_message(self) -> str | None:
+        """Logged when the node stops serving."""
+        return None
+
+
+def run_node(build: Callable[[], NodeApp], *, endpoints: Mapping[str, str | None], bind_flag: str,
+             control: str | None = None, log_level: str = "INFO") -> int:
+    """The life of one node process (see the module docstring); returns its exit code.
+
+    ``endpoints``: option name -> endpoint, each checked (None: not given); ``bind_flag`` names
+    the one the node binds, for the error when it cannot. ``build()`` checks the node's other
+    options (raising :class:`NodeUsageError`) and returns the node, not yet bound. ``control``: the
+    ipc endpoint of the harness control channel, or None."""
+    import zmq  # here, not at import: every CLI command imports this module (harness.errors)
+
+    try:
+        for flag, endpoint in endpoints.items():
+            if endpoint is not None:
+                check_endpoint(endpoint, flag)
+        if control:
+            check_endpoint(control, "--control")
+        app = build()
+    except NodeUsageError as exc:
+        return usage_exit(str(exc))
+    setup_logging(log_level)
+    logger = logging.getLogger(type(app).__module__)
+    stop = stop_on_signals()
+    server = None
+    try:
+        try:
+            app.bind()
+        except zmq.ZMQError as exc:
+            return usage_exit(f"{bind_flag}: cannot bind {endpoints.get(bind_flag)!r}: {exc.strerror}")
+        if control:
+            from .control import ControlServer
+
+            try:
+                server = ControlServer(control, handlers=app.handlers(), stats=app.stats)
+            except zmq.ZMQError as exc:
+                return usage_exit(f"--control: cannot bind {control!r}: {exc.strerror}")
+            server.start()
+        if (msg := app.ready_message()) is not None:
+            logger.info("%s", msg)
+        print("READY", flush=True)
+        app.serve(stop)
+        if (msg := app.stop_message()) is not None:
+            logger.info("%s", msg)
+    finally:
+        if server is not None:
+            server.close()
+        app.close()
+    return 0

@@ -1,10 +1,13 @@
-"""Small helpers every node process uses: signal-driven shutdown and readiness."""
+"""Small helpers every node process uses: signal-driven shutdown, readiness and logging
+(one implementation, in faults/nodeio.py; faults cannot import harness)."""
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
+
+from faults.nodeio import setup_logging
+
+__all__ = ["announce_ready", "setup_logging", "stop_event"]
 
 
 def stop_event() -> threading.Event:
@@ -16,8 +19,3 @@ def stop_event() -> threading.Event:
 
 def announce_ready() -> None:
     print("READY", flush=True)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,5 +1,6 @@
-"""faults/fake_peer.py: each misbehaviour, as a real ``pdchaos node fake-peer`` process, against the
-real hardened LookupClient (and the legacy model's client for the legacy mode), over ipc and tcp.
+"""harness/families/lookup/fake_peer.py: each misbehaviour, as a real ``pdchaos node fake-peer``
+process, against the real hardened LookupClient (and the legacy model's client for the legacy
+mode), over ipc and tcp.
 Nothing is mocked.
 """
 
@@ -21,7 +22,7 @@ import zmq
 from connector_patch.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
 from faults.control import control_call
-from harness.families.lookup.fake_peer import REPLY_KINDS
+from harness.families.lookup.wire import REPLY_KINDS
 from nodes import Node, free_tcp_endpoint
 
 DEADLINE_MS = 200

@@ -3,7 +3,8 @@
 Topology per transport: hardened LookupClient(s) (in this process) -> interposer node process
 (``pdchaos node interposer``) -> a real LookupServer with a MemoryBackend (in this process, on a
 real socket). Rules are switched on the interposer's real control channel between tests.
-Nothing is mocked.
+Nothing is mocked. The named rewrites come from the lookup family's codec (``--codec``), as the
+lookup topology starts it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
 from connector_patch.lookup.protocol import decode_reply, encode_request
 from faults.control import ControlError, control_call
 from nodes import Node, free_tcp_endpoint
+
+CODEC = ["--codec", "harness.families.lookup.wire"]
 
 DEADLINE_MS = 200
 TOLERANCE_S = 0.15  # bounded_return: deadline + this, on 2 noisy cores
@@ -64,7 +67,7 @@ def link(request):
     backend = MemoryBackend(block_size=BLOCK, groups=2)
     backend.put([h.hex() for h in PRELOADED])
     server = LookupServer(upstream, backend, groups=2).start()
-    node = Node("interposer", ["--listen", listen, "--upstream", upstream, "--control", control], workdir)
+    node = Node("interposer", ["--listen", listen, "--upstream", upstream, "--control", control, *CODEC], workdir)
     try:
         node.wait_ready()
         yield {"transport": transport, "listen": listen, "upstream": upstream, "control": control,
@@ -334,9 +337,58 @@ def test_bad_rules_on_control_are_refused_precisely_and_change_nothing(mitm, cli
     with pytest.raises(ControlError, match=r"rule: rewrite.named: only for direction 'reply'"):
         ctl(mitm, "add_rule", id="x", rule={"direction": "request", "action": "rewrite",
                                            "rewrite": {"named": "legacy4"}})
+    # a name the codec does not have: refused with the known ones, on set_rules and add_rule
+    with pytest.raises(ControlError, match=r"rules\[1\]: rewrite.named: unknown named rewrite 'v3' "
+                                           r"\(codec harness.families.lookup.wire knows: empty, two_frames, "):
+        ctl(mitm, "set_rules", rules=[VERSION2, {**VERSION2, "rewrite": {"named": "v3"}}])
+    with pytest.raises(ControlError, match=r"rule: rewrite.named: unknown named rewrite 'v3' .*legacy4\)"):
+        ctl(mitm, "add_rule", id="x", rule={**VERSION2, "rewrite": {"named": "v3"}})
+    with pytest.raises(ControlError, match=r"rule: rewrite.named: String should match pattern"):
+        ctl(mitm, "add_rule", id="x", rule={**VERSION2, "rewrite": {"named": "not a name"}})
     assert len(ctl(mitm, "stats")["rules"]) == 1
     timed_lookup(client, FULL)
     assert client.last_code == "UNSUPPORTED_VERSION"  # the old rule is still the one in force
+
+
+@pytest.mark.timeout(30)
+def test_without_a_codec_named_rewrites_are_refused_and_the_rest_works():
+    """The interposer knows no protocol: without --codec a named rewrite is refused (at start and
+    on the control channel), while byte-level rules still work."""
+    workdir = tempfile.mkdtemp(prefix="pdc")
+    upstream, listen, control = f"ipc://{workdir}/srv", f"ipc://{workdir}/mitm", f"ipc://{workdir}/ctl"
+    backend = MemoryBackend(block_size=BLOCK, groups=1)
+    backend.put([h.hex() for h in PRELOADED])
+    server = LookupServer(upstream, backend).start()
+    node = None
+    try:
+        bad = subprocess.run([sys.executable, "-m", "harness.cli", "node", "interposer", "--listen",
+                              f"ipc://{workdir}/bad", "--upstream", upstream, "--rules", json.dumps([VERSION2])],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2
+        assert bad.stderr.strip() == ("error: --rules: rules[0]: rewrite.named: 'version2' needs a codec; "
+                                      "this interposer was started without --codec MODULE")
+        bad = subprocess.run([sys.executable, "-m", "harness.cli", "node", "interposer", "--listen",
+                              f"ipc://{workdir}/bad", "--upstream", upstream, "--codec", "no_such_codec_mod"],
+                             capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: --codec: cannot import 'no_such_codec_mod'")
+        assert "Traceback" not in bad.stderr
+        node = Node("interposer", ["--listen", listen, "--upstream", upstream, "--control", control], workdir)
+        node.wait_ready()
+        with pytest.raises(ControlError, match=r"rule: rewrite.named: 'version2' needs a codec"):
+            control_call(control, "add_rule", id="x", rule=VERSION2)
+        assert control_call(control, "stats")["rules"] == []
+        control_call(control, "add_rule", id="y", rule={"direction": "reply", "action": "rewrite",
+                                                       "rewrite": {"bytes_hex": "c1"}})
+        with LookupClient(listen, timeout_ms=DEADLINE_MS) as c:
+            assert c.lookup(128, PRELOADED) == 0 and c.last_code == "BAD_REPLY"
+            control_call(control, "remove_rule", id="y")
+            assert c.lookup(128, PRELOADED) == 128
+    finally:
+        if node is not None:
+            assert node.stop() == 0
+        server.close()
+        backend.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- node lifecycle
@@ -358,6 +410,8 @@ def test_node_rules_at_start_sigterm_and_bad_input():
         (["--rules", "[1"], "--rules: not JSON (line 1, column 3"),
         (["--rules", '[{"direction": "sideways", "action": "drop"}]'], "rules[0]: direction: Input should be"),
         (["--upstream", "tcp://192.0.2.1:5555"], "--upstream: 'tcp://192.0.2.1:5555' is not on loopback"),
+        ([*CODEC, "--rules", json.dumps([{**VERSION2, "rewrite": {"named": "v3"}}])],
+         "--rules: rules[0]: rewrite.named: unknown named rewrite 'v3' (codec harness.families.lookup.wire knows: "),
     ]
     procs = []
     node = None
@@ -369,7 +423,8 @@ def test_node_rules_at_start_sigterm_and_bad_input():
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "harness.cli", "node", "interposer", *sum(args.items(), ())],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        node = Node("interposer", ["--listen", listen, "--upstream", upstream, "--rules", "@" + rules_file], workdir)
+        node = Node("interposer", ["--listen", listen, "--upstream", upstream, "--rules", "@" + rules_file, *CODEC],
+                    workdir)
         node.wait_ready()
         with LookupClient(listen, timeout_ms=DEADLINE_MS) as c:
             assert c.lookup(128, PRELOADED) == 0 and c.last_code == "UNSUPPORTED_VERSION"

@@ -7,7 +7,7 @@ would, and answers the lookup RPC wrongly, one way per mode:
                ``--delay-ms`` after the request arrived; a bad request gets the v1 error envelope
                and the admin ``reset`` clears the keys and answers ok, as the real server does.
 ``silent``     receives every request and never answers.
-``malformed``  answers every request with one broken reply, ``--reply KIND`` (see REPLY_KINDS).
+``malformed``  answers every request with one broken reply, ``--reply KIND`` (wire.REPLY_KINDS).
 ``legacy``     today's upstream reply: one raw 4-byte u32 big-endian frame holding the correct hit.
 
 ``--delay-ms`` delays the answer in every answering mode (it is what makes ``slow`` slow).
@@ -26,10 +26,9 @@ When the runner swaps the real server for a fake peer (``ctx.swap_server("fake-p
 the topology appends ``--endpoint``, ``--control``, ``--preload``, ``--block-size`` and
 ``--groups`` itself; the fault passes only the mode-specific arguments.
 
-This module also holds the few node helpers the ``faults`` nodes share (endpoint check, preload
-reader, signal-driven stop): ``faults`` must not import ``harness`` (one-way dependencies), so
-they are small local copies of the same rules, and bad input is reported the way the CLI does
-(one ``error:`` line on stderr, exit 2).
+The broken replies themselves are in ``wire.py`` (shared with the interposer, whose codec it
+is); the node's life (checks, bind, control channel, READY, stop) is ``faults.nodeio.run_node``.
+Bad input is reported the way the CLI does (one ``error:`` line on stderr, exit 2).
 
 Logs carry counts, modes and codes only: never a hash, a key or a frame.
 """
@@ -39,20 +38,14 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import logging
 import math
-import os
-import sys
 import threading
 import time
-from typing import Sequence
 
-import msgpack
 import zmq
 
 from connector_patch.lookup import MemoryBackend
 from connector_patch.lookup.protocol import (
-    PROTOCOL_VERSION,
     RESET_FRAME,
     Limits,
     ProtocolError,
@@ -61,111 +54,22 @@ from connector_patch.lookup.protocol import (
     encode_ok,
 )
 
-from faults.nodeio import NodeUsageError, check_endpoint, read_hashes, stop_on_signals  # noqa: F401 - used by interposer too
+from faults.nodeio import NodeApp, NodeUsageError, read_hashes, run_node as run_node_process, split_envelope, unlink_ipc
 
-logger = logging.getLogger("faults.fake_peer")
+from .wire import REPLY_KINDS, legacy_reply, malformed_reply, request_token_len
 
 MODES = ("slow", "silent", "malformed", "legacy")
 
-# Broken replies, and the client-side code the hardened client must report for each (category
-# "protocol" for all of them). The interposer's named rewrites reuse these, plus "legacy4".
-REPLY_KINDS: dict[str, str] = {
-    "empty": "EMPTY_REPLY",  # one zero-length frame
-    "two_frames": "EXTRA_FRAMES",  # a correct envelope, twice, as two frames of one message
-    "not_msgpack": "BAD_REPLY",  # bytes that are not msgpack (and not 4 long)
-    "not_map": "BAD_REPLY",  # msgpack, but an array
-    "missing_key": "BAD_FIELDS",  # ok envelope without hit_tokens
-    "extra_key": "BAD_FIELDS",  # ok envelope with one more key
-    "wrong_type": "BAD_TYPES",  # hit_tokens as a string
-    "version2": "UNSUPPORTED_VERSION",  # a correct envelope with version 2
-    "hit_over": "HIT_OUT_OF_RANGE",  # hit_tokens = token_len + 1
-    "hit_negative": "HIT_OUT_OF_RANGE",  # hit_tokens = -1
-}
-LEGACY4_CODE = "LEGACY_REPLY"
-
 _POLL_MS = 50
-_U32_MAX = 0xFFFFFFFF
-
-
-# --------------------------------------------------------------------------- broken replies
-
-
-def legacy_reply(hit: int) -> list[bytes]:
-    """Today's upstream reply: the hit as u32 big-endian, one frame."""
-    return [min(max(int(hit), 0), _U32_MAX).to_bytes(4, "big")]
-
-
-def malformed_reply(kind: str, hit: int, token_len: int) -> list[bytes]:
-    """The body frames of one broken reply of ``kind`` (a key of REPLY_KINDS, or "legacy4")."""
-    ok = {"version": PROTOCOL_VERSION, "status": "ok", "hit_tokens": int(hit)}
-    if kind == "empty":
-        return [b""]
-    if kind == "two_frames":
-        return [encode_ok(hit), encode_ok(hit)]
-    if kind == "not_msgpack":
-        return [b"\xc1not-msgpack"]  # 0xc1 is the one byte msgpack never uses
-    if kind == "not_map":
-        return [msgpack.packb([PROTOCOL_VERSION, "ok", int(hit), 0])]
-    if kind == "missing_key":
-        return [msgpack.packb({"version": PROTOCOL_VERSION, "status": "ok"})]
-    if kind == "extra_key":
-        return [msgpack.packb({**ok, "extra": 1})]
-    if kind == "wrong_type":
-        return [msgpack.packb({**ok, "hit_tokens": str(int(hit))})]
-    if kind == "version2":
-        return [msgpack.packb({**ok, "version": PROTOCOL_VERSION + 1})]
-    if kind == "hit_over":
-        return [msgpack.packb({**ok, "hit_tokens": int(token_len) + 1})]
-    if kind == "hit_negative":
-        return [msgpack.packb({**ok, "hit_tokens": -1})]
-    if kind == "legacy4":
-        return legacy_reply(hit)
-    raise ValueError(f"unknown reply kind {kind!r}")
-
-
-def split_envelope(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]] | None:
-    """``frames`` without the ROUTER identity -> (envelope up to and including the empty delimiter,
-    body). None when there is no delimiter (a REP socket would discard such a message)."""
-    for i, f in enumerate(frames):
-        if len(f) == 0:
-            return list(frames[: i + 1]), list(frames[i + 1:])
-    return None
-
-
-def request_token_len(body: Sequence[bytes]) -> int:
-    """token_len of a lookup request when frame 0 is a 4-byte int, else 0."""
-    if len(body) == 4 and len(body[0]) == 4:
-        return int.from_bytes(body[0], "big")
-    return 0
-
-
-# --------------------------------------------------------------------------- node helpers
-
-
-def unlink_ipc(endpoint: str | None) -> None:
-    if endpoint and endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        try:
-            os.unlink(endpoint[len("ipc://"):])
-        except OSError:
-            pass
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def usage_exit(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 # --------------------------------------------------------------------------- the peer
 
 
-class FakePeer:
+class FakePeer(NodeApp):
     """The misbehaving server. ``bind()`` then ``serve(stop_event)`` on one thread; ``set_mode``
-    and ``stats`` are safe from another thread (the control channel's)."""
+    and ``stats`` are safe from another thread (the control channel's). ``close()`` also closes
+    the backend it was given."""
 
     def __init__(self, endpoint: str, mode: str, *, backend: MemoryBackend, delay_ms: int = 0,
                  reply: str | None = None):
@@ -182,6 +86,7 @@ class FakePeer:
         self._timers: list = []  # (due, seq, frames)
         self._seq = itertools.count()
         self.received = self.replied = self.discarded = self.bad_requests = self.send_failed = 0
+        self.preloaded = 0  # keys the backend was loaded with (logged at start: a count, never a key)
 
     def set_mode(self, mode: str, reply: str | None = None, delay_ms: int = 0) -> dict:
         if mode not in MODES:
@@ -289,6 +194,18 @@ class FakePeer:
             self._sock = None
         self._ctx.term()
         unlink_ipc(self.endpoint)
+        self.backend.close()
+
+    def handlers(self) -> dict:
+        return {"set_mode": lambda m: self.set_mode(m.get("mode", ""), m.get("reply"), m.get("delay_ms", 0))}
+
+    def ready_message(self) -> str:
+        return (f"fake peer ready: mode={self.mode} delay_ms={round(self.delay_s * 1000)} "
+                f"preload={self.preloaded}")
+
+    def stop_message(self) -> str:
+        s = self.stats()
+        return f"fake peer stopping: received={s['received']} replied={s['replied']}"
 
 
 # --------------------------------------------------------------------------- node
@@ -307,10 +224,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
 
 def run_node(args: argparse.Namespace) -> int:
-    try:
-        check_endpoint(args.endpoint, "--endpoint")
-        if args.control:
-            check_endpoint(args.control, "--control")
+    def build() -> FakePeer:
         for name in ("block_size", "groups"):
             if getattr(args, name) <= 0:
                 raise NodeUsageError(f"--{name.replace('_', '-')}: must be a positive integer")
@@ -321,37 +235,11 @@ def run_node(args: argparse.Namespace) -> int:
         if not 0 <= args.delay_ms <= 3_600_000:
             raise NodeUsageError("--delay-ms: must be in [0, 3600000]")
         preload = read_hashes(args.preload) if args.preload else []
-    except NodeUsageError as exc:
-        return usage_exit(str(exc))
-    setup_logging(args.log_level)
-    backend = MemoryBackend(block_size=args.block_size, groups=args.groups)
-    backend.put(preload)
-    peer = FakePeer(args.endpoint, args.mode, backend=backend, delay_ms=args.delay_ms, reply=args.reply)
-    stop = stop_on_signals()
-    control = None
-    try:
-        try:
-            peer.bind()
-        except zmq.ZMQError as exc:
-            return usage_exit(f"--endpoint: cannot bind {args.endpoint!r}: {exc.strerror}")
-        if args.control:
-            from faults.control import ControlServer
+        backend = MemoryBackend(block_size=args.block_size, groups=args.groups)
+        backend.put(preload)
+        peer = FakePeer(args.endpoint, args.mode, backend=backend, delay_ms=args.delay_ms, reply=args.reply)
+        peer.preloaded = len(preload)
+        return peer
 
-            try:
-                control = ControlServer(args.control, stats=peer.stats)
-            except zmq.ZMQError as exc:
-                return usage_exit(f"--control: cannot bind {args.control!r}: {exc.strerror}")
-            control.add("set_mode", lambda m: peer.set_mode(m.get("mode", ""), m.get("reply"),
-                                                            m.get("delay_ms", 0)))
-            control.start()
-        logger.info("fake peer ready: mode=%s delay_ms=%d preload=%d", args.mode, args.delay_ms, len(preload))
-        print("READY", flush=True)
-        peer.serve(stop)
-        s = peer.stats()
-        logger.info("fake peer stopping: received=%d replied=%d", s["received"], s["replied"])
-    finally:
-        if control is not None:
-            control.close()
-        peer.close()
-        backend.close()
-    return 0
+    return run_node_process(build, endpoints={"--endpoint": args.endpoint}, bind_flag="--endpoint",
+                            control=args.control, log_level=args.log_level)

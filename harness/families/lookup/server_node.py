@@ -2,7 +2,8 @@
 
 Both hold a MemoryBackend, optionally preloaded (one block-hash hex per line, present in every
 group). With ``--control`` the backend can be made to fail at run time (``backend_fault``), which
-is how the runner injects backend faults into a real server process.
+is how the runner injects backend faults into a real server process. The node's life (checks,
+bind, control channel, READY, stop) is ``faults.nodeio.run_node``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,12 @@ import argparse
 import threading
 import time
 
-import zmq
-
 from connector_patch.legacy import LegacyLookupServer
 from connector_patch.lookup import LookupServer, MemoryBackend
 from connector_patch.lookup.backend import Backend
 from connector_patch.lookup.protocol import LookupRequest
 
-from faults.nodeio import read_hashes
-
-from harness.endpoints import check_endpoint
-from harness.errors import UsageError
-from harness.nodeutil import announce_ready, setup_logging, stop_event
+from faults.nodeio import NodeApp, NodeUsageError, read_hashes, run_node as run_node_process
 
 
 def read_preload(path: str, what: str = "--preload") -> list[str]:
@@ -82,50 +77,48 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
         p.add_argument("--backend-timeout-ms", type=int, default=4000)
 
 
-def run_node(args: argparse.Namespace) -> int:
-    check_endpoint(args.endpoint)
-    if args.control:
-        check_endpoint(args.control, "--control")
-    for name in ("block_size", "groups"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')}: must be a positive integer")
-    preload = read_preload(args.preload) if args.preload else []
-    setup_logging(args.log_level)
-    memory = MemoryBackend(block_size=args.block_size, groups=args.groups)
-    memory.put(preload)
-    backend = FaultyBackend(memory)
-    stop = stop_event()
-    try:
-        if args.kind == "lookup-server":
-            if args.backend_timeout_ms <= 0:
-                raise UsageError("--backend-timeout-ms: must be a positive integer")
-            server = LookupServer(args.endpoint, backend, groups=args.groups,
-                                  backend_timeout_ms=args.backend_timeout_ms)
+class ServerNode(NodeApp):
+    """A lookup server (hardened or the legacy model) over a FaultyBackend, as one node."""
+
+    def __init__(self, kind: str, endpoint: str, memory: MemoryBackend, *, groups: int, backend_timeout_ms: int):
+        self.backend = FaultyBackend(memory)
+        if kind == "lookup-server":
+            self.server: LookupServer | LegacyLookupServer = LookupServer(
+                endpoint, self.backend, groups=groups, backend_timeout_ms=backend_timeout_ms)
         else:
-            server = LegacyLookupServer(args.endpoint, backend)
-        server.start()
-    except zmq.ZMQError as exc:
-        raise UsageError(f"--endpoint: cannot bind {args.endpoint!r}: {exc.strerror}") from None
-    control = None
-    try:
-        if args.control:
-            from faults.control import ControlServer
+            self.server = LegacyLookupServer(endpoint, self.backend)
 
-            def stats() -> dict:
-                if isinstance(server, LookupServer):
-                    return {"counters": server.counters, "alive": server._thread is not None and server._thread.is_alive()}
-                return {"counters": {}, "alive": server.alive}
+    def bind(self) -> None:
+        self.server.start()  # binds (zmq.ZMQError when it cannot), then serves on its own thread
 
-            control = ControlServer(args.control, stats=stats)
-            control.add("backend_fault", lambda m: backend.set(m.get("mode", "none"), int(m.get("delay_ms", 0))) or {})
-            control.start()
-        announce_ready()
-        while not stop.wait(0.2):
-            pass
-    finally:
-        backend.set("none")
-        if control is not None:
-            control.close()
-        server.close()
-        backend.close()
-    return 0
+    def stats(self) -> dict:
+        server = self.server
+        if isinstance(server, LookupServer):
+            return {"counters": server.counters, "alive": server._thread is not None and server._thread.is_alive()}
+        return {"counters": {}, "alive": server.alive}
+
+    def handlers(self) -> dict:
+        backend = self.backend
+        return {"backend_fault": lambda m: backend.set(m.get("mode", "none"), int(m.get("delay_ms", 0))) or {}}
+
+    def close(self) -> None:
+        self.backend.set("none")  # a hung backend call returns now, so the server closes at once
+        self.server.close()
+        self.backend.close()
+
+
+def run_node(args: argparse.Namespace) -> int:
+    def build() -> ServerNode:
+        for name in ("block_size", "groups"):
+            if getattr(args, name) <= 0:
+                raise NodeUsageError(f"--{name.replace('_', '-')}: must be a positive integer")
+        timeout_ms = getattr(args, "backend_timeout_ms", 4000)
+        if timeout_ms <= 0:
+            raise NodeUsageError("--backend-timeout-ms: must be a positive integer")
+        preload = read_preload(args.preload) if args.preload else []
+        memory = MemoryBackend(block_size=args.block_size, groups=args.groups)
+        memory.put(preload)
+        return ServerNode(args.kind, args.endpoint, memory, groups=args.groups, backend_timeout_ms=timeout_ms)
+
+    return run_node_process(build, endpoints={"--endpoint": args.endpoint}, bind_flag="--endpoint",
+                            control=args.control, log_level=args.log_level)

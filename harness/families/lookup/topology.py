@@ -50,7 +50,9 @@ class LookupTopology(BaseTopology):
                 args += ["--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
             return NodeSpec(kind, args, endpoints={"lookup": self.server_endpoint})
         if role == "interposer":
-            return NodeSpec("interposer", ["--listen", self._interposer_listen, "--upstream", self.server_endpoint])
+            # the lookup wire knowledge (named rewrites) is this family's codec: faults know no protocol
+            return NodeSpec("interposer", ["--listen", self._interposer_listen, "--upstream", self.server_endpoint,
+                                           "--codec", f"{__package__}.wire"])
         return super().node_spec(role)
 
     def start(self) -> None:

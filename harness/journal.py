@@ -39,11 +39,6 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-OP_KINDS = ("full", "partial", "miss", "hbm", "multigroup")
-OUTCOMES = ("ok", "timeout", "transport", "protocol", "server_error", "backend_error", "bad_call",
-            "raised", "stalled")
-
-
 class JournalWriter:
     """Append-only, line-buffered, thread-safe. Every line is flushed so a crash loses nothing."""
 

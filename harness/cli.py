@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("harness.cmd_report", "regenerate plots and summaries of a saved run"),
     "compare": ("harness.cmd_compare", "compare two runs"),
     "doctor": ("harness.cmd_doctor", "list the tools present and what their absence disables"),
+    "setup": ("harness.cmd_setup", "install what the families' scenarios need (idempotent; toxiproxy-server, iptables)"),
     "node": ("harness.cmd_node", "run one node of a topology (any family's node kinds)"),
     "fuzz": ("harness.cmd_fuzz", "fuzz a live node of a family: pdchaos fuzz FAMILY ..."),
     "bench": ("harness.cmd_bench", "benchmark a family's normal path, its targets side by side"),

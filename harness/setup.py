@@ -1,0 +1,324 @@
+"""``pdchaos setup``'s steps: install what every installed family's scenarios need, idempotently.
+
+A **step** is any object with
+
+* ``name: str`` — short and unique (``--only NAME`` selects it; a later step with a name already
+  listed is the same thing and is not run twice);
+* ``check() -> str | None`` — is it already there? A short status (``"v2.12.0 at /usr/local/bin/x"``)
+  when it is, None when it is not. Read-only and fast (every subprocess with a timeout);
+* ``install() -> str`` — get it; returns one line saying what was done. When it cannot, it raises
+  :class:`StepFailed` ``(why, how)``: why it could not, and how to do it by hand (one line each);
+* optionally ``plan() -> str`` — what ``install()`` would do (``--dry-run`` prints it); raises
+  :class:`StepFailed` like ``install()`` when it already knows it cannot (not root, no Go).
+
+After ``install()`` the runner calls ``check()`` again: a step is done only when ``check()`` says so.
+Any other exception from a step is reported as that step failing (one line, no traceback).
+
+Core steps: ``toxiproxy-server`` (pinned v2.12.0, built with Go by ``scripts/install-toxiproxy.sh``),
+``iptables`` and ``iproute2`` (``ip``, ``tc``; apt-get, as root). A family adds its own by returning
+step objects from :meth:`harness.family.Family.setup_steps`, e.g. ``[AptStep("socat", "socat",
+("socat",))]`` or an instance of its own class with the three members above.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+SCRIPT = Path(__file__).parent / "scripts" / "install-toxiproxy.sh"
+GO_BUILD_TIMEOUT_S = 900.0
+APT_UPDATE_TIMEOUT_S = 300.0
+APT_INSTALL_TIMEOUT_S = 600.0
+
+
+class StepFailed(Exception):
+    """``install()`` could not do it: ``why`` (the reason) and ``how`` (doing it by hand)."""
+
+    def __init__(self, why: str, how: str = "") -> None:
+        super().__init__(why)
+        self.why, self.how = why, how
+
+
+def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with a timeout; StepFailed (with the last output line) when it fails."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise StepFailed(f"`{' '.join(cmd)}` did not finish within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise StepFailed(f"`{cmd[0]}` could not run: {exc.strerror or exc}") from None
+    if res.returncode != 0:
+        lines = [ln.strip() for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip()]
+        raise StepFailed(f"`{' '.join(cmd)}` exited {res.returncode}" + (f": {lines[0]}" if lines else ""))
+    return res
+
+
+# --------------------------------------------------------------------------- toxiproxy-server
+
+class ToxiproxyStep:
+    """toxiproxy-server at the pinned version, built from source with Go (the only way that needs
+    nothing but the Go module proxy); without Go, the failure names the other ways."""
+
+    name = "toxiproxy-server"
+
+    def __init__(self, go_search: Iterable[str] | None = None) -> None:
+        # None: go on PATH, then /usr/local/go/bin/go and ~/go/bin/go; else only these paths
+        self.go_search = None if go_search is None else tuple(go_search)
+
+    @property
+    def pin(self) -> str:
+        from faults.toxiproxy import PINNED_VERSION
+
+        return PINNED_VERSION
+
+    def check(self) -> str | None:
+        from faults.toxiproxy import binary_version, find_binary
+
+        path = find_binary()
+        if path is None:
+            return None
+        version = binary_version(path)
+        return f"v{version} at {path}" if version == self.pin else None
+
+    def find_go(self) -> str | None:
+        if self.go_search is None:
+            cands = [shutil.which("go") or "", "/usr/local/go/bin/go", os.path.expanduser("~/go/bin/go")]
+        else:
+            cands = list(self.go_search)
+        return next((c for c in cands if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+
+    def how(self, have_go: bool = False) -> str:
+        arch = {"aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "amd64")
+        url = f"https://github.com/Shopify/toxiproxy/releases/tag/v{self.pin}"
+        first = ("let Go reach its module proxy (proxy.golang.org) and rerun `pdchaos setup`" if have_go
+                 else "install Go and rerun `pdchaos setup`")
+        return (f"{first}; or take toxiproxy-server-linux-{arch} from {url}, "
+                f"chmod +x it and put it on PATH as toxiproxy-server (or set PDCHAOS_TOXIPROXY_SERVER to it); "
+                f"or install the .deb from the same release; or copy it out of ghcr.io/shopify/toxiproxy:{self.pin}")
+
+    def _blocker(self) -> StepFailed | None:
+        from faults.toxiproxy import ENV_BINARY
+
+        env = os.environ.get(ENV_BINARY)
+        if env:
+            return StepFailed(f"${ENV_BINARY}={env} is not an executable toxiproxy-server v{self.pin} "
+                              "(an explicit choice: nothing is installed over it)",
+                              f"point ${ENV_BINARY} at a toxiproxy-server v{self.pin}, or unset it and rerun "
+                              "`pdchaos setup`")
+        if self.find_go() is None:
+            return StepFailed(f"Go is not installed, so toxiproxy-server v{self.pin} cannot be built here",
+                              self.how())
+        return None
+
+    def plan(self) -> str:
+        blocker = self._blocker()
+        if blocker is not None:
+            raise blocker
+        return f"build v{self.pin} with {self.find_go()} (bash {SCRIPT.name})"
+
+    def install(self) -> str:
+        blocker = self._blocker()
+        if blocker is not None:
+            raise blocker
+        if not SCRIPT.is_file():
+            raise StepFailed(f"{SCRIPT} is missing (a broken install of pd-chaos)",
+                             "reinstall: python3 -m pip install -e '.[dev]'")
+        go = self.find_go()
+        env = {**os.environ, "PATH": f"{os.path.dirname(go)}{os.pathsep}{os.environ.get('PATH', '')}"}
+        try:
+            res = _run(["bash", str(SCRIPT)], GO_BUILD_TIMEOUT_S, env=env)
+        except StepFailed as exc:
+            raise StepFailed(exc.why, self.how(have_go=True)) from None
+        done = [ln for ln in res.stdout.splitlines() if "installed toxiproxy-server" in ln]
+        where = done[-1].split(" at ", 1)[-1].strip() if done else "?"
+        if self.check() is None:
+            raise StepFailed(f"built and installed at {where}, but it is not the toxiproxy-server found "
+                             "(not on PATH, or an older one comes first)",
+                             f"put {where} first on PATH, or set PDCHAOS_TOXIPROXY_SERVER={where}")
+        return f"installed v{self.pin} at {where}"
+
+
+# --------------------------------------------------------------------------- apt packages
+
+_apt_updated = False
+
+
+class AptStep:
+    """Debian/Ubuntu package ``package`` providing the commands ``tools``; installed as root only."""
+
+    def __init__(self, name: str, package: str, tools: Iterable[str]) -> None:
+        self.name, self.package, self.tools = name, package, tuple(tools)
+
+    def missing(self) -> list[str]:
+        return [t for t in self.tools if shutil.which(t) is None]
+
+    def check(self) -> str | None:
+        if self.missing():
+            return None
+        return ", ".join(shutil.which(t) or t for t in self.tools)
+
+    def how(self) -> str:
+        return f"as root: apt-get update && apt-get install -y {self.package} (or this system's package manager)"
+
+    def _blocker(self) -> StepFailed | None:
+        need = ", ".join(self.missing()) or "it"
+        if os.geteuid() != 0:
+            return StepFailed(f"{need} not found and not root, so apt-get cannot install {self.package}", self.how())
+        if shutil.which("apt-get") is None:
+            return StepFailed(f"{need} not found and there is no apt-get", self.how())
+        return None
+
+    def plan(self) -> str:
+        blocker = self._blocker()
+        if blocker is not None:
+            raise blocker
+        return f"apt-get update -qq && apt-get install -y -qq {self.package}"
+
+    def install(self) -> str:
+        global _apt_updated
+        blocker = self._blocker()
+        if blocker is not None:
+            raise blocker
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            if not _apt_updated:
+                _run(["apt-get", "update", "-qq"], APT_UPDATE_TIMEOUT_S, env=env)
+                _apt_updated = True
+            _run(["apt-get", "install", "-y", "-qq", self.package], APT_INSTALL_TIMEOUT_S, env=env)
+        except StepFailed as exc:
+            raise StepFailed(exc.why, self.how(have_go=True)) from None
+        still = self.missing()
+        if still:
+            raise StepFailed(f"apt-get installed {self.package} but {', '.join(still)} is still not on PATH",
+                             f"find where {self.package} put {still[0]} (dpkg -L {self.package}) and add it to PATH")
+        return f"installed {self.package} ({', '.join(shutil.which(t) or t for t in self.tools)})"
+
+
+def core_steps() -> list[Any]:
+    return [ToxiproxyStep(), AptStep("iptables", "iptables", ("iptables",)),
+            AptStep("iproute2", "iproute2", ("ip", "tc"))]
+
+
+# --------------------------------------------------------------------------- collecting and running
+
+def is_step(obj: Any) -> bool:
+    return (isinstance(getattr(obj, "name", None), str) and bool(obj.name)
+            and callable(getattr(obj, "check", None)) and callable(getattr(obj, "install", None)))
+
+
+def all_steps() -> tuple[list[Any], list[str]]:
+    """The core steps, then every family's (``Family.setup_steps()``), first of each name kept;
+    and the problems found collecting them (a family that does not load, a non-step)."""
+    steps, problems = core_steps(), []
+    try:
+        from .family import all_families
+
+        families = all_families()
+    except Exception as exc:  # a broken plugin family: say so, still set up the rest
+        return steps, [f"families: could not load: {exc}"]
+    for fam in families:
+        try:
+            extra = list(fam.setup_steps() or [])
+        except Exception as exc:
+            problems.append(f"family {fam.name!r}: setup_steps() raised {type(exc).__name__}: {exc}")
+            continue
+        for obj in extra:
+            if not is_step(obj):
+                problems.append(f"family {fam.name!r}: setup_steps() returned {obj!r}, not a step "
+                                "(needs name, check(), install(); see harness/setup.py)")
+            elif all(s.name != obj.name for s in steps):
+                steps.append(obj)
+    return steps, problems
+
+
+@dataclass
+class Result:
+    name: str
+    state: str  # "present", "installed", "would install", "cannot install" (dry run), "failed"
+    detail: str
+    how: str = ""
+
+    def __post_init__(self) -> None:  # one line each, whatever a step's message holds
+        self.detail, self.how = " ".join(str(self.detail).split()), " ".join(str(self.how).split())
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("present", "installed")
+
+
+def _failure(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, StepFailed):
+        return exc.why, exc.how
+    if isinstance(exc, ImportError):
+        return f"{type(exc).__name__}: {exc}", "install pd-chaos's dependencies: python3 -m pip install -e '.[dev]'"
+    return f"{type(exc).__name__}: {exc}", ""
+
+
+def run_step(step: Any, dry_run: bool = False) -> Result:
+    """check(), then (unless present, or ``dry_run``) install() and check() again."""
+    try:
+        status = step.check()
+        if status is not None:
+            return Result(step.name, "present", str(status))
+    except Exception as exc:
+        why, how = _failure(exc)
+        return Result(step.name, "failed", f"check() failed: {why}", how)
+    if dry_run:
+        try:
+            plan = step.plan() if callable(getattr(step, "plan", None)) else "install"
+            return Result(step.name, "would install", str(plan))
+        except Exception as exc:
+            why, how = _failure(exc)
+            return Result(step.name, "cannot install", why, how)
+    try:
+        done = step.install()
+        status = step.check()
+        if status is None:
+            return Result(step.name, "failed", f"install() finished ({done}) but check() still finds nothing")
+        return Result(step.name, "installed", str(done or status))
+    except Exception as exc:
+        why, how = _failure(exc)
+        return Result(step.name, "failed", why, how)
+
+
+def describe(r: Result) -> str:
+    """The progress line's tail: ``already present: ...``, ``installed ...``, ``FAILED: ...``."""
+    return {"present": f"already present: {r.detail}", "installed": r.detail,
+            "would install": f"would install: {r.detail}", "cannot install": f"cannot install: {r.detail}",
+            "failed": f"FAILED: {r.detail}"}[r.state]
+
+
+def run_setup(steps: list[Any], dry_run: bool = False, problems: Iterable[str] = (),
+              out: Callable[[str], None] = print, err: Callable[[str], None] | None = None) -> int:
+    """Run ``steps`` in order, one progress line each, then one line per missing piece.
+    Exit code: 0 all present; 2 something missing (``--dry-run``: 1 incomplete)."""
+    err = err or (lambda s: print(s, file=sys.stderr))
+    results = []
+    for step in steps:
+        r = run_step(step, dry_run)
+        results.append(r)
+        out(f"setup: {r.name} ... {describe(r)}")
+    problems = list(problems)
+    missing = [r for r in results if not r.ok]
+    if not missing and not problems:
+        out(f"setup: complete ({len(results)} of {len(results)} present)")
+        return 0
+    if dry_run and not problems and all(r.state == "would install" for r in missing):
+        out(f"setup: dry run: {len(missing)} of {len(results)} would be installed: "
+            f"{', '.join(r.name for r in missing)}")
+        return 1
+    for r in missing:
+        if r.state in ("failed", "cannot install"):
+            err(f"missing: {r.name}: {r.detail}" + (f"; by hand: {r.how}" if r.how else ""))
+    for p in problems:
+        err(f"setup problem: {p}")
+    out(f"setup: incomplete: {len(missing)} of {len(results)} missing"
+        + (f", {len(problems)} problem(s)" if problems else ""))
+    return 1 if dry_run else 2

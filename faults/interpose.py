@@ -7,7 +7,8 @@ The fault's parameters are one interposer rule, flat in the scenario entry::
        match: {probability: 0.3}}
 
 ``start()`` adds the rule on the interposer's control channel under this fault's own id, and
-``stop()`` removes it, so overlapping interpose faults do not undo each other. A probability
+``stop()`` removes it (once, :class:`faults.base.OnceFault`), so overlapping interpose faults do
+not undo each other. A probability
 rule without a seed gets one drawn from the scenario's seeded ``ctx.rng``: runs repeat.
 The scenario must run with the interposer in the link (``requires = ("interposer",)``).
 """
@@ -16,15 +17,14 @@ from __future__ import annotations
 
 import itertools
 
-from .base import Fault, FaultContext, FaultParams, register
+from .base import FaultContext, FaultParams, OnceFault, delay_categories, register
 from .interposer import Rule
-from .base import delay_categories
 
 _ids = itertools.count(1)
 
 
 @register
-class Interpose(Fault):
+class Interpose(OnceFault):
     """A ZMQ man-in-the-middle rule: delay, drop, duplicate, truncate or rewrite messages."""
 
     name = "interpose"
@@ -36,7 +36,6 @@ class Interpose(Fault):
     def __init__(self, params: FaultParams, ctx: FaultContext):
         super().__init__(params, ctx)
         self.rule_id = f"interpose-{next(_ids)}"
-        self._active = False
 
     def wire_rule(self) -> dict:
         """The rule as sent on the control channel (durations as strings, a drawn seed if needed)."""
@@ -45,15 +44,11 @@ class Interpose(Fault):
             rule["seed"] = self.ctx.rng.randrange(2**32)
         return rule
 
-    def start(self) -> None:
-        rule = self.wire_rule()
-        self._active = True
-        self.ctx.control("interposer", "add_rule", id=self.rule_id, rule=rule)
+    def inject(self) -> None:
+        self.ctx.control("interposer", "add_rule", id=self.rule_id, rule=self.wire_rule())
 
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.ctx.control("interposer", "remove_rule", id=self.rule_id)
+    def heal(self) -> None:
+        self.ctx.control("interposer", "remove_rule", id=self.rule_id)
 
     def expected_categories(self) -> tuple[str, ...]:
         p: Rule = self.params  # type: ignore[assignment]

@@ -32,6 +32,10 @@ class LinkParams(FaultParams):
 
 
 class _IptablesFault(Fault):
+    # Not a faults.base.OnceFault, on purpose (nor BandwidthLimit): the rules are known only once
+    # partition() returned them, and forgotten only once heal() removed them, so stop() called
+    # again after one that failed (an iptables call timing out) tries again. OnceFault unmarks a
+    # fault before healing it: a failed heal could never be retried.
     mode: str = "drop"
     requires = ("netns", "root")
 
@@ -90,7 +94,7 @@ class BandwidthLimit(Fault):
 
     def __init__(self, params: FaultParams, ctx: Any):
         super().__init__(params, ctx)
-        self._on = False
+        self._on = False  # cleared only once the qdisc is gone: a failed stop() can be retried (see above)
 
     def start(self) -> None:
         if self._on:

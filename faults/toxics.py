@@ -61,7 +61,13 @@ class ToxicParams(FaultParams):
 
 class ToxicFault(Fault):
     """Base of the toxic faults: ``toxic_type`` names the Toxiproxy toxic; the Params fields other
-    than stream/toxicity are its attributes (durations converted to the unit of TOXIC_TYPES)."""
+    than stream/toxicity are its attributes (durations converted to the unit of TOXIC_TYPES).
+
+    Not a :class:`faults.base.OnceFault`, on purpose (so is :class:`Down`): the toxic is recorded
+    only once the server created it (its name comes back from the server), and forgotten only
+    once it was removed, so stop() called again after one that failed (Toxiproxy busy, a timeout)
+    tries the removal again. OnceFault marks a fault before injecting and unmarks it before
+    healing: a failed heal could never be retried."""
 
     toxic_type: ClassVar[str]
     requires = ("toxiproxy",)
@@ -208,6 +214,9 @@ class LimitData(ToxicFault):
 @register
 class Down(Fault):
     """Disable the proxy: its listener closes and live connections are cut; re-enabled on stop."""
+
+    # Not a OnceFault (see ToxicFault): ``_down`` is cleared only once the proxy is enabled again,
+    # so stop() called again after a failed one retries.
 
     name = "down"
     requires = ("toxiproxy",)

@@ -1,8 +1,8 @@
 """Backend faults injected into the real server process through its control channel.
 
-``harness/node_server.py`` wraps the server's MemoryBackend in a switchable FaultyBackend; the
-fault sends ``backend_fault {mode, delay_ms}`` with mode raise | hang | slow, and ``none`` to
-heal (which also releases a hung call at once).
+``server_node.py`` wraps the server's MemoryBackend in a switchable FaultyBackend; the fault
+sends ``backend_fault {mode, delay_ms}`` with mode raise | hang | slow, and ``none`` to heal
+(once; which also releases a hung call at once).
 
 On the hardened server a raising backend gives a BACKEND_ERROR envelope and a hung backend a
 BACKEND_TIMEOUT envelope after ``backend_timeout_ms`` (both counted as ``backend_error`` by the
@@ -16,29 +16,21 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from faults.base import Duration, Fault, FaultContext, FaultParams, register
-from faults.base import delay_categories
+from faults.base import Duration, FaultParams, OnceFault, delay_categories, register
 
 
-class _BackendFault(Fault):
+class _BackendFault(OnceFault):
     family = "lookup"
     mode: ClassVar[str]
-
-    def __init__(self, params: FaultParams, ctx: FaultContext):
-        super().__init__(params, ctx)
-        self._active = False
 
     def delay_ms(self) -> int:
         return 0
 
-    def start(self) -> None:
-        self._active = True
+    def inject(self) -> None:
         self.ctx.server_control("backend_fault", mode=self.mode, delay_ms=self.delay_ms())
 
-    def stop(self) -> None:
-        if self._active:
-            self._active = False
-            self.ctx.server_control("backend_fault", mode="none", delay_ms=0)
+    def heal(self) -> None:
+        self.ctx.server_control("backend_fault", mode="none", delay_ms=0)
 
 
 @register

@@ -1,10 +1,10 @@
-"""Faults that replace the lookup server by a misbehaving fake peer (faults/fake_peer.py).
+"""Faults that replace the lookup server by a misbehaving fake peer (fake_peer.py).
 
 ``start()`` asks the topology to swap the server process for ``pdchaos node fake-peer`` on the
-same endpoint; ``stop()`` restores the real server. The fault passes only the mode-specific
-arguments (``--mode``, ``--delay-ms``, ``--reply``); the topology appends ``--endpoint``,
-``--control``, ``--preload``, ``--block-size`` and ``--groups`` itself, so the fake peer answers
-with the same keys as the real server would.
+same endpoint; ``stop()`` restores the real server (once: :class:`faults.base.OnceFault`). The
+fault passes only the mode-specific arguments (``--mode``, ``--delay-ms``, ``--reply``); the
+topology appends ``--endpoint``, ``--control``, ``--preload``, ``--block-size`` and ``--groups``
+itself, so the fake peer answers with the same keys as the real server would.
 
 The swap is a restart: for a few hundred milliseconds at each end of the window (measured with the
 runner: ~0.3 s from stopping one process to the next one's READY) nothing is bound, so every peer
@@ -17,7 +17,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from faults.base import Duration, Fault, FaultContext, FaultParams, delay_categories, register  # noqa: F401
+from faults.base import Duration, FaultParams, OnceFault, register
+
+from .wire import REPLY_KINDS
 
 
 def _positive_delay(v: float) -> float:
@@ -26,29 +28,21 @@ def _positive_delay(v: float) -> float:
     return v
 
 
-class _SwapFault(Fault):
-    """Swap the server for a fake peer while the fault is active."""
+class _SwapFault(OnceFault):
+    """Swap the server for a fake peer while the fault is active. OnceFault marks the fault before
+    the swap: if it fails half-way (real server stopped, fake peer not ready), stop() still asks
+    the topology to restore the real server."""
 
     family = "lookup"
-
-    def __init__(self, params: FaultParams, ctx: FaultContext):
-        super().__init__(params, ctx)
-        self._swapped = False
 
     def peer_args(self) -> list[str]:  # pragma: no cover - every subclass overrides
         raise NotImplementedError
 
-    def start(self) -> None:
-        args = self.peer_args()
-        # Marked before the call: if the swap fails half-way (real server stopped, fake peer not
-        # ready), stop() still asks the topology to restore the real server.
-        self._swapped = True
-        self.ctx.swap_server("fake-peer", args)
+    def inject(self) -> None:
+        self.ctx.swap_server("fake-peer", self.peer_args())
 
-    def stop(self) -> None:
-        if self._swapped:
-            self._swapped = False
-            self.ctx.restore_server()
+    def heal(self) -> None:
+        self.ctx.restore_server()
 
 
 @register
@@ -82,8 +76,7 @@ class SilentPeer(_SwapFault):
         return ["--mode", "silent"]
 
 
-ReplyKind = Literal["empty", "two_frames", "not_msgpack", "not_map", "missing_key", "extra_key",
-                    "wrong_type", "version2", "hit_over", "hit_negative"]
+ReplyKind = Literal[tuple(REPLY_KINDS)]  # type: ignore[valid-type] - the fake peer's kinds, one list
 
 
 @register
@@ -94,7 +87,7 @@ class MalformedReply(_SwapFault):
     categories = ("protocol", "timeout")
 
     class Params(FaultParams):
-        kind: ReplyKind = Field(description="which broken reply (faults/fake_peer.py REPLY_KINDS)")
+        kind: ReplyKind = Field(description="which broken reply (wire.py REPLY_KINDS)")
 
     def peer_args(self) -> list[str]:
         return ["--mode", "malformed", "--reply", self.params.kind]

@@ -6,7 +6,7 @@ thread, one at a time, and waits up to ``reply_timeout`` for each answer. The ha
 must answer every one with exactly one v1 error envelope and keep serving; the legacy server's
 thread dies on the first request it cannot parse, after which nothing is answered.
 
-At ``stop()`` the result is written once as ``ctx.event("malformed_requests", sent=..,
+At ``stop()`` (once: :class:`faults.base.OnceFault`) the result is written as ``ctx.event("malformed_requests", sent=..,
 answered=.., unanswered=.., by_code={CODE: n}, accepted=.., invalid=.., duplicates=.., by_kind={..})``:
 
 - ``answered``: requests that got a reply within ``reply_timeout``;
@@ -30,7 +30,7 @@ from pydantic import Field
 
 from connector_patch.lookup.protocol import MAX_TOKEN_LEN, Code, ProtocolError, decode_reply, encode_u32
 
-from faults.base import Duration, Fault, FaultContext, FaultParams, register
+from faults.base import Duration, FaultContext, FaultParams, OnceFault, register
 
 RequestKind = Literal["frame_count", "int_width", "bad_msgpack", "bad_group_ids", "non_hex_hashes",
                       "oversized_token_len", "hbm_over_token_len", "too_many_hashes"]
@@ -96,7 +96,7 @@ class _Result:
 
 
 @register
-class MalformedRequests(Fault):
+class MalformedRequests(OnceFault):
     """Malformed lookup requests sent to the real server; every one must get exactly one error envelope."""
 
     name = "malformed_requests"
@@ -117,10 +117,9 @@ class MalformedRequests(Fault):
         self._thread: threading.Thread | None = None
         self._result = _Result()
         self._lock = threading.Lock()
-        self._recorded = False
 
     # ------------------------------------------------------------------ fault
-    def start(self) -> None:
+    def inject(self) -> None:
         if self._thread is not None:
             return
         endpoint = self.ctx.server_endpoint
@@ -128,14 +127,13 @@ class MalformedRequests(Fault):
                                         daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        if self._thread is None or self._recorded:
+    def heal(self) -> None:
+        if self._thread is None:  # never started: nothing sent, nothing to record
             return
         self._stop.set()
         self._thread.join(self.params.reply_timeout + 2.0)
         with self._lock:
             fields = self._result.as_fields()
-            self._recorded = True
         self.ctx.event("malformed_requests", **fields)
 
     def result(self) -> dict:

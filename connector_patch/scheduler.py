@@ -4,6 +4,7 @@ Same rules as upstream (``shared/upstream-facts.md`` §1), around any client wit
 ``lookup(token_len, block_hashes, kv_cache_group_ids, hbm_hit_tokens) -> int``. With the hardened
 client a failed RPC is a 0 hit, so the request falls through to local compute: ``(0, False)`` and
 no load spec. vLLM's ``Request`` is modelled by :class:`PoolRequest` (vLLM cannot be imported here).
+The harness's lookup workload asks every lookup through it and journals the decision (``matched``).
 """
 
 from __future__ import annotations

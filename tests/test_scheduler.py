@@ -1,6 +1,9 @@
 """The scheduler shim (upstream get_num_new_matched_tokens rules) around the hardened client, over
 real sockets: an RPC failure is (0, False) with no load spec, and healthy hits give exactly the
-decisions of a direct computation and of today's upstream (the legacy model)."""
+decisions of a direct computation and of today's upstream (the legacy model). The lookup
+workload asks every lookup through it (harness/families/lookup/workload.py ``scheduled_lookup``):
+one RPC per op whatever the rules decide, and the decision as the op's ``matched``.
+"""
 
 from __future__ import annotations
 
@@ -127,3 +130,44 @@ def test_reference_cases_are_not_trivial(both_servers):
         finally:
             b.close()
     assert {(0, False), (32, False), (63, False), (59, False), (31, False), (32, True)} <= seen
+
+
+class _Fixed:
+    """A client answering ``hit`` to every lookup, counting the calls."""
+
+    def __init__(self, hit: int):
+        self.hit, self.calls = hit, []
+
+    def lookup(self, token_len, block_hashes, kv_cache_group_ids=(0,), hbm_hit_tokens=0):
+        self.calls.append((token_len, tuple(kv_cache_group_ids), hbm_hit_tokens))
+        return self.hit
+
+
+@pytest.mark.parametrize("hit, token_len, hbm, matched", [
+    (64, 64, 0, 63),  # full hit: the last token is computed locally
+    (48, 64, 16, 32),  # the pool adds what HBM does not have
+    (0, 64, 0, 0),  # a miss, or the hardened client failing open
+    (16, 64, 32, 0),  # HBM already covers the pool's hit
+    (64, 64, 64, 0),  # everything computed: the scheduler asks nothing, the workload still sends it
+])
+def test_the_workload_asks_through_the_scheduler_and_always_sends_the_rpc(hit, token_len, hbm, matched):
+    from harness.families.lookup.workload import OpSpec, scheduled_lookup
+
+    spec = OpSpec("full", token_len, tuple(distinct_hashes(4, "wl")), (0, 1), hbm, expected=hit)
+    client = _Fixed(hit)
+    assert scheduled_lookup(client, spec, "op-1", block_size=16) == (hit, matched)
+    assert client.calls == [(token_len, (0, 1), hbm)]  # exactly one RPC per op, with the op's own fields
+
+
+def test_the_workloads_scheduler_view_over_a_real_server(make_endpoint, server_factory, client_factory):
+    from harness.families.lookup.workload import OpSpec, scheduled_lookup
+
+    server = server_factory(make_endpoint())
+    hashes = distinct_hashes(4, "wl-real")
+    server.backend.put(hexes(hashes[:2]))
+    client = client_factory(server.endpoint, 2000)
+    spec = OpSpec("partial", 64, tuple(hashes), (0,), 0, expected=32)
+    assert scheduled_lookup(client, spec, "op-2", block_size=16) == (32, 32)
+    server.backend.set("raise")  # an RPC failure: a 0 hit, local compute
+    assert scheduled_lookup(client, spec, "op-3", block_size=16) == (0, 0)
+    assert client.last_outcome == "backend_error"

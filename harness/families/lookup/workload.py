@@ -5,6 +5,14 @@ groups), knows the expected hit of each from the preloaded keys, calls the targe
 records every op in the journal part (invoke, then ok / fail / info). Workers are threads, each
 with its own client (REQ is strictly request-reply), paced to the configured rate.
 
+Each lookup is asked the way the scheduler asks it: through ``connector_patch.scheduler``
+(upstream's ``get_num_new_matched_tokens`` rules around the client, chunk size = block size,
+``hbm_hit_tokens`` as the tokens already computed). The op records the client's answer as
+``value`` (what the checks compare with ``expected``) and the scheduler's decision as ``matched``
+(the new tokens it would load from the pool; 0 = local compute, as after any RPC failure). When
+those rules ask nothing (every token already computed), the lookup is still sent: every op is an
+RPC.
+
 Protocol with the runner: prints READY once its baseline probe is written, then waits for SIGUSR1
 (the start signal) and runs for ``duration`` seconds. A worker stuck in a call (the legacy client has
 no deadline) is left behind at the end: the process writes its final probe and leaves with
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_patch.lookup.backend import prefix_hit_tokens
+from connector_patch.scheduler import PoolRequest, PoolScheduler
 from faults.control import process_stats
 
 from harness.journal import JournalWriter
@@ -94,6 +103,31 @@ class OpGenerator:
         return OpSpec(kind, token_len, tuple(hashes), groups, hbm, expected)
 
 
+class _Answer:
+    """The client as the scheduler sees it, keeping the answer of the lookup it made."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.asked = False
+        self.value: Any = None
+
+    def lookup(self, token_len: int, block_hashes: Any, kv_cache_group_ids: Any = (0,), hbm_hit_tokens: int = 0) -> Any:
+        self.asked = True
+        self.value = self.client.lookup(token_len, block_hashes, kv_cache_group_ids, hbm_hit_tokens)
+        return self.value
+
+
+def scheduled_lookup(client: Any, spec: OpSpec, request_id: str, block_size: int) -> tuple[Any, int]:
+    """One lookup through the scheduler's rules: (the client's answer, num new matched tokens)."""
+    answer = _Answer(client)
+    sched = PoolScheduler(answer, chunk_size=block_size, kv_cache_group_ids=spec.groups)
+    matched, _ = sched.get_num_new_matched_tokens(PoolRequest(request_id, spec.token_len, list(spec.hashes)),
+                                                  spec.hbm_hit_tokens)
+    if not answer.asked:  # nothing left to load: the scheduler asks nothing, the workload still does
+        answer.lookup(spec.token_len, spec.hashes, spec.groups, spec.hbm_hit_tokens)
+    return answer.value, matched
+
+
 class Workload:
     def __init__(self, cfg: dict[str, Any], journal: JournalWriter):
         self.cfg = cfg
@@ -139,7 +173,8 @@ class Workload:
         done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": f}
         try:
             if spec is not None:
-                value: Any = client.lookup(spec.token_len, spec.hashes, spec.groups, spec.hbm_hit_tokens)
+                value, matched = scheduled_lookup(client, spec, str(op_id), int(self.cfg["block_size"]))
+                done["matched"] = matched
             else:
                 value = client.reset()
             outcome = getattr(client, "last_outcome", "ok")

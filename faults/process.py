@@ -38,9 +38,10 @@ class Down(_NodeFault):
     name = "node_down"
 
     def inject(self) -> None:
-        self._roles = self.targets()
-        for role in self._roles:
+        self._roles: list[str] = []
+        for role in self.targets():
             self.ctx.stop_node(role)
+            self._roles.append(role)
 
     def heal(self) -> None:
         for role in self._roles:
@@ -55,9 +56,10 @@ class Kill(_NodeFault):
     name = "kill"
 
     def inject(self) -> None:
-        self._roles = self.targets()
-        for role in self._roles:
+        self._roles: list[str] = []
+        for role in self.targets():
             self.ctx.kill_node(role)
+            self._roles.append(role)
 
     def heal(self) -> None:
         for role in self._roles:
@@ -72,7 +74,7 @@ class Stop(_NodeFault):
     name = "stop"
 
     def inject(self) -> None:
-        self._roles = []
+        self._roles: list[str] = []
         for role in self.targets():
             self.ctx.signal_node(role, signal.SIGSTOP)
             self._roles.append(role)

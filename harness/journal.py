@@ -5,29 +5,36 @@ Layout of a run folder (``runs/<run_id>/``)::
     summary.json  summary.md  junit.xml
     <scenario>/<target>/journal.jsonl      # this format
     <scenario>/<target>/logs/<node>.log    # stderr of every process of that run
-    <scenario>/<target>/preload.txt        # the keys the workload knows (never logged)
+    <scenario>/<target>/...                # what the family keeps (lookup: preload.txt, never logged)
 
-Every line is one JSON object with a ``type``. Times ``t`` are ``time.monotonic()`` seconds
-(CLOCK_MONOTONIC is system-wide on Linux, so times from different processes compare); the
-``meta`` line's ``t0`` is the workload start, and reports plot ``t - t0``.
+One schema for every family (Jepsen's history); family data lives in the free fields. Every line
+is one JSON object with a ``type``. Times ``t`` are ``time.monotonic()`` seconds (CLOCK_MONOTONIC
+is system-wide on Linux, so times from different processes compare); the ``meta`` line's ``t0``
+is the workload start, and reports plot ``t - t0``. Any node may write its own part
+(``<role>.part.jsonl``); the runner merges the parts by time at the end of the run.
 
-``meta``   scenario, target, deadline_ms, tolerance_ms, seed, t0, wall_start (ISO 8601),
-           cap_s, checks ({name: options}), expect (verdict), topology (dict), faults (list)
-``op``     one line at invoke and one at completion (Jepsen's history):
-           id (int, unique in the journal), process (worker index), f ("lookup" | "reset"),
-           phase "invoke" | "ok" | "fail" | "info", t;
-           at invoke: kind ("full" | "partial" | "miss" | "hbm" | "multigroup"), token_len, hashes,
-           groups, expected (the hit the preloaded keys imply; for reset: true);
-           at completion: value (what the call returned), outcome ("ok" | "timeout" | "transport" |
-           "protocol" | "server_error" | "backend_error" | "bad_call" | "raised" | "stalled"),
-           code (client error code or exception type), elapsed_ms.
-           ok = the call succeeded; fail = it failed and we know it (a fail-open 0 or False);
-           info = indeterminate (raised, or never returned: "stalled", written by the runner).
+``meta``   scenario, file, family, target, targets (all of the scenario's), baseline_target,
+           deadline_ms, tolerance_ms, seed, t0, wall_start (ISO 8601), cap_s, checks ({name:
+           options}), not_applicable ({check: why}), expect (verdict), primary_ops (the ``f`` of
+           the workload's main op), planned_ops, topology (dict), workload (dict), faults (list of
+           {id, type, at, for, params, categories (must cause), explains (may cause)})
+``op``     one line at invoke and one at completion:
+           id (int, unique in the journal), process (worker index), f (the operation, e.g.
+           "lookup" | "reset"), phase "invoke" | "ok" | "fail" | "info", t;
+           at invoke: expected (the value a correct system returns), and the family's fields
+           (lookup: kind "full" | "partial" | "miss" | "hbm" | "multigroup", token_len, hashes,
+           groups, matched = the scheduler's decision);
+           at completion: value (what the call returned), outcome ("ok", a failure category such
+           as "timeout", or "raised" | "stalled"), code (error code or exception type), elapsed_ms.
+           ok = the call succeeded; fail = it failed and we know it (lookup: a fail-open 0 or
+           False); info = indeterminate (raised, or never returned: "stalled", by the runner).
 ``fault``  id, name, phase "start" | "stop", t, params (dict), and ``healed_by`` ("schedule" |
            "teardown") on stop.
-``probe``  node ("server" | "client" | ...), when ("baseline" | "final"), threads, fds, counters
-           (dict), alive (bool); written by the runner or the workload.
-``event``  what (str), t, and free fields: process starts, exits, kills, the runner's notes.
+``probe``  node (the role: "server", "interposer", "client", ...), kind, pid, when ("baseline"
+           when it started | "last" just before it was stopped | "final"), threads, fds,
+           counters (dict), alive (bool); written by the topology or the workload.
+``event``  what (str), t, and free fields: process starts, stops, kills and signals (with role
+           and pid), probe_silent, fault_error, workload_exit, leftovers, the runner's notes.
 ``end``    t, reason ("done" | "cap" | "interrupted"), stalled (int).
 """
 

@@ -282,7 +282,8 @@ class _ScenarioRun:
                 except Exception as exc:  # noqa: BLE001 - recorded; the run goes on and heals
                     self.topo.event("fault_error", fault=f.type, phase="start", error=f"{type(exc).__name__}: {exc}")
             elif i in self.active:
-                self._heal(self.active.pop(i), i, "schedule")
+                if self._heal(self.active[i], i, "schedule"):
+                    del self.active[i]  # else it stays active: teardown tries the heal once more
 
     def _instance(self, entry: Any) -> Fault:
         cls = load_registry(self.sc.family.name)[entry.type]
@@ -290,10 +291,13 @@ class _ScenarioRun:
         fields = {k: getattr(entry, k) for k in cls.Params.model_fields}
         return cls(cls.Params.model_construct(**fields), self.topo)
 
-    def _heal(self, fault: Fault, fid: int, by: str) -> None:
+    def _heal(self, fault: Fault, fid: int, by: str) -> bool:
+        """Heal one fault; False (and a fault_error event) when its stop() raised."""
         try:
             fault.stop()
         except Exception as exc:  # noqa: BLE001
             self.topo.event("fault_error", fault=fault.name, phase="stop", error=f"{type(exc).__name__}: {exc}")
+            return False
         self.jw.write({"type": "fault", "id": fid, "name": fault.name, "phase": "stop", "t": time.monotonic(),
                        "healed_by": by})
+        return True

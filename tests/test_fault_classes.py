@@ -439,10 +439,6 @@ def test_a_node_spec_naming_no_role_fails_at_start_and_heals_nothing(name):
     assert ctx.calls == []
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="faults/process.py Down/Kill set self._roles only after ctx.roles() returned, and "
-                          "OnceFault marks the fault before inject(): heal() then reads a missing _roles. "
-                          "Remove this marker once inject() sets _roles = [] first (as Stop does).")
 @pytest.mark.parametrize("name", ["node_down", "kill"])
 def test_a_node_spec_naming_no_role_heals_nothing_down_and_kill(name):
     ctx = RecordingContext(roles=ROLES)

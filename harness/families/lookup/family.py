@@ -33,6 +33,13 @@ class LookupFamily(Family):
     def validate(self, scenario: Any) -> None:
         if scenario.workload.reset_at is not None and "legacy" in scenario.targets:
             raise ValueError("workload.reset_at: the legacy protocol has no reset; use targets: [hardened]")
+        from .wire import NAMED_REWRITES
+
+        for i, f in enumerate(scenario.faults):
+            named = getattr(getattr(f, "rewrite", None), "named", None)
+            if named is not None and named not in NAMED_REWRITES:
+                raise ValueError(f"faults[{i}].rewrite.named: unknown rewrite {named!r}; known: "
+                                 f"{', '.join(sorted(NAMED_REWRITES))}")
 
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link

@@ -24,11 +24,30 @@ class NodeParams(FaultParams):
 
 
 class _NodeFault(OnceFault):
+    """Acts on every role of the node spec (``act``), and at heal undoes it (``undo``) for the
+    roles it acted on, in the same order; a spec naming no role fails at start and heals nothing."""
+
     Params = NodeParams
     fixed_node: ClassVar[str | None] = None  # subclasses for one role set this and drop ``node``
 
     def targets(self) -> list[str]:
         return self.ctx.roles(self.fixed_node or self.params.node)
+
+    def act(self, role: str) -> None:
+        raise NotImplementedError
+
+    def undo(self, role: str) -> None:
+        """Default: nothing to undo."""
+
+    def inject(self) -> None:
+        self._roles: list[str] = []
+        for role in self.targets():
+            self.act(role)
+            self._roles.append(role)
+
+    def heal(self) -> None:
+        for role in self._roles:
+            self.undo(role)
 
 
 @register
@@ -37,15 +56,11 @@ class Down(_NodeFault):
 
     name = "node_down"
 
-    def inject(self) -> None:
-        self._roles: list[str] = []
-        for role in self.targets():
-            self.ctx.stop_node(role)
-            self._roles.append(role)
+    def act(self, role: str) -> None:
+        self.ctx.stop_node(role)
 
-    def heal(self) -> None:
-        for role in self._roles:
-            self.ctx.start_node(role)
+    def undo(self, role: str) -> None:
+        self.ctx.start_node(role)
 
 
 @register
@@ -55,15 +70,11 @@ class Kill(_NodeFault):
 
     name = "kill"
 
-    def inject(self) -> None:
-        self._roles: list[str] = []
-        for role in self.targets():
-            self.ctx.kill_node(role)
-            self._roles.append(role)
+    def act(self, role: str) -> None:
+        self.ctx.kill_node(role)
 
-    def heal(self) -> None:
-        for role in self._roles:
-            self.ctx.start_node(role)
+    def undo(self, role: str) -> None:
+        self.ctx.start_node(role)
 
 
 @register
@@ -73,15 +84,11 @@ class Stop(_NodeFault):
 
     name = "stop"
 
-    def inject(self) -> None:
-        self._roles: list[str] = []
-        for role in self.targets():
-            self.ctx.signal_node(role, signal.SIGSTOP)
-            self._roles.append(role)
+    def act(self, role: str) -> None:
+        self.ctx.signal_node(role, signal.SIGSTOP)
 
-    def heal(self) -> None:
-        for role in self._roles:
-            self.ctx.signal_node(role, signal.SIGCONT)
+    def undo(self, role: str) -> None:
+        self.ctx.signal_node(role, signal.SIGCONT)
 
 
 class RestartParams(NodeParams):
@@ -96,6 +103,5 @@ class Restart(_NodeFault):
     name = "restart"
     Params = RestartParams
 
-    def inject(self) -> None:
-        for role in self.targets():
-            self.ctx.restart_node(role, kill=self.params.kill)
+    def act(self, role: str) -> None:
+        self.ctx.restart_node(role, kill=self.params.kill)

@@ -429,18 +429,8 @@ def test_a_half_done_stop_fault_thaws_exactly_the_nodes_it_froze():
                          ("signal_node", "prefill:0", signal.SIGCONT)]
 
 
-@pytest.mark.parametrize("name", ["stop", "restart"])
+@pytest.mark.parametrize("name", ["stop", "restart", "node_down", "kill"])
 def test_a_node_spec_naming_no_role_fails_at_start_and_heals_nothing(name):
-    ctx = RecordingContext(roles=ROLES)
-    fault = make(name, ctx, node="decode:7")
-    with pytest.raises(HarnessError, match=r"node 'decode:7': no such role"):
-        fault.start()
-    fault.stop()
-    assert ctx.calls == []
-
-
-@pytest.mark.parametrize("name", ["node_down", "kill"])
-def test_a_node_spec_naming_no_role_heals_nothing_down_and_kill(name):
     ctx = RecordingContext(roles=ROLES)
     fault = make(name, ctx, node="decode:7")
     with pytest.raises(HarnessError, match=r"node 'decode:7': no such role"):

@@ -1,7 +1,10 @@
-"""``pdchaos run PATH...``: run scenarios against the hardened patch and the legacy baseline.
+"""``pdchaos run PATH...``: run scenarios against each of their targets (e.g. the hardened patch
+and the legacy baseline).
 
-Exit 0 when every scenario and target ended as its scenario expects, 1 on any deviation, 2 on
-invalid input or a harness error (nothing is started before every scenario file validated).
+Exit 0 when every scenario/target run that ran ended as its scenario expects (a skipped run is
+reported, and is not a deviation), 1 on any deviation or error, and with ``--strict`` also on any
+skipped run; 2 on invalid input or a harness error (nothing is started before every scenario file
+validated); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .progress import Progress
-from .outputs import write_summary
+from .outputs import run_status, write_summary
 from .runner import Runner, new_run_dir
 from .schema import load_all
 
@@ -29,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
     p.add_argument("--no-report", action="store_true", help="skip plots and summaries (journals and checks only)")
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--strict", action="store_true",
+                   help="a skipped scenario run (a tool or privilege missing here) fails the run: exit 1")
     p.add_argument("--bench", type=int, metavar="N", default=0,
                    help="also run `pdchaos bench lookup --n N` first and keep its samples in the run folder "
                         "(normal-path CDF and ratios in the reports)")
@@ -139,10 +144,11 @@ def run(args: argparse.Namespace) -> int:
             reports.generate(run_dir)
         except Exception as exc:  # noqa: BLE001 - the verdicts stand without the pictures
             print(f"warning: reports not generated: {type(exc).__name__}: {exc}", file=sys.stderr)
-    deviations = [r for r in results if not r.as_expected]
     interrupted = runner.interrupted
     progress.final(results, run_dir, elapsed)
     if interrupted:
         print("interrupted: every process of the run was stopped", file=sys.stderr)
         return 130
-    return 1 if deviations else 0
+    code, why = run_status((r.outcome for r in results), strict=args.strict)
+    print(why, flush=True)
+    return code

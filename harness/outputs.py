@@ -1,4 +1,15 @@
-"""The outputs of a run: summary.json and junit.xml (reports/ makes the rest)."""
+"""The outputs of a run: summary.json and junit.xml (reports/ makes the rest), and the run's status.
+
+Every scenario/target run has exactly one outcome:
+
+``as_expected``  it ran and its verdict is one the scenario expects;
+``deviation``    it ran and its verdict is not one the scenario expects;
+``skipped``      it did not run here (a tool or a privilege is missing), with the reason; never a pass;
+``error``        the harness could not run it to the end (a topology or harness failure, Ctrl-C).
+
+Exit status (``pdchaos run`` and ``pdchaos check``): 1 on any deviation or error, else 0; with
+``--strict`` a skipped run also makes it 1.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +17,18 @@ import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
+
+OUTCOMES = ("as_expected", "deviation", "skipped", "error")
+# summary.json "counts": outcome -> key
+COUNT_KEYS = {"as_expected": "as_expected", "deviation": "deviations", "skipped": "skipped", "error": "errors"}
+
+
+def outcome_of(verdict: str, expected: str | None) -> str:
+    """The outcome of a verdict against what the scenario expects (alternatives as ``fail|stall``)."""
+    if verdict in ("skipped", "error"):
+        return verdict
+    return "as_expected" if verdict in str(expected or "").split("|") else "deviation"
 
 
 @dataclass
@@ -24,37 +47,71 @@ class Result:
     family: str = ""
 
     @property
+    def outcome(self) -> str:
+        return outcome_of(self.verdict, self.expected)
+
+    @property
     def as_expected(self) -> bool:
-        return self.verdict == "skipped" or self.verdict in self.expected.split("|")
+        """Ran, and ended as expected. False for a skipped run: it proved nothing."""
+        return self.outcome == "as_expected"
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
+        d["outcome"] = self.outcome
         d["as_expected"] = self.as_expected
         return d
 
 
+def counts(outcomes: Iterable[str]) -> dict[str, int]:
+    """``{"as_expected": n, "deviations": n, "skipped": n, "errors": n}``."""
+    out = dict.fromkeys(COUNT_KEYS.values(), 0)
+    for o in outcomes:
+        out[COUNT_KEYS[o]] += 1
+    return out
+
+
+def tally(c: dict[str, int]) -> str:
+    """``28 as expected, 1 deviations, 2 skipped, 0 errors``."""
+    return (f"{c['as_expected']} as expected, {c['deviations']} deviations, {c['skipped']} skipped, "
+            f"{c['errors']} errors")
+
+
+def run_status(outcomes: Iterable[str], *, strict: bool = False) -> tuple[int, str]:
+    """(exit code, a line saying why) for a run whose scenario/target runs had these outcomes."""
+    c = counts(outcomes)
+    bad = [f"{c[k]} {word}" for k, word in (("deviations", "deviation(s)"), ("errors", "error(s)")) if c[k]]
+    if strict and c["skipped"]:
+        bad.append(f"{c['skipped']} skipped (--strict: a skipped run fails the run)")
+    if bad:
+        return 1, "exit 1: " + ", ".join(bad)
+    if c["skipped"]:
+        return 0, (f"exit 0: no deviation, no error; {c['skipped']} skipped "
+                   f"(not run here, not a deviation; --strict fails on them)")
+    return 0, "exit 0: every run as expected"
+
+
 def write_summary(run_dir: Path, results: list[Result], started_wall: str, elapsed_s: float) -> dict:
     summary = {"run_id": run_dir.name, "started": started_wall, "elapsed_s": round(elapsed_s, 3),
-               "results": [r.to_dict() for r in results]}
+               "counts": counts(r.outcome for r in results), "results": [r.to_dict() for r in results]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     write_junit(run_dir / "junit.xml", results)
     return summary
 
 
 def write_junit(path: Path, results: list[Result]) -> None:
-    suite = ET.Element("testsuite", name="pdchaos", tests=str(len(results)),
-                       failures=str(sum(1 for r in results if not r.as_expected and r.verdict != "error")),
-                       errors=str(sum(1 for r in results if r.verdict == "error")),
-                       skipped=str(sum(1 for r in results if r.verdict == "skipped")),
+    c = counts(r.outcome for r in results)
+    suite = ET.Element("testsuite", name="pdchaos", tests=str(len(results)), failures=str(c["deviations"]),
+                       errors=str(c["errors"]), skipped=str(c["skipped"]),
                        time=f"{sum(r.elapsed_s for r in results):.3f}")
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=r.scenario, name=r.target, time=f"{r.elapsed_s:.3f}",
                              file=r.file)
-        if r.verdict == "skipped":
+        outcome = r.outcome
+        if outcome == "skipped":
             ET.SubElement(case, "skipped", message=r.reason)
-        elif r.verdict == "error":
+        elif outcome == "error":
             ET.SubElement(case, "error", message=r.reason or "harness error")
-        elif not r.as_expected:
+        elif outcome == "deviation":
             failed = [c for c in r.checks if c["ok"] is False]
             msg = f"verdict {r.verdict}, expected {r.expected}"
             el = ET.SubElement(case, "failure", message=msg)

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .outputs import counts, tally
+
+MARK = {"as_expected": "as expected", "deviation": "DEVIATION", "skipped": "SKIPPED", "error": "ERROR"}
+STYLE = {"as_expected": "green", "deviation": "bold red", "skipped": "yellow", "error": "bold red"}
+
 
 class Progress:
     def __init__(self, total: int, plain: bool):
@@ -36,22 +41,25 @@ class Progress:
 
     def result(self, r) -> None:
         self.done += 1
-        mark = "as expected" if r.as_expected else "DEVIATION"
+        outcome = r.outcome
         line = (f"[{self.done}/{self.total}] {r.scenario} [{r.target}] {r.verdict} "
-                f"(expected {r.expected}) {mark} {r.elapsed_s:.1f}s")
-        if r.verdict in ("skipped", "error") or not r.as_expected:
-            line += f" - {r.reason}" if r.reason else ""
+                f"(expected {r.expected}) {MARK[outcome]} {r.elapsed_s:.1f}s")
+        if outcome != "as_expected" and r.reason:
+            line += f" - {r.reason}"
         if self._rich is not None:
-            style = "green" if r.as_expected else "bold red"
-            self._rich.console.print(line, style=style, markup=False, highlight=False)
+            self._rich.console.print(line, style=STYLE[outcome], markup=False, highlight=False)
             self._rich.advance(self._task)
         else:
             print(line, flush=True)
 
     def final(self, results, run_dir: Path, elapsed: float) -> None:
-        dev = [r for r in results if not r.as_expected]
-        skipped = [r for r in results if r.verdict == "skipped"]
-        print(f"{len(results)} scenario runs in {elapsed:.1f}s: {len(results) - len(dev) - len(skipped)} as expected, "
-              f"{len(dev)} deviations, {len(skipped)} skipped; run folder {run_dir}", flush=True)
-        for r in dev:
-            print(f"  DEVIATION {r.scenario} [{r.target}]: {r.verdict}, expected {r.expected}: {r.reason}", flush=True)
+        """The counts per outcome, then one line per run that was not as expected (skips included)."""
+        c = counts(r.outcome for r in results)
+        print(f"{len(results)} scenario runs in {elapsed:.1f}s: {tally(c)}; run folder {run_dir}", flush=True)
+        for r in results:
+            outcome = r.outcome
+            if outcome == "deviation":
+                print(f"  DEVIATION {r.scenario} [{r.target}]: {r.verdict}, expected {r.expected}: {r.reason}",
+                      flush=True)
+            elif outcome in ("error", "skipped"):
+                print(f"  {MARK[outcome]} {r.scenario} [{r.target}]: {r.reason}", flush=True)

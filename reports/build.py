@@ -11,6 +11,8 @@ from . import data as D
 from . import plots as P
 from . import summary as S
 from .load import Run, load_run
+from .page import report_html
+from .tables import expected_words, outcome_words
 
 PLOTS_DIR = "plots"
 log = logging.getLogger("reports")
@@ -21,20 +23,12 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "_"
 
 
-def _verdict_words(r) -> str:
-    if r.as_expected is None:
-        return f"verdict {r.verdict}"
-    if r.as_expected:
-        return f"verdict {r.verdict}, as expected"
-    return f"verdict {r.verdict}, expected {S.expected_words(r.expected) or '?'}: DEVIATION"
-
-
 def _subtitle(r) -> str:
     parts = [f"verdict {r.verdict}"]
     if r.expected:
-        parts.append(f"expected {S.expected_words(r.expected)}")
-    if r.as_expected is not None:
-        parts.append("as expected" if r.as_expected else "DEVIATION")
+        parts.append(f"expected {expected_words(r.expected)}")
+    if r.outcome is not None:
+        parts.append({"as_expected": "as expected"}.get(r.outcome, r.outcome.upper()))
     st = r.stats
     if st is not None:
         parts.append(f"{st.n} ops, {st.fail_open} fail-open, {st.errors} errors, {st.stalls} stalled")
@@ -42,34 +36,42 @@ def _subtitle(r) -> str:
 
 
 def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
-    """The plots to draw: (job list, scenario -> relative paths, bench plot relative path)."""
+    """The plots to draw: (job list, scenario -> relative paths, bench plot relative path).
+
+    Per scenario: for each (after, before) pair of its targets, a before/after plot (one pair:
+    ``<s>--before-after.png``; several: ``<s>--before-after--<after>.png``), then one timeline per
+    target, the baseline first. A skipped run has nothing to draw."""
     jobs: list[tuple] = []
     rels: dict[str, list[str]] = {}
     for s in run.scenarios():
-        results = [run.get(s, t) for t in run.targets(s)]
-        tls = [r for r in results if r is not None and r.timeline is not None]
+        results = [run.get(s, t) for t in run.plot_targets(s)]
+        tls = {r.target: r for r in results if r is not None and r.timeline is not None and r.outcome != "skipped"}
         if not tls:
             continue
         # One bucket width and one y range per scenario, so its plots compare at a glance.
-        end = max(r.timeline.end for r in tls)
+        end = max(r.timeline.end for r in tls.values())
         bucket = D.nice_bucket(end)
-        ylim = D.y_limits([r.timeline for r in tls])
+        ylim = D.y_limits([r.timeline for r in tls.values()])
         out = rels.setdefault(s, [])
-        before, after = run.get(s, "legacy"), run.get(s, "hardened")
-        if before and after and before.timeline and after.timeline:
-            rel = f"{PLOTS_DIR}/{_safe(s)}--before-after.png"
-            titles = (_verdict_words(before), _verdict_words(after))
+        pairs = run.layout(s).pairs
+        for a, b in pairs:
+            if a not in tls or b not in tls:
+                continue
+            before, after = tls[b], tls[a]
+            rel = f"{PLOTS_DIR}/{_safe(s)}--before-after" + (f"--{_safe(a)}" if len(pairs) > 1 else "") + ".png"
+            titles = (outcome_words(before), outcome_words(after))
             jobs.append(("before_after", rel, dict(before=before.timeline, after=after.timeline, titles=titles,
                                                    bucket_s=bucket)))
             out.append(rel)
-        for r in tls:
+        for r in tls.values():
             rel = f"{PLOTS_DIR}/{_safe(s)}--{_safe(r.target)}.png"
             jobs.append(("timeline", rel, dict(tl=r.timeline, subtitle=_subtitle(r), bucket_s=bucket, ylim=ylim)))
             out.append(rel)
     bench_rel = None
     if run.bench:
         bench_rel = f"{PLOTS_DIR}/normal-path-cdf.png"
-        jobs.append(("bench", bench_rel, dict(samples=run.bench)))
+        order, baseline = S.bench_order(run)
+        jobs.append(("bench", bench_rel, dict(samples={t: run.bench[t] for t in order}, baseline=baseline)))
     return jobs, rels, bench_rel
 
 
@@ -161,7 +163,7 @@ def generate(run_dir: str | Path, *, bench: str | Path | None = None, jobs: int 
     _render_all(plot_jobs, root, default_jobs() if jobs is None else jobs)
     written = sorted(wanted)
     for name, text in (("summary.md", S.summary_md(run, rels, bench_rel)),
-                       ("report.html", S.report_html(run, rels, bench_rel)),
+                       ("report.html", report_html(run, rels, bench_rel)),
                        ("bench.json", S.bench_json(run))):
         path = root / name
         path.write_text(text, encoding="utf-8")

@@ -15,8 +15,8 @@ from typing import Any
 
 from harness.errors import UsageError
 
-from .load import TABLE_ORDER, Run
-from .summary import fmt_ms, ratio
+from .load import Run
+from .tables import fmt_ms, ratio
 
 METRICS = {"p50": "ms", "p99": "ms", "max": "ms", "fail_open": "count", "stalls": "count"}
 _ALIASES = {"fail-open": "fail_open", "failopen": "fail_open", "stall": "stalls", "stalled": "stalls"}
@@ -72,7 +72,7 @@ def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
     keys: list[tuple[str, str]] = []
     for run in (a, b):
         for s in run.scenarios():
-            for t in run.targets(s, TABLE_ORDER):
+            for t in run.targets(s):
                 if (s, t) not in keys:
                     keys.append((s, t))
     rows = []

@@ -260,7 +260,7 @@ def timeline_stats(tl: Timeline) -> Stats:
 
 def y_limits(timelines: Iterable[Timeline], floor_ms: float = 1e-3) -> tuple[float, float]:
     """Shared log-scale y limits (ms) covering every point, the deadline and tolerance line, with a
-    margin; used to put legacy and hardened on the same axes."""
+    margin; used to put a scenario's targets (before and after) on the same axes."""
     vals = []
     for tl in timelines:
         vals += [p.latency_ms for p in tl.points if math.isfinite(p.latency_ms) and p.latency_ms > 0]

@@ -2,6 +2,12 @@
 
 Everything the reports show comes from here, so ``pdchaos report RUN_DIR`` on a saved run
 rebuilds exactly what the runner wrote at the end of the run.
+
+Which targets a scenario has, in which order, and which one is the "before" (the baseline) come
+from the scenario itself: the ``targets`` and ``baseline_target`` of a summary.json result or of
+the journal's meta line; for a run folder older than both, from the family's defaults (the meta
+line's ``family``, ``lookup`` when absent). Tables list a scenario's targets in its order; plots put
+the baseline first ("before") and pair every other target ("after") with it.
 """
 
 from __future__ import annotations
@@ -17,9 +23,21 @@ from harness.errors import UsageError
 
 from . import data as D
 
-TARGET_ORDER = ("legacy", "hardened")  # before, after: the plots' order
-TABLE_ORDER = ("hardened", "legacy")   # the tables' order: the patch first
 BENCH_FILE = "bench_samples.json"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A scenario's targets (its order: the tables' order) and its baseline ("before"), if any."""
+    targets: tuple[str, ...]
+    baseline: str | None = None
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """(after, before) for every target but the baseline; none without a baseline."""
+        if self.baseline not in self.targets:
+            return []
+        return [(t, self.baseline) for t in self.targets if t != self.baseline]
 
 
 @dataclass
@@ -36,6 +54,15 @@ class Result:
     timeline: D.Timeline | None = None
     stats: D.Stats | None = None
 
+    @property
+    def outcome(self) -> str | None:
+        """as_expected | deviation | skipped | error (harness/outputs.py), or None: no verdict."""
+        if self.verdict in ("skipped", "error"):
+            return self.verdict
+        if self.as_expected is None:
+            return None
+        return "as_expected" if self.as_expected else "deviation"
+
 
 @dataclass
 class Run:
@@ -46,6 +73,7 @@ class Run:
     results: list[Result]
     has_summary: bool
     bench: dict[str, list[float]] | None = None
+    layouts: dict[str, Layout] = field(default_factory=dict)
 
     def scenarios(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -56,10 +84,27 @@ class Run:
     def get(self, scenario: str, target: str) -> Result | None:
         return next((r for r in self.results if r.scenario == scenario and r.target == target), None)
 
-    def targets(self, scenario: str, order: tuple[str, ...] = TARGET_ORDER) -> list[str]:
-        """The scenario's targets, legacy (before) then hardened (after) unless ``order`` says otherwise."""
-        ts = [r.target for r in self.results if r.scenario == scenario]
-        return sorted(ts, key=lambda t: (order.index(t) if t in order else len(order), t))
+    def layout(self, scenario: str) -> Layout:
+        present = tuple(r.target for r in self.results if r.scenario == scenario)
+        lay = self.layouts.get(scenario) or Layout(present)
+        extra = tuple(t for t in present if t not in lay.targets)
+        return Layout(lay.targets + extra, lay.baseline) if extra else lay
+
+    def targets(self, scenario: str) -> list[str]:
+        """The scenario's targets that are in this run, in the scenario's order (the tables')."""
+        present = {r.target for r in self.results if r.scenario == scenario}
+        return [t for t in self.layout(scenario).targets if t in present]
+
+    def plot_targets(self, scenario: str) -> list[str]:
+        """As :meth:`targets`, the baseline (before) first."""
+        b = self.layout(scenario).baseline
+        ts = self.targets(scenario)
+        return sorted(ts, key=lambda t: t != b)
+
+    def baseline(self) -> str | None:
+        """The baseline shared by every scenario of the run, or None (none, or several)."""
+        found = {self.layout(s).baseline for s in self.scenarios()}
+        return found.pop() if len(found) == 1 else None
 
 
 def _str(v: Any) -> str:
@@ -78,6 +123,37 @@ def _read_summary(path: Path) -> dict:
     return doc
 
 
+def _as_expected(r: dict) -> bool | None:
+    """From a summary.json result: its ``outcome``, else ``as_expected``, else verdict vs expected."""
+    if r.get("outcome") in ("as_expected", "deviation", "skipped", "error"):
+        return r["outcome"] == "as_expected"
+    if isinstance(r.get("as_expected"), bool):
+        return r["as_expected"] and r.get("verdict") not in ("skipped", "error")
+    if r.get("verdict") and r.get("expected"):
+        return str(r["verdict"]) in str(r["expected"]).split("|")
+    return None
+
+
+def _layout_of(d: dict) -> Layout | None:
+    """From a summary.json result or a meta line: ``targets`` (a list of names) and ``baseline_target``."""
+    ts = d.get("targets")
+    if not isinstance(ts, list) or not ts or not all(isinstance(t, str) and t for t in ts):
+        return None
+    b = d.get("baseline_target")
+    return Layout(tuple(ts), b if b in ts else None)
+
+
+def _family_layout(name: str) -> Layout | None:
+    """A run folder older than "targets" in the meta line: the family's targets and baseline."""
+    try:
+        from harness.family import get_family
+
+        fam = get_family(str(name))
+        return Layout(tuple(fam.targets), fam.baseline_target)
+    except Exception:  # noqa: BLE001 - an unknown family: no layout, the targets in their run order
+        return None
+
+
 def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
     """The run in ``run_dir``: summary.json if present (verdicts), every journal (data).
 
@@ -93,30 +169,40 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
         raise UsageError(f"{root}: not a run folder: no summary.json and no <scenario>/<target>/journal.jsonl")
     doc = _read_summary(summary_path) if summary_path.is_file() else {}
     results: list[Result] = []
+    saved_layouts: dict[str, Layout] = {}
     for i, r in enumerate(doc.get("results", [])):
         if not isinstance(r, dict) or not r.get("scenario") or not r.get("target"):
             raise UsageError(f"{summary_path}: results[{i}]: expected an object with \"scenario\" and \"target\"")
         checks = r.get("checks") if isinstance(r.get("checks"), list) else []
-        ae = r.get("as_expected")
         results.append(Result(scenario=str(r["scenario"]), target=str(r["target"]),
                               dir=_str(r.get("dir")) or f"{r['scenario']}/{r['target']}",
                               verdict=_str(r.get("verdict")) or "unknown", expected=_str(r.get("expected")),
-                              as_expected=ae if isinstance(ae, bool) else None, reason=_str(r.get("reason")),
+                              as_expected=_as_expected(r), reason=_str(r.get("reason")),
                               file=_str(r.get("file")), checks=[c for c in checks if isinstance(c, dict)]))
+        lay = _layout_of(r)
+        if lay is not None:
+            saved_layouts.setdefault(str(r["scenario"]), lay)
     # Journals the summary does not list (a crashed runner): shown with verdict "unknown".
     listed = {(r.scenario, r.target) for r in results}
     for (s, t) in sorted(journals):
         if (s, t) not in listed:
             results.append(Result(scenario=s, target=t, dir=f"{s}/{t}"))
+    layouts: dict[str, Layout] = dict(saved_layouts)
     for r in results:
         jp = root / r.dir / "journal.jsonl"
         if jp.is_file():
-            tl = D.timeline(J.read_journal(jp), r.scenario, r.target)
+            records = J.read_journal(jp)
+            tl = D.timeline(records, r.scenario, r.target)
             r.timeline, r.stats = tl, D.timeline_stats(tl)
+            if r.scenario not in layouts:
+                m = J.meta(records)
+                lay = _layout_of(m) or _family_layout(m.get("family") or "lookup")
+                if lay is not None:
+                    layouts[r.scenario] = lay
     elapsed = doc.get("elapsed_s")
     run = Run(path=root, run_id=_str(doc.get("run_id")) or root.name, started=_str(doc.get("started")),
               elapsed_s=float(elapsed) if isinstance(elapsed, (int, float)) else None, results=results,
-              has_summary=bool(doc))
+              has_summary=bool(doc), layouts=layouts)
     bench_path = Path(bench) if bench is not None else root / BENCH_FILE
     if bench is not None or bench_path.is_file():
         run.bench = load_bench(bench_path)
@@ -124,8 +210,10 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
 
 
 def load_bench(path: str | Path) -> dict[str, list[float]]:
-    """A normal-path benchmark samples file: ``{"hardened": [µs, ...], "legacy": [µs, ...]}``.
-    Other keys are ignored; at least one of the two targets must be there."""
+    """A normal-path benchmark samples file: ``{"hardened": [µs, ...], "legacy": [µs, ...]}``, the
+    keys being targets (``pdchaos bench lookup --save``). Every list of numbers is one target's
+    samples; other keys (``unit``, ``n``, and lists of words such as ``kinds``) are ignored. At
+    least one target's samples must be there."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -140,14 +228,14 @@ def load_bench(path: str | Path) -> dict[str, list[float]]:
     if doc.get("unit", "us") != "us":
         raise UsageError(f"{p}: \"unit\": expected \"us\" (microseconds), got {doc.get('unit')!r}")
     out: dict[str, list[float]] = {}
-    for target in ("hardened", "legacy"):
-        if target not in doc:
-            continue
-        v = doc[target]
-        if not isinstance(v, list) or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in v):
+    for target, v in doc.items():
+        if not isinstance(v, list) or (v and all(isinstance(x, str) for x in v)):
+            continue  # a scalar or a list of words: metadata
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                   for x in v):
             raise UsageError(f"{p}: \"{target}\": expected a list of non-negative numbers (µs)")
-        out[target] = [float(x) for x in v]
+        out[str(target)] = [float(x) for x in v]
     if not out:
-        raise UsageError(f"{p}: neither \"hardened\" nor \"legacy\" samples found")
+        raise UsageError(f"{p}: no samples: expected a list of µs per target, "
+                         f"e.g. {{\"hardened\": [µs, ...], \"legacy\": [µs, ...]}}")
     return out

@@ -6,8 +6,9 @@ global figure registry, no backend selection, nothing shown, safe in any process
 - ``timeline_png``: one scenario/target, three panels sharing the time axis: every op as a point
   (log latency, coloured by outcome class, fault windows shaded and labelled, deadline line),
   latency quantiles per time bucket, and completed ops/s per bucket.
-- ``before_after_png``: legacy (before) and hardened (after) side by side, same axes.
-- ``bench_cdf_png``: normal-path latency CDF overlay from a bench samples file.
+- ``before_after_png``: a scenario's baseline target (before) and another target (after) side by
+  side, same axes.
+- ``bench_cdf_png``: normal-path latency CDF overlay from a bench samples file, one curve per target.
 """
 
 from __future__ import annotations
@@ -237,7 +238,8 @@ def timeline_png(tl: D.Timeline, path: str | Path, *, subtitle: str = "", bucket
 
 def before_after_png(before: D.Timeline, after: D.Timeline, path: str | Path, *,
                      titles: tuple[str, str] = ("", ""), bucket_s: float | None = None) -> Path:
-    """Legacy (before, left) and hardened (after, right) on the same axes: raw latency and throughput."""
+    """The baseline (before, left) and another target (after, right) on the same axes: raw latency
+    and throughput."""
     end = max(before.end, after.end)
     width = bucket_s or D.nice_bucket(end)
     ylim = D.y_limits([before, after])
@@ -300,19 +302,31 @@ def _fmt_us(v: float) -> str:
     return f"{v:.3g} µs"
 
 
-def bench_cdf_png(samples: dict[str, list[float]], path: str | Path, *, title: str = "") -> Path:
-    """Normal-path latency CDF (left) and its tail, fraction of calls at or above x (right, log)."""
+BENCH_COLOURS = ("#4477AA", "#228833", "#AA3377", "#66CCEE", "#CCBB44")  # after targets, in order
+BASELINE_COLOUR = "#EE7733"
+
+
+def bench_cdf_png(samples: dict[str, list[float]], path: str | Path, *, title: str = "",
+                  baseline: str | None = None) -> Path:
+    """Normal-path latency CDF (left) and its tail, fraction of calls at or above x (right, log), one
+    curve per target; with ``baseline``, the title gives each other target's p50 and p99 ÷ baseline."""
     fig = Figure(figsize=(12, 5.0))
     fig.subplots_adjust(left=0.07, right=0.965, top=0.84, bottom=0.215, wspace=0.2)
     ax, axt = fig.subplots(1, 2)
     title = title or "normal path: lookup latency without faults (pdchaos bench lookup)"
-    if "hardened" in samples and "legacy" in samples and samples["hardened"] and samples["legacy"]:
-        h, lg = D.bench_stats(samples["hardened"]), D.bench_stats(samples["legacy"])
-        title += (f"\nhardened ÷ legacy: p50 ×{h['p50'] / lg['p50']:.2f}, p99 ×{h['p99'] / lg['p99']:.2f}"
-                  if lg["p50"] and lg["p99"] else "")
+    base = D.bench_stats(samples[baseline]) if baseline in samples else None
+    for t, v in samples.items():
+        if base is None or t == baseline or not v or not base["p50"] or not base["p99"]:
+            continue
+        s = D.bench_stats(v)
+        title += f"\n{t} ÷ {baseline}: p50 ×{s['p50'] / base['p50']:.2f}, p99 ×{s['p99'] / base['p99']:.2f}"
     fig.suptitle(title, fontsize=12)
-    colours = {"legacy": "#EE7733", "hardened": "#4477AA"}
-    order = [t for t in ("legacy", "hardened") if t in samples]
+    others = [t for t in samples if t != baseline]
+    colours = {t: BENCH_COLOURS[i % len(BENCH_COLOURS)] for i, t in enumerate(others)}
+    order = others
+    if baseline in samples:
+        colours[baseline] = BASELINE_COLOUR
+        order = [baseline] + others
     lo, hi = math.inf, 0.0
     handles = []
     for t in order:

@@ -1,93 +1,79 @@
-"""Text outputs of a run: summary.md (a PR comment), report.html (one self-contained file), bench.json.
+"""Text outputs of a run: summary.md (a PR comment) and bench.json; report.html is in page.py.
 
-All three are pure functions of a loaded ``Run`` (and the plot paths), with no timestamps of their
-own, so regenerating a saved run gives byte-identical files.
+All are pure functions of a loaded ``Run`` (and the plot paths), with no timestamps of their own,
+so regenerating a saved run gives byte-identical files. The tables come from tables.py, built once
+and rendered here as Markdown and in page.py as HTML.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from . import data as D
-from .load import TABLE_ORDER, Result, Run
+from .load import Result, Run
+from .tables import (LEGEND, MARK, _md, bench_order, bench_ratios, bench_table, expected_words,  # noqa: F401
+                     fmt_ms, fmt_ratio, latency_table, pair_words, ratio, ratio_cell, verdict_cell, verdict_tables)
 
-MARK = {True: "✅", False: "❌", None: "❔"}
-
-
-# ---------------------------------------------------------------- formatting helpers
-
-def fmt_ms(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if v >= 100:
-        return f"{v:,.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """b / a; 1.0 when both are 0; inf when only a is 0; None when either is missing."""
-    if a is None or b is None:
-        return None
-    if a == 0:
-        return 1.0 if b == 0 else math.inf
-    return b / a
-
-
-def ratio_cell(h: Result | None, lg: Result | None, metric: str) -> str:
-    """hardened ÷ legacy of a latency metric, or why there is none: a target that stalled stopped
-    issuing ops, so its quantiles describe a shorter run and a ratio would mislead."""
-    hs, ls = (h.stats if h else None), (lg.stats if lg else None)
-    if hs is None or ls is None:
-        return "–"
-    stalled = [t for t, st in (("hardened", hs), ("legacy", ls)) if st.stalls]
-    if stalled:
-        return f"n/a ({' and '.join(stalled)} stalled)"
-    return fmt_ratio(ratio(getattr(ls, metric), getattr(hs, metric)))
-
-
-def fmt_ratio(r: float | None) -> str:
-    if r is None:
-        return "–"
-    if math.isinf(r):
-        return "∞"
-    return f"×{r:.2f}"
-
-
-def _md(s: object) -> str:
-    """Safe in a markdown table cell: no pipes, no newlines, bounded length."""
-    t = " ".join(str(s).split()).replace("|", "\\|")
-    return t if len(t) <= 240 else t[:237] + "..."
-
-
-def expected_words(expected: str) -> str:
-    """The runner writes alternatives as ``fail|stall``: shown as "fail or stall"."""
-    return " or ".join(e for e in expected.split("|") if e)
-
-
-def verdict_cell(r: Result | None) -> str:
-    if r is None:
-        return "–"
-    cell = f"{MARK[r.as_expected]} {r.verdict}"
-    if r.as_expected is False and r.expected:
-        cell += f" (expected {expected_words(r.expected)})"
-    return cell
+# The sections listing runs that were not as expected: outcome -> heading.
+NOT_AS_EXPECTED = (("deviation", "Deviations"), ("error", "Errors"), ("skipped", "Skipped (not run here)"))
 
 
 def deviations(run: Run) -> list[Result]:
-    return [r for r in run.results if r.as_expected is False]
+    return [r for r in run.results if r.outcome == "deviation"]
 
 
 def failed_checks(r: Result) -> list[dict]:
     return [c for c in r.checks if c.get("ok") is False]
+
+
+def outcome_counts(run: Run) -> dict[str | None, int]:
+    """Outcome (None: no verdict) -> number of scenario/target runs."""
+    out: dict[str | None, int] = dict.fromkeys(MARK, 0)
+    for r in run.results:
+        out[r.outcome] += 1
+    return out
+
+
+def tally_words(run: Run) -> str:
+    """``4 as expected, 0 deviation(s), 1 skipped, 0 error(s)`` (+ ``, 2 without a verdict``)."""
+    c = outcome_counts(run)
+    return (f"{c['as_expected']} as expected, {c['deviation']} deviation(s), {c['skipped']} skipped, "
+            f"{c['error']} error(s)") + (f", {c[None]} without a verdict" if c[None] else "")
+
+
+def run_facts(run: Run) -> list[str]:
+    facts = []
+    if run.started:
+        facts.append(f"started {run.started}")
+    if run.elapsed_s is not None:
+        facts.append(f"took {run.elapsed_s:.1f} s")
+    facts.append(f"{len(run.scenarios())} scenario(s), {len(run.results)} scenario/target pair(s)")
+    return facts
+
+
+def all_pairs(run: Run) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for s in run.scenarios():
+        out += [p for p in run.layout(s).pairs if p not in out]
+    return out
+
+
+def legend(run: Run) -> str:
+    pairs = all_pairs(run)
+    text = LEGEND + "."
+    if pairs:
+        text += (f" Ratios are {pair_words(pairs)} latency under the scenario's faults (n/a when a target "
+                 "stalled: it stopped issuing ops)")
+        return text + "; in the latency table a stalled op counts with the time until the run gave up (a lower bound)."
+    return text + " In the latency table a stalled op counts with the time until the run gave up (a lower bound)."
+
+
+def bench_cost_words(run: Run) -> str:
+    """``hardened ÷ legacy: **p50 ×1.04**, **p99 ×1.06**`` per pair, or "" without a baseline."""
+    return "; ".join(f"{a} ÷ {b}: **p50 {fmt_ratio(r50)}**, **p99 {fmt_ratio(r99)}**"
+                     for a, b, r50, r99 in bench_ratios(run))
 
 
 # ---------------------------------------------------------------- summary.md
@@ -119,76 +105,41 @@ def floor_md(run_dir: Path) -> list[str]:
 
 def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
-    scenarios = run.scenarios()
-    n_as = sum(1 for r in run.results if r.as_expected is True)
-    n_dev = len(deviations(run))
-    n_unk = sum(1 for r in run.results if r.as_expected is None)
-    lines = [f"### pd-chaos run `{_md(run.run_id)}`", ""]
-    head = []
-    if run.started:
-        head.append(f"started {_md(run.started)}")
-    if run.elapsed_s is not None:
-        head.append(f"took {run.elapsed_s:.1f} s")
-    head.append(f"{len(scenarios)} scenario(s), {len(run.results)} scenario/target pair(s)")
-    tally = f"**{n_as} as expected, {n_dev} deviation(s)**" + (f", {n_unk} without a verdict" if n_unk else "")
-    lines += [", ".join(head) + ": " + tally + ".", ""]
+    lines = [f"### pd-chaos run `{_md(run.run_id)}`", "",
+             _md(", ".join(run_facts(run))) + f": **{tally_words(run)}**.", ""]
     if not run.has_summary:
         lines += ["> summary.json is missing (the run did not finish): verdicts are unknown, data is from "
                   "the journals.", ""]
+    for t in verdict_tables(run):
+        lines += t.markdown() + [""]
+    lines += [legend(run), ""]
+    lines += ["<details><summary>Latency and outcomes per scenario and target</summary>", ""]
+    lines += latency_table(run).markdown() + ["", "</details>", ""]
 
-    lines += ["| scenario | hardened | legacy | p50 hardened/legacy | p99 hardened/legacy |",
-              "|---|---|---|---:|---:|"]
-    for s in scenarios:
-        h, lg = run.get(s, "hardened"), run.get(s, "legacy")
-        lines.append(f"| {_md(s)} | {verdict_cell(h)} | {verdict_cell(lg)} | {ratio_cell(h, lg, 'p50')} | "
-                     f"{ratio_cell(h, lg, 'p99')} |")
-    others = sorted({r.target for r in run.results} - {"hardened", "legacy"})
-    if others:
-        lines += ["", "Other targets: " + ", ".join(
-            f"{_md(r.scenario)}/{_md(r.target)} {verdict_cell(r)}" for r in run.results if r.target in others)]
-    lines += ["", "✅ as expected · ❌ deviation · ❔ no verdict. Ratios are hardened ÷ legacy latency under the "
-                  "scenario's faults (n/a when a target stalled: it stopped issuing ops); in the latency table a stalled "
-                  "op counts with the time until the run gave up (a lower bound).", ""]
-
-    lines += ["<details><summary>Latency and outcomes per scenario and target</summary>", "",
-              "| scenario | target | ops | ok | fail-open | errors | stalls | p50 ms | p99 ms | max ms |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for s in scenarios:
-        for t in run.targets(s, TABLE_ORDER):
-            r = run.get(s, t)
-            st = r.stats if r else None
-            if st is None:
-                lines.append(f"| {_md(s)} | {_md(t)} | – | – | – | – | – | – | – | – |")
-                continue
-            lines.append(f"| {_md(s)} | {_md(t)} | {st.n} | {st.ok} | {st.fail_open} | {st.errors} | {st.stalls} | "
-                         f"{fmt_ms(st.p50)} | {fmt_ms(st.p99)} | {fmt_ms(st.max)} |")
-    lines += ["", "</details>", ""]
-
-    if run.bench:
-        lines += ["#### Normal path (no faults, `pdchaos bench lookup`)", "",
-                  "| target | calls | p50 µs | p90 µs | p99 µs | max µs |", "|---|---:|---:|---:|---:|---:|"]
-        bs = {t: D.bench_stats(v) for t, v in run.bench.items()}
-        for t in ("hardened", "legacy"):
-            if t in bs:
-                b = bs[t]
-                lines.append(f"| {t} | {b['n']} | {fmt_ms(b['p50'])} | {fmt_ms(b['p90'])} | {fmt_ms(b['p99'])} | "
-                             f"{fmt_ms(b['max'])} |")
-        if "hardened" in bs and "legacy" in bs:
-            lines += ["", f"Cost of the patch on the normal path, hardened ÷ legacy: "
-                          f"**p50 {fmt_ratio(ratio(bs['legacy']['p50'], bs['hardened']['p50']))}**, "
-                          f"**p99 {fmt_ratio(ratio(bs['legacy']['p99'], bs['hardened']['p99']))}**."]
+    bt = bench_table(run)
+    if bt is not None:
+        lines += ["#### Normal path (no faults, `pdchaos bench lookup`)", ""] + bt.markdown()
+        cost = bench_cost_words(run)
+        if cost:
+            lines += ["", f"Cost on the normal path, {cost}."]
         lines.append("")
 
     lines += floor_md(run.path)
 
-    devs = deviations(run)
-    if devs:
-        lines += ["#### Deviations", ""]
-        for r in devs:
+    for outcome, title in NOT_AS_EXPECTED:
+        rs = [r for r in run.results if r.outcome == outcome]
+        if not rs:
+            continue
+        lines += [f"#### {title}", ""]
+        for r in rs:
             bad = failed_checks(r)
-            lines.append(f"- **{_md(r.scenario)} / {_md(r.target)}**: {r.verdict}, expected "
-                         f"{_md(expected_words(r.expected)) or '?'}"
-                         + (f": {_md(r.reason)}" if r.reason and not bad else ""))
+            head = f"- **{_md(r.scenario)} / {_md(r.target)}**: "
+            if outcome == "deviation":
+                head += f"{r.verdict}, expected {_md(expected_words(r.expected)) or '?'}"
+                head += f": {_md(r.reason)}" if r.reason and not bad else ""
+            else:
+                head += _md(r.reason) or outcome
+            lines.append(head)
             for c in bad:  # the reason repeats these; each on its own line reads better
                 lines.append(f"  - `{_md(c.get('name', '?'))}`: {_md(c.get('message', ''))}")
         lines.append("")
@@ -197,7 +148,7 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
         lines += ["#### Plots", "", "In the run folder:", ""]
         if bench_plot:
             lines.append(f"- normal path CDF: `{bench_plot}`")
-        for s in scenarios:
+        for s in run.scenarios():
             if plots.get(s):
                 lines.append(f"- {_md(s)}: " + ", ".join(f"`{p}`" for p in plots[s]))
         lines.append("")
@@ -210,7 +161,7 @@ def bench_entries(run: Run) -> list[dict[str, Any]]:
     """github-action-benchmark's ``customSmallerIsBetter`` input: ``[{name, unit, value, range?, extra?}]``."""
     out: list[dict[str, Any]] = []
     for s in run.scenarios():
-        for t in run.targets(s, TABLE_ORDER):
+        for t in run.targets(s):
             r = run.get(s, t)
             st = r.stats if r else None
             if st is None:
@@ -221,138 +172,15 @@ def bench_entries(run: Run) -> list[dict[str, Any]]:
                 v = getattr(st, name)
                 if v is not None:
                     out.append({"name": f"{s}/{t}/{name}", "unit": "ms", "value": round(v, 4), "extra": extra})
-    if run.bench:
-        for t in ("hardened", "legacy"):
-            if t not in run.bench:
-                continue
-            b = D.bench_stats(run.bench[t])
-            if not b["n"]:
-                continue
-            for name in ("p50", "p99"):
-                out.append({"name": f"normal-path/{t}/{name}", "unit": "us", "value": round(b[name], 3),
-                            "range": f"± {b['stdev']:.3f}", "extra": f"calls={b['n']} (stdev over all calls)"})
+    for t in bench_order(run)[0]:
+        b = D.bench_stats(run.bench[t])
+        if not b["n"]:
+            continue
+        for name in ("p50", "p99"):
+            out.append({"name": f"normal-path/{t}/{name}", "unit": "us", "value": round(b[name], 3),
+                        "range": f"± {b['stdev']:.3f}", "extra": f"calls={b['n']} (stdev over all calls)"})
     return out
 
 
 def bench_json(run: Run) -> str:
     return json.dumps(bench_entries(run), indent=2, ensure_ascii=False) + "\n"
-
-
-# ---------------------------------------------------------------- report.html
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1400px;padding:0 16px;color:#222}
-h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
-td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f5f5f5}
-.ok{color:#1a7f37}.bad{color:#cf222e;font-weight:600}.unk{color:#777}
-img{max-width:100%;border:1px solid #eee;margin:6px 0}details{margin:6px 0}summary{cursor:pointer}
-code{background:#f3f3f3;padding:1px 4px;border-radius:3px}.muted{color:#666}
-"""
-
-
-def _e(s: object) -> str:
-    return html.escape(str(s), quote=True)
-
-
-def _img(run_dir: Path, rel: str, alt: str) -> str:
-    data = base64.b64encode((run_dir / rel).read_bytes()).decode("ascii")
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _vcell(r: Result | None) -> str:
-    if r is None:
-        return "<td>–</td>"
-    cls = {True: "ok", False: "bad", None: "unk"}[r.as_expected]
-    tip = f"expected {expected_words(r.expected)}" if r.expected else "no expectation"
-    return f'<td class="{cls}" title="{_e(tip)}">{MARK[r.as_expected]} {_e(r.verdict)}' + (
-        f" (expected {_e(expected_words(r.expected))})" if r.as_expected is False and r.expected else "") + "</td>"
-
-
-def report_html(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
-    root = run.path
-    scenarios = run.scenarios()
-    n_dev = len(deviations(run))
-    p: list[str] = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-                    f"<title>pd-chaos run {_e(run.run_id)}</title><style>{_CSS}</style></head><body>",
-                    f"<h1>pd-chaos run <code>{_e(run.run_id)}</code></h1>"]
-    info = []
-    if run.started:
-        info.append(f"started {_e(run.started)}")
-    if run.elapsed_s is not None:
-        info.append(f"took {run.elapsed_s:.1f} s")
-    info.append(f"{len(scenarios)} scenario(s), {len(run.results)} scenario/target pair(s)")
-    verdict_cls = "ok" if n_dev == 0 else "bad"
-    p.append(f'<p>{", ".join(info)}: <span class="{verdict_cls}">'
-             f"{sum(1 for r in run.results if r.as_expected is True)} as expected, {n_dev} deviation(s)</span></p>")
-    if not run.has_summary:
-        p.append("<p class='bad'>summary.json is missing: verdicts are unknown, data is from the journals.</p>")
-
-    p += ["<h2>Verdicts</h2>", "<table><tr><th>scenario</th><th>hardened</th><th>legacy</th>"
-          "<th>p50 hardened/legacy</th><th>p99 hardened/legacy</th></tr>"]
-    for s in scenarios:
-        h, lg = run.get(s, "hardened"), run.get(s, "legacy")
-        p.append(f'<tr><td><a href="#s-{_e(s)}">{_e(s)}</a></td>{_vcell(h)}{_vcell(lg)}'
-                 f'<td class="n">{_e(ratio_cell(h, lg, "p50"))}</td><td class="n">{_e(ratio_cell(h, lg, "p99"))}</td></tr>')
-    p.append("</table>")
-
-    p += ["<h2>Latency and outcomes</h2>",
-          "<p class='muted'>Latency in ms. Stalled ops count with the time until the run gave up (a lower bound).</p>",
-          "<table><tr><th>scenario</th><th>target</th><th>ops</th><th>ok</th><th>fail-open</th><th>errors</th>"
-          "<th>stalls</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>ops/s</th></tr>"]
-    for s in scenarios:
-        for t in run.targets(s, TABLE_ORDER):
-            r = run.get(s, t)
-            st = r.stats if r else None
-            if st is None:
-                p.append(f"<tr><td>{_e(s)}</td><td>{_e(t)}</td><td colspan=10 class='muted'>no journal</td></tr>")
-                continue
-            tput = f"{st.throughput:.1f}" if st.throughput is not None else "–"
-            p.append(f"<tr><td>{_e(s)}</td><td>{_e(t)}</td>" + "".join(
-                f'<td class="n">{v}</td>' for v in (st.n, st.ok, st.fail_open, st.errors, st.stalls, fmt_ms(st.p50),
-                                                   fmt_ms(st.p95), fmt_ms(st.p99), fmt_ms(st.max), tput)) + "</tr>")
-    p.append("</table>")
-
-    if run.bench:
-        p.append("<h2>Normal path (no faults)</h2><table><tr><th>target</th><th>calls</th><th>p50 µs</th>"
-                 "<th>p90 µs</th><th>p99 µs</th><th>max µs</th></tr>")
-        for t in ("hardened", "legacy"):
-            if t in run.bench:
-                b = D.bench_stats(run.bench[t])
-                p.append(f"<tr><td>{t}</td>" + "".join(f'<td class="n">{v}</td>' for v in (
-                    b["n"], fmt_ms(b["p50"]), fmt_ms(b["p90"]), fmt_ms(b["p99"]), fmt_ms(b["max"]))) + "</tr>")
-        p.append("</table>")
-        if bench_plot:
-            p.append(_img(root, bench_plot, "normal path latency CDF"))
-
-    for s in scenarios:
-        p.append(f'<h2 id="s-{_e(s)}">{_e(s)}</h2>')
-        for t in run.targets(s, TABLE_ORDER):
-            r = run.get(s, t)
-            if r is None:
-                continue
-            line = f"<b>{_e(t)}</b>: {MARK[r.as_expected]} {_e(r.verdict)}"
-            if r.expected:
-                line += f", expected {_e(expected_words(r.expected))}"
-            if r.reason:
-                line += f" — {_e(r.reason)}"
-            p.append(f"<p>{line}</p>")
-            if r.checks:
-                p.append(f"<details{' open' if failed_checks(r) else ''}><summary>checks of {_e(t)}</summary>"
-                         "<table><tr><th>check</th><th>result</th><th>message</th></tr>")
-                for c in r.checks:
-                    ok = c.get("ok")
-                    cls, word = {True: ("ok", "ok"), False: ("bad", "violated"), None: ("unk", "n/a")}.get(
-                        ok, ("unk", "?"))
-                    p.append(f"<tr><td>{_e(c.get('name', '?'))}</td><td class='{cls}'>{word}</td>"
-                             f"<td>{_e(c.get('message', ''))}</td></tr>")
-                p.append("</table></details>")
-        both = [rel for rel in plots.get(s, []) if rel.endswith("--before-after.png")]
-        for rel in both:
-            p.append(_img(root, rel, f"{s}: before and after"))
-        for rel in plots.get(s, []):
-            if rel not in both:  # the per-target timelines: folded when the before/after plot is there
-                p.append(f"<details{'' if both else ' open'}><summary>timeline, quantiles and throughput: "
-                         f"<code>{_e(rel)}</code></summary>{_img(root, rel, rel)}</details>")
-    p.append("</body></html>")
-    return "\n".join(p) + "\n"

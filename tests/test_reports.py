@@ -34,15 +34,17 @@ DEADLINE_MS = 200.0
 TOLERANCE_MS = 50.0
 
 
-def _meta(scenario: str, target: str, expect: str, faults: list[dict], cap_s: float = 8.0) -> dict:
-    return {"type": "meta", "scenario": scenario, "target": target, "deadline_ms": DEADLINE_MS,
-            "tolerance_ms": TOLERANCE_MS, "seed": 7, "t0": T0, "wall_start": "2026-01-01T00:00:00+00:00",
-            "cap_s": cap_s, "checks": {"bounded_return": {}}, "expect": expect,
+def _meta(scenario: str, target: str, expect: str, faults: list[dict], cap_s: float = 8.0,
+          targets: tuple[str, ...] = ("hardened", "legacy"), baseline: str | None = "legacy") -> dict:
+    return {"type": "meta", "scenario": scenario, "file": f"{scenario}.yaml", "family": "lookup", "target": target,
+            "deadline_ms": DEADLINE_MS, "tolerance_ms": TOLERANCE_MS, "seed": 7, "t0": T0,
+            "wall_start": "2026-01-01T00:00:00+00:00", "cap_s": cap_s, "checks": {"bounded_return": {}},
+            "expect": expect, "targets": list(targets), "baseline_target": baseline,
             "topology": {"transport": "ipc"}, "faults": faults}
 
 
 def scenario_journal(scenario: str, target: str, *, duration: float = 6.0, rate: float = 40.0,
-                     scale: float = 1.0, seed: int = 1) -> list[dict]:
+                     scale: float = 1.0, seed: int = 1, **layout) -> list[dict]:
     """One closed-loop worker issuing lookups every 1/rate s (or as soon as the previous returns).
 
     scenario: "slow-peer" (a 500 ms peer from 2 s to 4 s), "silent-server" (from 3 s the server never
@@ -55,7 +57,7 @@ def scenario_journal(scenario: str, target: str, *, duration: float = 6.0, rate:
               "silent-server": [("silent_server", 3.0, 5.0, {})],
               "bad-reply": [("malformed_reply", 1.5, 2.5, {"kind": "five_bytes"})],
               "normal": []}[scenario]
-    recs: list[dict] = [_meta(scenario, target, "pass", [{"name": n, "at": a} for n, a, _, _ in faults])]
+    recs: list[dict] = [_meta(scenario, target, "pass", [{"name": n, "at": a} for n, a, _, _ in faults], **layout)]
     in_fault = lambda x: next((f for f in faults if f[1] <= x < f[2]), None)  # noqa: E731
     events: list[tuple[float, dict]] = []
     for fid, (name, a, b, params) in enumerate(faults):
@@ -363,8 +365,10 @@ def test_summary_md_bench_json_and_html(run_dir):
     root = run_dir[0]
     md = (root / "summary.md").read_text()
     assert "| silent-server | ✅ pass | ✅ stall | n/a (legacy stalled) | n/a (legacy stalled) |" in md
-    assert "**4 as expected, 0 deviation(s)**" in md
-    assert "Cost of the patch on the normal path, hardened ÷ legacy" in md
+    assert "**4 as expected, 0 deviation(s), 0 skipped, 0 error(s)**" in md
+    assert "| scenario | hardened | legacy | p50 hardened/legacy | p99 hardened/legacy |" in md
+    assert "Ratios are hardened ÷ legacy latency" in md
+    assert "Cost on the normal path, hardened ÷ legacy: **p50 ×" in md
     for rel in ("plots/slow-peer--before-after.png", "plots/normal-path-cdf.png"):
         assert f"`{rel}`" in md and (root / rel).is_file()
 
@@ -433,9 +437,11 @@ def test_load_without_summary_and_bad_bench(tmp_path):
     bad.write_text(json.dumps({"hardened": [1, "x"]}))
     with pytest.raises(UsageError, match="hardened.*list of non-negative numbers"):
         load_bench(bad)
-    bad.write_text(json.dumps({"other": [1]}))
-    with pytest.raises(UsageError, match="neither"):
+    bad.write_text(json.dumps({"unit": "us", "n": 1}))
+    with pytest.raises(UsageError, match="no samples"):
         load_bench(bad)
+    bad.write_text(json.dumps({"plain": [1.0], "shouting": [2], "kinds": ["hit"]}))  # another family's targets
+    assert load_bench(bad) == {"plain": [1.0], "shouting": [2.0]}
     bad.write_text(json.dumps({"unit": "ms", "hardened": [1.0]}))
     with pytest.raises(UsageError, match="microseconds"):
         load_bench(bad)
@@ -529,9 +535,108 @@ def test_verdict_cells_and_ratio_cells():
     assert verdict_cell(r) == "❌ pass (expected fail or stall)"
     r.as_expected = True
     assert verdict_cell(r) == "✅ pass"
+    # a skipped run is its own outcome, even where an older summary.json said "as_expected": true
+    assert verdict_cell(Result("s", "legacy", "s/legacy", verdict="skipped", expected="pass",
+                               as_expected=True)) == "⏭️ skipped"
+    assert verdict_cell(Result("s", "legacy", "s/legacy", verdict="error", as_expected=False)) == "⚠️ error"
     h = Result("s", "hardened", "s/hardened", stats=D.Stats(10, 10, 0, 0, 0, 1.0, 2.0, 3.0, 4.0, 1.0, 10.0))
     lg = Result("s", "legacy", "s/legacy", stats=D.Stats(10, 10, 0, 0, 0, 0.5, 1.0, 1.5, 2.0, 1.0, 10.0))
     assert ratio_cell(h, lg, "p99") == "×2.00"
     lg.stats.stalls = 1
     assert ratio_cell(h, lg, "p99") == "n/a (legacy stalled)"
     assert ratio_cell(h, None, "p50") == "–"
+
+
+# ------------------------------------------------------------------ targets from the scenario, not from names
+
+def _three_target_run(root: Path) -> Path:
+    """slow-peer with targets fast, middle, base (baseline base); normal with middle skipped."""
+    targets, results = ("fast", "middle", "base"), []
+    for s in ("slow-peer", "normal"):
+        for t in targets:
+            path = root / s / t / "journal.jsonl"
+            if s == "normal" and t == "middle":
+                write_journal(path, [{**_meta(s, t, "pass", [], targets=targets, baseline="base"),
+                                      "skipped": "needs root"}, {"type": "end", "t": T0, "reason": "skipped"}])
+                results.append({"scenario": s, "target": t, "dir": f"{s}/{t}", "verdict": "skipped",
+                                "expected": "pass", "reason": "needs root", "checks": []})
+                continue
+            # scenario_journal's "hardened" behaviour (fail open at the deadline) for the fast target
+            recs = scenario_journal(s, "hardened" if t == "fast" else t, targets=targets, baseline="base")
+            recs[0]["target"] = t
+            write_journal(path, recs)
+            verdict = "fail" if (s, t) == ("slow-peer", "base") else "pass"
+            results.append({"scenario": s, "target": t, "dir": f"{s}/{t}", "verdict": verdict, "expected": verdict,
+                            "checks": [{"name": "bounded_return", "ok": verdict == "pass", "message": "m"},
+                                       {"name": "recovery", "ok": None, "message": "not applicable: no fault"}]})
+    (root / "summary.json").write_text(json.dumps({"run_id": "three", "results": results}))
+    return root
+
+
+@pytest.mark.timeout(30)
+def test_columns_and_pairs_come_from_the_scenarios_targets(tmp_path):
+    from reports.page import report_html
+    from reports.summary import summary_md
+
+    run = load_run(_three_target_run(tmp_path / "three"))
+    assert run.targets("slow-peer") == ["fast", "middle", "base"]
+    assert run.plot_targets("slow-peer") == ["base", "fast", "middle"]
+    jobs, rels, _ = plan(run)
+    assert rels["slow-peer"] == ["plots/slow-peer--before-after--fast.png", "plots/slow-peer--before-after--middle.png",
+                                 "plots/slow-peer--base.png", "plots/slow-peer--fast.png",
+                                 "plots/slow-peer--middle.png"]
+    pairs = [(kw["before"].target, kw["after"].target) for kind, _, kw in jobs if kind == "before_after"]
+    assert pairs == [("base", "fast"), ("base", "middle"), ("base", "fast")]  # normal: middle skipped, no plot
+    assert rels["normal"] == ["plots/normal--before-after--fast.png", "plots/normal--base.png",
+                              "plots/normal--fast.png"]
+
+    md = summary_md(run, rels, None)
+    assert ("| scenario | fast | middle | base | p50 fast/base | p50 middle/base | p99 fast/base | p99 middle/base |"
+            in md)
+    assert "| normal | ✅ pass | ⏭️ skipped | ✅ pass | " in md
+    assert "**5 as expected, 0 deviation(s), 1 skipped, 0 error(s)**" in md
+    assert "#### Skipped (not run here)" in md and "- **normal / middle**: needs root" in md
+    assert "Ratios are fast ÷ base and middle ÷ base latency" in md
+    assert "hardened" not in md and "legacy" not in md
+
+    page = report_html(run, {}, None)
+    assert "<th>p99 middle/base</th>" in page and "⏭️ skipped" in page
+    # a check that does not apply is n/a, never "ok"
+    assert "<td>recovery</td><td class='unk'>n/a</td><td>not applicable: no fault</td>" in page
+    assert "<td>recovery</td><td class='ok'>" not in page
+
+
+@pytest.mark.timeout(30)
+def test_bench_samples_of_other_targets_render(tmp_path):
+    root = _three_target_run(tmp_path / "three")
+    (root / "bench_samples.json").write_text(json.dumps({"fast": [90.0, 100.0, 110.0], "base": [100.0, 120.0, 140.0],
+                                                         "kinds": ["hit", "miss", "hit"]}))
+    written = generate(root, jobs=1)
+    assert root / "plots" / "normal-path-cdf.png" in written
+    md = (root / "summary.md").read_text()
+    assert "| fast | 3 |" in md and "| base | 3 |" in md  # the baseline last
+    assert md.index("| fast | 3 |") < md.index("| base | 3 |")
+    assert "Cost on the normal path, fast ÷ base: **p50 ×0.83**" in md
+    names = {e["name"] for e in json.loads((root / "bench.json").read_text())}
+    assert {"normal-path/fast/p50", "normal-path/base/p99"} <= names
+
+
+@pytest.mark.timeout(20)
+def test_old_journals_without_targets_take_the_family_defaults(tmp_path):
+    for t in ("legacy", "hardened"):
+        recs = scenario_journal("slow-peer", t)
+        for k in ("family", "targets", "baseline_target"):
+            del recs[0][k]  # a run folder from before families
+        write_journal(tmp_path / "slow-peer" / t / "journal.jsonl", recs)
+    run = load_run(tmp_path)
+    assert run.targets("slow-peer") == ["hardened", "legacy"] and run.layout("slow-peer").baseline == "legacy"
+    assert run.plot_targets("slow-peer") == ["legacy", "hardened"]
+    # an unknown family: targets in their run order, no baseline, so no pairs (and no crash)
+    for t in ("legacy", "hardened"):
+        recs = scenario_journal("normal", t)
+        for k in ("targets", "baseline_target"):
+            del recs[0][k]
+        recs[0]["family"] = "no_such_family_here"
+        write_journal(tmp_path / "normal" / t / "journal.jsonl", recs)
+    run = load_run(tmp_path)
+    assert run.layout("normal").pairs == [] and sorted(run.targets("normal")) == ["hardened", "legacy"]

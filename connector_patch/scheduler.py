@@ -1,6 +1,7 @@
 """The scheduler-side decision of upstream ``KVPoolScheduler.get_num_new_matched_tokens``.
 
-Same rules as upstream (``shared/upstream-facts.md`` §1), around any client with
+Same rules as upstream (vllm-ascend ``182b75ea``,
+``vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store/pool_scheduler.py``), around any client with
 ``lookup(token_len, block_hashes, kv_cache_group_ids, hbm_hit_tokens) -> int``. With the hardened
 client a failed RPC is a 0 hit, so the request falls through to local compute: ``(0, False)`` and
 no load spec. vLLM's ``Request`` is modelled by :class:`PoolRequest` (vLLM cannot be imported here).

@@ -14,6 +14,11 @@ A **step** is any object with
 After ``install()`` the runner calls ``check()`` again: a step is done only when ``check()`` says so.
 Any other exception from a step is reported as that step failing (one line, no traceback).
 
+**Optional steps** (:func:`optional_steps`, marked ``optional = True``) follow the core ones, opt-in:
+a plain run only checks them (``already present``, or ``optional, not selected``) and runs one
+only when it is picked by name (``--only NAME``). Today: the P/D node stack (``pd-node-stack``,
+``pd-tiny-model``, from :func:`harness.nodeenv.pd_steps`), which no family uses yet.
+
 Core steps: ``toxiproxy-server`` (pinned v2.12.0, built with Go by ``scripts/install-toxiproxy.sh``),
 ``iptables`` and ``iproute2`` (``ip``, ``tc``; apt-get, as root). A family adds its own by returning
 step objects from :meth:`harness.family.Family.setup_steps`, e.g. ``[AptStep("socat", "socat",
@@ -213,16 +218,31 @@ def is_step(obj: Any) -> bool:
             and callable(getattr(obj, "check", None)) and callable(getattr(obj, "install", None)))
 
 
+def optional_steps() -> list[Any]:
+    """Opt-in steps (run only when picked with ``--only NAME``), marked ``optional = True``."""
+    from .nodeenv import pd_steps
+
+    steps = pd_steps()
+    for step in steps:
+        step.optional = True
+    return steps
+
+
 def all_steps() -> tuple[list[Any], list[str]]:
-    """The core steps, then every family's (``Family.setup_steps()``), first of each name kept;
-    and the problems found collecting them (a family that does not load, a non-step)."""
+    """The core steps, the optional steps, then every family's (``Family.setup_steps()``), first
+    of each name kept (a family naming an optional step makes it a default one); and the problems
+    found collecting them (a family that does not load, a non-step)."""
     steps, problems = core_steps(), []
+    try:
+        steps += optional_steps()
+    except Exception as exc:
+        problems.append(f"optional steps: could not load: {type(exc).__name__}: {exc}")
     try:
         from .family import all_families
 
         families = all_families()
     except Exception as exc:  # a broken plugin family: say so, still set up the rest
-        return steps, [f"families: could not load: {exc}"]
+        return steps, problems + [f"families: could not load: {exc}"]
     for fam in families:
         try:
             extra = list(fam.setup_steps() or [])
@@ -230,18 +250,21 @@ def all_steps() -> tuple[list[Any], list[str]]:
             problems.append(f"family {fam.name!r}: setup_steps() raised {type(exc).__name__}: {exc}")
             continue
         for obj in extra:
+            same = [s for s in steps if s.name == getattr(obj, "name", None)]
             if not is_step(obj):
                 problems.append(f"family {fam.name!r}: setup_steps() returned {obj!r}, not a step "
                                 "(needs name, check(), install(); see harness/setup.py)")
-            elif all(s.name != obj.name for s in steps):
+            elif not same:
                 steps.append(obj)
+            elif getattr(same[0], "optional", False):
+                same[0].optional = False
     return steps, problems
 
 
 @dataclass
 class Result:
     name: str
-    state: str  # "present", "installed", "would install", "cannot install" (dry run), "failed"
+    state: str  # "present", "installed", "would install", "cannot install" (dry run), "failed", "optional"
     detail: str
     how: str = ""
 
@@ -250,7 +273,7 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.state in ("present", "installed")
+        return self.state in ("present", "installed", "optional")
 
 
 def _failure(exc: BaseException) -> tuple[str, str]:
@@ -261,8 +284,8 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     return f"{type(exc).__name__}: {exc}", ""
 
 
-def run_step(step: Any, dry_run: bool = False) -> Result:
-    """check(), then (unless present, or ``dry_run``) install() and check() again."""
+def run_step(step: Any, dry_run: bool = False, selected: bool = True) -> Result:
+    """check(), then (unless present, ``dry_run`` or not ``selected``) install() and check() again."""
     try:
         status = step.check()
         if status is not None:
@@ -270,6 +293,8 @@ def run_step(step: Any, dry_run: bool = False) -> Result:
     except Exception as exc:
         why, how = _failure(exc)
         return Result(step.name, "failed", f"check() failed: {why}", how)
+    if not selected:
+        return Result(step.name, "optional", f"pdchaos setup --only {step.name}")
     if dry_run:
         try:
             plan = step.plan() if callable(getattr(step, "plan", None)) else "install"
@@ -292,23 +317,39 @@ def describe(r: Result) -> str:
     """The progress line's tail: ``already present: ...``, ``installed ...``, ``FAILED: ...``."""
     return {"present": f"already present: {r.detail}", "installed": r.detail,
             "would install": f"would install: {r.detail}", "cannot install": f"cannot install: {r.detail}",
-            "failed": f"FAILED: {r.detail}"}[r.state]
+            "failed": f"FAILED: {r.detail}", "optional": f"optional, not selected ({r.detail})"}[r.state]
+
+
+def _picked(steps: list[Any], selected: Iterable[str] | None) -> set[str]:
+    """The names of the optional steps in ``steps`` that run. ``selected``: the names picked
+    with ``--only``; None infers it: a list holding every core step is the full list (nothing
+    optional picked), any other list is a pick by name (``--only``)."""
+    if selected is not None:
+        return set(selected)
+    names = {s.name for s in steps}
+    return set() if {s.name for s in core_steps()} <= names else names
 
 
 def run_setup(steps: list[Any], dry_run: bool = False, problems: Iterable[str] = (),
-              out: Callable[[str], None] = print, err: Callable[[str], None] | None = None) -> int:
-    """Run ``steps`` in order, one progress line each, then one line per missing piece.
+              out: Callable[[str], None] = print, err: Callable[[str], None] | None = None,
+              selected: Iterable[str] | None = None) -> int:
+    """Run ``steps`` in order, one progress line each, then one line per missing piece; an
+    optional step only when picked (``selected``, see :func:`_picked`).
     Exit code: 0 all present; 2 something missing (``--dry-run``: 1 incomplete)."""
     err = err or (lambda s: print(s, file=sys.stderr))
+    picked = _picked(steps, selected)
     results = []
     for step in steps:
-        r = run_step(step, dry_run)
+        r = run_step(step, dry_run, selected=not getattr(step, "optional", False) or step.name in picked)
         results.append(r)
         out(f"setup: {r.name} ... {describe(r)}")
     problems = list(problems)
     missing = [r for r in results if not r.ok]
     if not missing and not problems:
-        out(f"setup: complete ({len(results)} of {len(results)} present)")
+        skipped = [r.name for r in results if r.state == "optional"]
+        n = len(results) - len(skipped)
+        out(f"setup: complete ({n} of {n} present)" + (f"; optional, not selected: {', '.join(skipped)}"
+                                                         if skipped else ""))
         return 0
     if dry_run and not problems and all(r.state == "would install" for r in missing):
         out(f"setup: dry run: {len(missing)} of {len(results)} would be installed: "

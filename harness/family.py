@@ -50,6 +50,12 @@ class WorkloadSpec(Spec):
 
     duration: Duration = Field(3.0, description="how long the workload issues ops")
 
+    def op_bound(self) -> float:
+        """The longest (s) the workload itself waits for one op before it records it as hung; the
+        runner waits for the workload that long past its duration (0: the scenario's deadline +
+        tolerance bound it)."""
+        return 0.0
+
     def recovery_gap(self, within: int) -> float:
         """The least time (s) a fault schedule must leave after a window for the ``recovery``
         check to see ``within`` ops of every worker. Families with paced workers override it."""

@@ -202,10 +202,12 @@ class _ScenarioRun:
             t0 = time.monotonic()
             os.kill(self.workload.pid, signal.SIGUSR1)
             self.jw.write({**self.meta, "t0": t0})
-            end_at = t0 + m.workload.duration + m.deadline + m.tolerance + 2 * GRACE_S
+            op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
+            end_at = t0 + m.workload.duration + op_s + 2 * GRACE_S
             hard_cap = started + m.cap
             self.nemesis = threading.Thread(target=self._schedule, args=(t0,), daemon=True, name="nemesis")
             self.nemesis.start()
+            self.topo.start_sampling()
             while self.workload.alive and time.monotonic() < min(end_at, hard_cap):
                 if self.runner.interrupted:
                     raise _Interrupted()
@@ -237,6 +239,7 @@ class _ScenarioRun:
         for fid, fault in list(self.active.items()):
             self._heal(fault, fid, "teardown")
         self.active.clear()
+        topo.stop_sampling()
         if self.workload is not None:
             self.workload.stop(2.0)
             topo.event("workload_exit", returncode=self.workload.returncode)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,7 @@ class BaseTopology:
         self._retired: list[ProcHandle] = []  # processes stopped, killed or replaced during the run
         self._clients: dict[str, ControlClient] = {}
         self._n = 0
+        self._lock = threading.Lock()
         self.netns = None  # a faults.netns.NetnsPair when the family links two namespaces
         self.toxiproxy = self.services.get("toxiproxy")
         self.proxy_name: str | None = None  # the Toxiproxy proxy in the faulted link, if any
@@ -141,8 +143,10 @@ class BaseTopology:
               ready_timeout_s: float = 10.0) -> ProcHandle:
         """Start a ``pdchaos node`` process; with a netns link inside its namespace. ipc control
         sockets live in the file system, so they work across network namespaces."""
-        self._n += 1
-        log = self.logs / (log_name or f"{self._n:02d}-{kind}.log")
+        with self._lock:
+            self._n += 1
+            n = self._n
+        log = self.logs / (log_name or f"{n:02d}-{kind}.log")
         argv = node_command(kind, args)
         env = {"PDCHAOS_FAMILY": self.family_name}  # where the node finds its kind
         if self.netns is not None:
@@ -177,6 +181,25 @@ class BaseTopology:
         if ctl:
             node.baseline = self.probe(role, "baseline")
         return node
+
+    def start_nodes(self, roles: list[str]) -> None:
+        """Start several nodes at once (each in its own thread: slow starters such as vLLM servers
+        then cost the slowest one, not the sum); the first failure is raised after all ended."""
+        errors: list[BaseException] = []
+
+        def one(role: str) -> None:
+            try:
+                self.start_node(role)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(r,), name=f"start-{r}") for r in roles]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
 
     def node(self, role: str) -> Node:
         n = self.nodes.get(role)
@@ -235,7 +258,12 @@ class BaseTopology:
         self.start_node(role)
 
     def _signal(self, node: Node, sig: int) -> None:
-        os.kill(node.proc.pid, sig)
+        # the whole process group (a node is its group's leader): a node that runs a server as
+        # its child (e.g. vLLM) freezes, thaws or dies with it
+        try:
+            os.killpg(node.proc.pid, sig)
+        except ProcessLookupError:
+            os.kill(node.proc.pid, sig)
         self.event("process_signal", kind=node.kind, role=node.role, pid=node.proc.pid,
                    signal=signal.Signals(sig).name)
 
@@ -303,6 +331,35 @@ class BaseTopology:
                 self.event("probe_silent", role=role, kind=node.kind, pid=node.proc.pid, when="final")
             else:
                 self.probe_node(node, "final", stats)
+
+    # ------------------------------------------------------------------ sampling
+    sample_interval_s: float | None = None  # a family that wants node gauges over time sets it
+
+    def start_sampling(self) -> None:
+        """While the workload runs, probe every node with a control channel every
+        ``sample_interval_s`` (``when: "sample"``): node gauges over time for checks and plots. A
+        node that is down, frozen or silent is simply not sampled then."""
+        if not self.sample_interval_s or getattr(self, "_sampler", None) is not None:
+            return
+        self._sampling = threading.Event()
+
+        def loop() -> None:
+            while not self._sampling.wait(self.sample_interval_s):
+                for role in list(self.nodes):
+                    stats = self.node_stats(role, timeout_ms=500)
+                    node = self.nodes.get(role)
+                    if stats is not None and node is not None:
+                        self.probe_node(node, "sample", stats)
+
+        self._sampler = threading.Thread(target=loop, name="sampler", daemon=True)
+        self._sampler.start()
+
+    def stop_sampling(self) -> None:
+        sampler = getattr(self, "_sampler", None)
+        if sampler is not None:
+            self._sampling.set()
+            sampler.join(5.0)
+            self._sampler = None
 
     # ------------------------------------------------------------------ workload
     def start_workload(self, journal_part: Path) -> ProcHandle:

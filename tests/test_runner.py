@@ -220,7 +220,11 @@ def test_schema_list_validate(tmp_path: Path) -> None:
     schema = run_cli("schema")
     assert schema.returncode == 0
     doc = json.loads(schema.stdout)
-    assert "faults" in doc["properties"] and "workload" in doc["properties"]
+    branches = doc.get("oneOf", [doc])  # one branch per family, selected by `family`
+    assert len(branches) >= 2
+    for b in branches:
+        assert "faults" in b["properties"] and "workload" in b["properties"] and "family" in b["properties"]
+    assert {b["properties"]["family"]["default"] for b in branches} >= {"lookup", "pd"}
     write(tmp_path, "clean", CLEAN.replace("TRANSPORT", "ipc"))
     listed = run_cli("list", str(tmp_path))
     assert listed.returncode == 0 and "clean" in listed.stdout

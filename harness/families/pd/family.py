@@ -1,0 +1,66 @@
+"""The pd family's definition (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.family import Family
+
+from .nodes import NODE_KINDS
+from .spec import PDTopologySpec, PDWorkloadSpec
+
+PKG = __name__.rsplit(".", 1)[0]
+
+
+class PDFamily(Family):
+    name = "pd"
+    description = "real vLLM prefill + decode on CPU, vLLM's MooncakeConnector over TCP, the project's P/D proxy"
+    targets = ("upstream",)
+    baseline_target = "upstream"
+    Topology = PDTopologySpec
+    Workload = PDWorkloadSpec
+    fault_modules = ()
+    check_modules = (f"{PKG}.checks",)
+    primary_ops = ("complete",)
+    node_kinds = NODE_KINDS
+
+    def requirements(self, scenario: Any) -> set[str]:
+        link = scenario.topology.link
+        needs = {"pd-node-stack"}
+        return needs | ({"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set())
+
+    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
+        from harness.nodeenv.steps import PdStackStep, TinyModelStep
+
+        for step in (PdStackStep(), TinyModelStep()):
+            if step.check() is None:
+                return f"the P/D node stack is not installed ({step.name}): run `pdchaos setup`"
+        link = scenario.topology.link
+        if "toxiproxy" in needs and link != "toxiproxy":
+            return "a toxic fault needs topology.link: toxiproxy"
+        if "netns" in needs and link != "netns":
+            return "a partition fault needs topology.link: netns"
+        return None
+
+    def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any]):
+        from .topology import PDTopology
+
+        return PDTopology(scenario, target, run_dir, record, services)
+
+    def log_secrets(self, run_dir: Path) -> list[str]:
+        p = run_dir / "prompts.json"  # the workload's prompts and reference outputs: never in a log
+        if not p.exists():
+            return []
+        data = json.loads(p.read_text())
+        return [x for item in data for x in (item.get("prompt", ""), item.get("expected", "")) if len(x) >= 16]
+
+    def setup_steps(self) -> list[Any]:
+        from harness.nodeenv import pd_steps
+
+        return pd_steps()
+
+
+FAMILY = PDFamily()

@@ -1,0 +1,49 @@
+"""The pd family's ``topology:`` and ``workload:`` blocks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from faults.base import Duration
+from harness.family import Spec, WorkloadSpec
+
+
+class PDTopologySpec(Spec):
+    model: Literal["tiny-llama-v1"] = Field("tiny-llama-v1", description="the locally built model")
+    kv_load_failure_policy: Literal["fail", "recompute"] = Field(
+        "fail", description="vLLM's kv_load_failure_policy on D: fail (HTTP error) or recompute (D prefills)")
+    abort_timeout: Duration = Field(480.0, description="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT on both nodes; "
+                                                      "upstream D waits this + 60 s for a dead P")
+    link: Literal["direct", "toxiproxy", "netns"] = "direct"
+    proxy_order: Literal["parallel", "sequential"] = Field(
+        "parallel", description="parallel: P and D asked at once (upstream's example proxy); sequential: D "
+                                "only after P answered (lets a phase hook hold a request in between)")
+    proxy_timeout: Duration = Field(60.0, description="the proxy answers every request within this, "
+                                                     "with an HTTP error if P, D or the bootstrap did not")
+    startup_timeout: Duration = Field(300.0, description="a vLLM server must answer /health within this")
+    max_num_seqs: int = Field(8, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _sane(self) -> "PDTopologySpec":
+        if self.abort_timeout < 1.0:
+            raise ValueError("abort_timeout must be at least 1s")
+        return self
+
+
+class PDWorkloadSpec(WorkloadSpec):
+    duration: Duration = Field(10.0, description="how long the workload issues requests")
+    concurrency: int = Field(2, ge=1, le=16, description="client workers")
+    rate: float = Field(2.0, gt=0, le=100, description="requests/s over all workers")
+    prompt_tokens: int = Field(200, ge=8, le=400, description="approximate prompt length in tokens (unique "
+                                                            "prompts, so D really pulls)")
+    output_tokens: int = Field(16, ge=1, le=64, description="max_tokens, greedy (temperature 0)")
+    request_timeout: Duration = Field(30.0, description="the client gives up after this: the op is recorded "
+                                                      "as stalled, with how long it hung")
+
+    def recovery_gap(self, within: int) -> float:
+        return within * self.concurrency / self.rate
+
+    def op_bound(self) -> float:
+        return self.request_timeout

@@ -1,0 +1,65 @@
+"""The pd family's topology: a prefill node, a decode node and the P/D proxy, on loopback.
+
+Roles: ``prefill:0`` and ``decode:0`` (``vllm`` nodes: a real vLLM server each, from the node
+env, pinned to cores 0 and 1), ``proxy`` (``pd-proxy``); the workload (``pd-workload``) sends its
+completions through the proxy. P and D start in parallel (each takes 20 s to minutes on 2 cores);
+a node that a fault killed is started again on the same ports. vLLM's own logs go to
+``server-logs/<role>.log`` in the run folder (they are vLLM's, not the harness's, and are kept
+out of ``log_hygiene``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.topology import BaseTopology, NodeSpec, free_tcp_port
+
+CORES = {"prefill:0": 0, "decode:0": 1}
+
+
+class PDTopology(BaseTopology):
+    workload_kind = "pd-workload"
+
+    def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any] | None = None):
+        super().__init__(scenario, target, run_dir, record, services)
+        self.topo = scenario.topology
+        self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
+        self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
+        self.server_logs = run_dir / "server-logs"
+        self.server_logs.mkdir(parents=True, exist_ok=True)
+
+    def url(self, role: str) -> str:
+        return f"http://127.0.0.1:{self.ports[role]}"
+
+    def node_spec(self, role: str) -> NodeSpec:
+        t = self.topo
+        if role in CORES:
+            kind = role.split(":")[0]
+            args = ["--role", kind, "--port", str(self.ports[role]), "--bootstrap-port", str(self.bootstrap[role]),
+                    "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
+                    "--cpu-core", str(CORES[role]), "--startup-timeout-s", str(int(t.startup_timeout)),
+                    "--server-log", str(self.server_logs / f"{role.replace(':', '-')}.log")]
+            return NodeSpec("vllm", args, ready_timeout_s=t.startup_timeout + 30.0,
+                            endpoints={"http": self.url(role),
+                                       "bootstrap": f"http://127.0.0.1:{self.bootstrap[role]}"})
+        if role == "proxy":
+            args = ["--port", str(self.ports["proxy"]), "--prefill", self.url("prefill:0"),
+                    "--prefill-bootstrap", f"http://127.0.0.1:{self.bootstrap['prefill:0']}",
+                    "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}", "--order", t.proxy_order]
+            return NodeSpec("pd-proxy", args, endpoints={"http": self.url("proxy")})
+        return super().node_spec(role)
+
+    def start(self) -> None:
+        self.start_nodes(["prefill:0", "decode:0"])
+        self.start_node("proxy")
+
+    def workload_config(self) -> dict:
+        from harness.nodeenv.tiny_model import model_dir
+
+        w = self.scenario.workload
+        return {"proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
+                "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
+                "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,
+                "model": str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}

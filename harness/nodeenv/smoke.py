@@ -19,7 +19,6 @@ passed, 1 otherwise (with one line saying why).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from typing import Callable
 HEALTH_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
 STOP_GRACE_S = 30.0
+STARTING_GRACE_S = 10.0  # vLLM may not act on SIGTERM before it serves
 PROMPT = "The prefill node sends the cache blocks to the decode node, and then"
 MOONCAKE_CONFIG = {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer",
                    "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
@@ -65,11 +65,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pdeathsig() -> None:  # runs in the child before exec: die with the smoke, whatever kills it
+# A reaper per server, in its own session: it blocks reading a pipe whose write end only the
+# smoke holds. A clean stop writes "x" first; any other end of the smoke (even SIGKILL) closes the
+# pipe with nothing written, and the reaper kills the server's whole process group.
+REAPER = """
+import os, signal, sys
+fd, pgid = int(sys.argv[1]), int(sys.argv[2])
+if os.read(fd, 1) != b"x":
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
         pass
+"""
 
 
 # --------------------------------------------------------------------------- process group
@@ -128,9 +135,14 @@ class Server:
         self._log = open(log, "wb")
         self.t_start = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                     preexec_fn=_pdeathsig)
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self.pgid = self.proc.pid
+        r, self._reaper_w = os.pipe()
+        try:
+            self.reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(r), str(self.pgid)], pass_fds=(r,),
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(r)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -176,8 +188,8 @@ class Server:
             data = {"raw": raw[:200].decode(errors="replace")}
         return status, data, time.monotonic() - t0
 
-    def stop(self) -> dict:
-        """SIGTERM to the group, SIGKILL after the grace period; wait until none of it is left."""
+    def stop(self, grace: float = STOP_GRACE_S) -> dict:
+        """SIGTERM to the group, SIGKILL after ``grace`` s; wait until none of it is left."""
         t0 = time.monotonic()
         how = "SIGTERM"
         try:
@@ -185,10 +197,10 @@ class Server:
         except ProcessLookupError:
             pass
         try:
-            self.proc.wait(timeout=STOP_GRACE_S)
+            self.proc.wait(timeout=grace)
         except Exception:
             how = "SIGKILL"
-        deadline = time.monotonic() + (STOP_GRACE_S if how == "SIGTERM" else 0)
+        deadline = time.monotonic() + (grace if how == "SIGTERM" else 0)
         while group_pids(self.pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
         if group_pids(self.pgid):
@@ -206,6 +218,13 @@ class Server:
             pass
         self._log.close()
         left = group_pids(self.pgid)
+        if not left:  # the group is gone: tell the reaper not to act, and let it go
+            os.write(self._reaper_w, b"x")
+        os.close(self._reaper_w)
+        try:
+            self.reaper.wait(timeout=10)
+        except Exception:
+            self.reaper.kill()
         return {"stopped_by": how, "stop_s": round(time.monotonic() - t0, 2), "left": left}
 
 
@@ -238,8 +257,10 @@ def run_one(kind: str, vllm: Path, model: Path, logs: Path, health_timeout: floa
     server = Server(vllm, model, port, log, _server_env(vllm.parent, extra_env), extra_args)
     say(f"smoke {kind}: vllm serve on 127.0.0.1:{port} (pid {server.pgid}, log {log}) ...")
     result: dict = {"kind": kind, "port": port}
+    healthy = False
     try:
         result["startup_s"] = round(server.wait_health(health_timeout), 1)
+        healthy = True
         say(f"smoke {kind}: /health 200 after {result['startup_s']} s")
         if kind == "plain":
             texts = []
@@ -272,7 +293,7 @@ def run_one(kind: str, vllm: Path, model: Path, logs: Path, health_timeout: floa
         say(f"smoke {kind}: {len(result['memory']['processes'])} processes, RSS {result['memory']['rss_mib']:.0f} MiB, "
             f"PSS {result['memory']['pss_mib']:.0f} MiB")
     finally:
-        stopped = server.stop()
+        stopped = server.stop(STOP_GRACE_S if healthy else STARTING_GRACE_S)
         result.update(stopped)
         say(f"smoke {kind}: stopped by {stopped['stopped_by']} in {stopped['stop_s']} s"
             + (f"; STILL RUNNING: {stopped['left']}" if stopped["left"] else ""))

@@ -16,8 +16,8 @@ Any other exception from a step is reported as that step failing (one line, no t
 
 **Optional steps** (:func:`optional_steps`, marked ``optional = True``) follow the core ones, opt-in:
 a plain run only checks them (``already present``, or ``optional, not selected``) and runs one
-only when it is picked by name (``--only NAME``). Today: the P/D node stack (``pd-node-stack``,
-``pd-tiny-model``, from :func:`harness.nodeenv.pd_steps`), which no family uses yet.
+only when it is picked by name (``--only NAME``), until a family's ``setup_steps()`` names it.
+Today: the P/D node stack (``pd-node-stack``, ``pd-tiny-model``, :func:`harness.nodeenv.pd_steps`).
 
 Core steps: ``toxiproxy-server`` (pinned v2.12.0, built with Go by ``scripts/install-toxiproxy.sh``),
 ``iptables`` and ``iproute2`` (``ip``, ``tc``; apt-get, as root). A family adds its own by returning

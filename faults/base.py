@@ -116,9 +116,11 @@ class Fault(abc.ABC):
 
 
 class OnceFault(Fault):
-    """A fault whose heal runs at most once, and only after its injection began: ``start()``
-    marks it active, then calls :meth:`inject`; ``stop()`` calls :meth:`heal` once if active.
-    Marked before injecting, so a fault that failed half-way is still healed at teardown."""
+    """A fault whose heal runs only after its injection began, until it succeeds once: ``start()``
+    marks it active, then calls :meth:`inject`; ``stop()`` calls :meth:`heal` if active, and
+    clears the mark once the heal returned. Marked before injecting, so a fault that failed
+    half-way is still healed at teardown; a heal that raised is tried again there (so ``heal``
+    must be safe to call again after a partial run)."""
 
     def __init__(self, params: FaultParams, ctx: FaultContext):
         super().__init__(params, ctx)
@@ -137,8 +139,8 @@ class OnceFault(Fault):
 
     def stop(self) -> None:
         if self._active:
-            self._active = False
             self.heal()
+            self._active = False  # only once healed: a heal that raised is tried again at teardown
 
 
 def delay_categories(ctx: FaultContext, delay_s: float, *, over: tuple[str, ...] = ("timeout",)) -> tuple[str, ...]:

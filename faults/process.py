@@ -46,8 +46,9 @@ class _NodeFault(OnceFault):
             self._roles.append(role)
 
     def heal(self) -> None:
-        for role in self._roles:
-            self.undo(role)
+        while self._roles:  # each role leaves the list once undone: a retried heal resumes
+            self.undo(self._roles[0])
+            self._roles.pop(0)
 
 
 @register

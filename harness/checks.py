@@ -278,6 +278,13 @@ def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     final = [p for p in inp.probes if p.get("when") == "final"]
     silent = [e for e in inp.events if e.get("what") == "probe_silent" and e.get("when") == "final"]
     dead = [p for p in final if not p.get("alive")]
+    gone = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
+    seen = {p.get("pid") for p in final} | {e.get("pid") for e in silent} | gone
+    unknown = [p for p in inp.probes if p.get("when") == "baseline" and p.get("pid") not in seen]
+    if unknown:
+        p = unknown[0]
+        return _r(False, f"{p.get('node')} ({p.get('kind')}) pid {p.get('pid')} started, but neither answered at "
+                         f"the end nor was stopped: its state at the end is unknown")
     if silent:
         e = silent[0]
         return _r(False, f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} did not answer at the end")
@@ -295,12 +302,14 @@ def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     stalled = [o for o in inp.all_ops if o.get("outcome") == "stalled"]
     end = next((r for r in inp.records if r.get("type") == "end"), {})
+    if not inp.all_ops:
+        return _r(False, "no op in the history: nothing shows that ops return")
     if stalled:
         return _r(False, f"{len(stalled)} ops never returned (first: op {stalled[0]['id']}); the runner "
                          f"stopped the client", stalled=len(stalled))
     if end.get("reason") == "cap":
         return _r(False, "the scenario hit its wall-clock cap")
-    return _r(True, "every op returned")
+    return _r(True, f"every one of {len(inp.all_ops)} ops returned")
 
 
 # --------------------------------------------------------------------------- running

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-OUTCOMES = ("as_expected", "deviation", "skipped", "error")
 # summary.json "counts": outcome -> key
 COUNT_KEYS = {"as_expected": "as_expected", "deviation": "deviations", "skipped": "skipped", "error": "errors"}
 

@@ -162,11 +162,22 @@ def scenario_model(family: str = DEFAULT_FAMILY):
 
 
 def json_schema() -> dict:
-    """One JSON Schema for every family's scenario files (``family`` selects the branch)."""
-    branches = [scenario_model(n).model_json_schema(by_alias=True) for n in known_families()]
-    if len(branches) == 1:
-        return branches[0]
-    return {"title": "pd-chaos scenario", "oneOf": branches}
+    """One JSON Schema for every family's scenario files: a branch per family, selected by
+    ``family`` (required in every branch but the default family's), definitions shared at the
+    top under a per-family prefix."""
+    names = known_families()
+    if len(names) == 1:
+        return scenario_model(names[0]).model_json_schema(by_alias=True)
+    defs: dict = {}
+    branches = []
+    for name in names:
+        doc = scenario_model(name).model_json_schema(by_alias=True, ref_template=f"#/$defs/{name}__{{model}}")
+        for key, value in doc.pop("$defs", {}).items():
+            defs[f"{name}__{key}"] = value
+        if name != DEFAULT_FAMILY:
+            doc["required"] = sorted(set(doc.get("required", [])) | {"family"})
+        branches.append(doc)
+    return {"title": "pd-chaos scenario", "oneOf": branches, "$defs": defs}
 
 
 # --------------------------------------------------------------------------- loading

@@ -338,3 +338,24 @@ def test_undecided_fails_and_not_applicable_is_not_a_pass() -> None:
     r = C.run_checks(C.CheckInput([meta()]), {}, checks, {"maybe": "legacy keeps no counters"})[0]
     assert r.ok is None and r.message.startswith("not applicable")
     assert C.verdict([r]) == "pass"  # ignored by the verdict, and shown as n/a in the reports
+
+
+def test_checks_do_not_pass_on_an_empty_history() -> None:
+    for name in ("no_stall", "fail_open", "correct_hits", "bounded_return", "node_alive", "no_leaks",
+                 "harness_integrity", "exactly_one_reply"):
+        assert run(name, [meta()]).ok is False, name
+    # admin resets alone do not show that lookups return correct hits
+    reset_only = [meta(primary_ops=["lookup"]), *op(1, 0, f="reset", value=True, expected=True)]
+    assert run("correct_hits", reset_only).ok is False
+    # a malformed_requests fault that sent nothing shows nothing
+    none_sent = [meta(), event("malformed_requests", sent=0, answered=0, unanswered=0)]
+    assert run("exactly_one_reply", none_sent).ok is False
+
+
+def test_node_alive_needs_every_started_node_accounted_for() -> None:
+    hist = [meta(), probe("server", "baseline", pid=1), probe("interposer", "baseline", pid=2),
+            probe("server", "final", pid=1)]
+    r = run("node_alive", hist)
+    assert r.ok is False and "interposer" in r.message
+    assert run("node_alive", hist + [probe("interposer", "final", pid=2)]).ok is True
+    assert run("node_alive", hist + [event("process_stop", pid=2)]).ok is True

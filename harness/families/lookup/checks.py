@@ -13,6 +13,8 @@ FAIL_CATEGORIES = ("timeout", "transport", "protocol", "server_error", "backend_
 
 @check("fail_open")
 def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    if not inp.ops:
+        return _r(False, "no lookup in the history: nothing shows the client fails open")
     raised = [o for o in inp.all_ops if o.get("outcome") == "raised"]
     nonzero = [o for o in inp.all_ops if o.get("phase") == "fail" and o.get("value") not in (0, False)]
     failed = [o for o in inp.all_ops if o.get("phase") == "fail"]
@@ -31,6 +33,8 @@ def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 def correct_hits(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     ok_ops = [o for o in inp.all_ops if o.get("phase") == "ok"]  # lookups and admin resets
     wrong = [o for o in ok_ops if o.get("value") != o.get("expected")]
+    if not any(o.get("phase") == "ok" for o in inp.ops) and not wrong:
+        return _r(False, "no successful lookup: nothing returned a hit that could be checked")
     if wrong:
         o = wrong[0]
         return _r(False, f"{len(wrong)} of {len(ok_ops)} successful ops returned a wrong hit; op {o['id']} "
@@ -57,6 +61,8 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     for ev in inp.events:
         if ev.get("what") == "malformed_requests":
             evidence.append("malformed_requests")
+            if not ev.get("sent"):
+                problems.append("malformed requests: none was sent, so none was shown to be answered")
             # every bad request must get exactly one reply, and that reply must be a v1 error
             # envelope (not accepted as ok, not an undecodable or raw 4-byte reply)
             if (ev.get("unanswered", 0) or ev.get("duplicates", 0) or ev.get("answered") != ev.get("sent")

@@ -199,12 +199,31 @@ def test_stamp_idempotence_resume_and_key_change(tmp_path):
     changed.ensure()
     assert calls == ["a", "b", "b", "a"] and changed.installed() and not env.installed()
 
+    # one install at a time: a second one waits for the lock, then finds the work done
+    import fcntl
+    import threading
+
+    with open(tmp_path / f"{env.path.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (env.path / "stamp.json").unlink()
+        waiter = NodeEnv("t", ["pin==1"], [Step("a", "ka2", a, 60), Step("b", "kb", b, 60)], root=tmp_path,
+                         out=lines.append)
+        result: list[str] = []
+        th = threading.Thread(target=lambda: result.append(waiter.ensure()))
+        th.start()
+        time.sleep(1.5)
+        assert th.is_alive() and any("another install" in ln for ln in lines)
+        changed._install()  # the lock holder finishes the job (resumes: no step left)
+    th.join(10)
+    assert result and result[0].startswith("already installed") and "by another install" in result[0]
+    assert calls == ["a", "b", "b", "a"]
+
     # a folder whose venv is broken is made anew (all steps again)
     (changed.python).unlink()
     assert not changed.installed()
     changed.ensure()
     assert calls[-2:] == ["a", "b"] and changed.installed()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [env.path.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [env.path.name, f"{env.path.name}.lock"]
 
 
 def test_nodeenv_never_installs_into_the_harness_env(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ harness. One :class:`NodeEnv` is
   :meth:`NodeEnv.ensure` reads the stamp and does nothing (milliseconds); after an interrupted
   install it resumes at the first step without a matching marker (pip installs are idempotent, so
   a step that was cut halfway is simply run again). A folder whose venv itself is broken (no
-  python, a different interpreter) is removed and made anew.
+  python, a different interpreter) is removed and made anew. One install at a time per env
+  (``<env>.lock`` beside it, flock).
 
 Every subprocess has a timeout and runs in its own session (a timeout kills its whole group);
 its output goes to ``install.log`` in the env folder. Progress is one line per step; a failure is
@@ -23,6 +24,7 @@ its output goes to ``install.log`` in the env folder. Progress is one line per s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -238,9 +240,33 @@ class NodeEnv:
         return False
 
     def ensure(self) -> str:
-        """Install what is missing; return one line saying what was done. Idempotent."""
+        """Install what is missing; return one line saying what was done. Idempotent; one
+        install at a time per env (a second one waits for the first, then finds it done)."""
         if self.installed():
             return f"already installed at {self.path}"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.parent / f"{self.path.name}.lock", "w") as lock:
+            waited = self._lock(lock)
+            if self.installed():
+                return f"already installed at {self.path} (by another install, waited {waited:.0f} s)"
+            return self._install()
+
+    def _lock(self, fh) -> float:
+        t0, said = time.monotonic(), False
+        limit = VENV_TIMEOUT_S + sum(s.timeout for s in self.steps)
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - t0
+            except BlockingIOError:
+                if not said:
+                    self.out(f"  {self.name}: another install of {self.path} is running: waiting for it")
+                    said = True
+                if time.monotonic() - t0 > limit:
+                    raise NodeEnvError(f"another install of {self.path} held its lock for {limit:.0f} s") from None
+                time.sleep(1.0)
+
+    def _install(self) -> str:
         t0 = time.monotonic()
         if self.path.exists() and not self._venv_ok():
             self.out(f"  {self.name}: {self.path} holds no usable venv: removing it and starting over")

@@ -35,27 +35,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="a skipped scenario run (a tool or privilege missing here) fails the run: exit 1")
     p.add_argument("--bench", type=int, metavar="N", default=0,
-                   help="also run `pdchaos bench lookup --n N` first and keep its samples in the run folder "
-                        "(normal-path CDF and ratios in the reports)")
+                   help="also run `pdchaos bench FAMILY --n N` first for each selected family that has a "
+                        "benchmark, and keep its samples in the run folder (normal-path CDF and ratios in the "
+                        "reports)")
 
 
-def run_bench(run_dir: Path, n: int) -> None:
-    """The normal-path benchmark as its own process (it starts and stops its own servers); its raw
-    samples go to bench_samples.json, which the reports turn into the CDF and the cost ratios."""
+def run_bench(run_dir: Path, n: int, family: str, out: Path) -> None:
+    """A family's normal-path benchmark as its own process (it starts and stops its own nodes);
+    its raw samples go to ``out``, which the reports turn into the CDF and the cost ratios."""
     import subprocess
 
-    out = run_dir / "bench_samples.json"
-    cmd = [sys.executable, "-m", "harness.cli", "bench", "lookup", "--n", str(n), "--save", str(out)]
-    print(f"bench: {n} lookups per target, hardened vs legacy ...", flush=True)
+    cmd = [sys.executable, "-m", "harness.cli", "bench", family, "--n", str(n), "--save", str(out)]
+    print(f"bench {family}: {n} ops per target ...", flush=True)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
-        print("warning: bench did not finish within 600 s; no normal-path figures", file=sys.stderr)
+        print(f"warning: bench {family} did not finish within 600 s; no normal-path figures", file=sys.stderr)
         return
     if proc.returncode not in (0, 1) or not out.exists():
-        print(f"warning: bench failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        print(f"warning: bench {family} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+              file=sys.stderr)
         return
-    (run_dir / "bench.txt").write_text(proc.stdout)
+    (out.with_suffix(".txt")).write_text(proc.stdout)
     print(proc.stdout.strip(), flush=True)
 
 
@@ -110,11 +111,15 @@ def run(args: argparse.Namespace) -> int:
         unknown = [t for t in args.target if t not in known]
         if unknown:
             raise UsageError(f"--target {unknown[0]!r}: no selected scenario has it; targets: {', '.join(sorted(known))}")
+    benched = list(dict.fromkeys(s.family.name for s in scenarios if s.family.bench_module))
     if args.bench and args.bench < 100:
-        raise UsageError("--bench: at least 100 lookups per target")
+        raise UsageError("--bench: at least 100 ops per target")
+    if args.bench and not benched:
+        raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
     run_dir = new_run_dir(args.runs_dir)
-    if args.bench:
-        run_bench(run_dir, args.bench)
+    for i, fam in enumerate(benched if args.bench else []):
+        # the reports read bench_samples.json (the first family's); others keep their own file
+        run_bench(run_dir, args.bench, fam, run_dir / ("bench_samples.json" if i == 0 else f"bench_samples-{fam}.json"))
     started_wall = datetime.now(timezone.utc).isoformat()
     t_start = time.monotonic()
     n_items = sum(len([t for t in s.model.targets if not args.target or t in args.target]) for s in scenarios)

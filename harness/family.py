@@ -50,6 +50,12 @@ class WorkloadSpec(Spec):
 
     duration: Duration = Field(3.0, description="how long the workload issues ops")
 
+    def planned_ops(self) -> float:
+        """About how many ops the workload means to issue (workload_ran wants a quarter of them);
+        0 when the family cannot say. Paced workloads: rate x duration."""
+        rate = getattr(self, "rate", None)
+        return float(rate) * self.duration if isinstance(rate, (int, float)) else 0.0
+
     def op_bound(self) -> float:
         """The longest (s) the workload itself waits for one op before it records it as hung; the
         runner waits for the workload that long past its duration (0: the scenario's deadline +
@@ -115,8 +121,18 @@ class Family:
         return set()
 
     def unmet(self, scenario: Any, needs: set[str]) -> str | None:
-        """A reason the scenario cannot run with this topology (e.g. a fault needs a link the
-        topology does not have), or None."""
+        """A reason the scenario cannot run with this topology whatever the machine (e.g. a fault
+        needs a link the topology does not have), or None: a validation error."""
+        return None
+
+    def unavailable(self, scenario: Any) -> str | None:
+        """A reason this machine cannot run the scenario (e.g. a node stack is not installed), or
+        None: the scenario is then skipped with that reason, never passed."""
+        return None
+
+    def roles(self, scenario: Any) -> list[str] | None:
+        """The node roles this scenario's topology has (``node:`` of a fault must name them), or
+        None when the family does not say."""
         return None
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:

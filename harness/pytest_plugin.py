@@ -65,8 +65,16 @@ class ScenarioItem(pytest.Item):
         stash = self.config.stash
         key = _RUNNER_KEY
         if key not in stash:
+            from contextlib import ExitStack
+
+            from harness.cmd_run import start_toxiproxy
+
             run_dir = new_run_dir(self.config.getoption("--pdchaos-runs-dir"))
-            stash[key] = (Runner(run_dir), run_dir)
+            services = ExitStack()  # closed at the end of the session (stops toxiproxy-server)
+            stash[_SERVICES_KEY] = services
+            items = [i for i in self.session.items if isinstance(i, ScenarioItem)]
+            toxiproxy = start_toxiproxy(list({id(i.scenario): i.scenario for i in items}.values()), services, run_dir)
+            stash[key] = (Runner(run_dir, toxiproxy=toxiproxy), run_dir)
         return stash[key]
 
     def runtest(self) -> None:
@@ -93,10 +101,13 @@ class ScenarioItem(pytest.Item):
 
 
 _RUNNER_KEY = pytest.StashKey[tuple]()
+_SERVICES_KEY = pytest.StashKey[object]()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     stash = session.config.stash
+    if _SERVICES_KEY in stash:
+        stash[_SERVICES_KEY].close()
     if _RUNNER_KEY in stash:
         from harness.runner import write_summary
 

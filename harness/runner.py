@@ -48,7 +48,7 @@ def missing_requirements(scenario: LoadedScenario, services: dict[str, Any]) -> 
     needs = set(scenario.family.requirements(scenario))
     for f in scenario.faults:
         needs |= set(registry[f.type].requires)
-    why = scenario.family.unmet(scenario, needs)
+    why = scenario.family.unmet(scenario, needs) or scenario.family.unavailable(scenario)
     if why:
         return why
     if "toxiproxy" in needs and services.get("toxiproxy") is None:
@@ -114,13 +114,12 @@ class Runner:
         na = dict(fam.not_applicable(sc, target))
         if not sc.faults:
             na.setdefault("recovery", "no fault is scheduled")
-        planned = getattr(m.workload, "rate", 0) * m.workload.duration
         return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
                 "deadline_ms": m.deadline * 1000.0, "tolerance_ms": m.tolerance * 1000.0, "seed": m.seed,
                 "cap_s": m.cap, "wall_start": datetime.now(timezone.utc).isoformat(),
                 "checks": self._check_config(sc), "not_applicable": na, "expect": m.expected(target),
                 "targets": list(m.targets), "baseline_target": fam.baseline_target,
-                "primary_ops": list(fam.primary_ops), "planned_ops": planned,
+                "primary_ops": list(fam.primary_ops), "planned_ops": m.workload.planned_ops(),
                 "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
                 "t0": None}
 
@@ -252,18 +251,19 @@ class _ScenarioRun:
         leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive] + topo.leftovers()
         if leftovers:
             topo.event("leftovers", what_left=leftovers)
-        # every node may write its own part of the journal (the workload writes its ops): merge
-        # the parts by time into the one journal
+        # every node may write its own part of the journal (the workload writes its ops): the
+        # parts and the runner's own records become one history, in time order (meta first)
+        jw.close()
         parts = sorted(self.part.parent.glob("*.part.jsonl"))
-        merged = [rec for part in parts for rec in read_journal(part)]
-        for rec in sorted(merged, key=lambda r: r.get("t", 0.0)):
-            jw.write(rec)
+        records = read_journal(jw.path) + [rec for part in parts for rec in read_journal(part)]
+        records.sort(key=lambda r: (r.get("type") != "meta", r.get("t", 0.0)))
+        stalled = sum(1 for o in J.ops(records) if o.get("outcome") == "stalled")
+        records.append({"type": "end", "t": time.monotonic(), "reason": reason, "stalled": stalled})
+        tmp = jw.path.with_suffix(".tmp")
+        J.write_journal(tmp, records)
+        os.replace(tmp, jw.path)
         for part in parts:
             part.unlink()
-        jw.flush()
-        stalled = sum(1 for o in J.ops(read_journal(jw.path)) if o.get("outcome") == "stalled")
-        jw.write({"type": "end", "t": time.monotonic(), "reason": reason, "stalled": stalled})
-        jw.close()
 
     def _schedule(self, t0: float) -> None:
         """The nemesis: start and stop events in time order, each recorded in the journal."""

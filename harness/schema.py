@@ -98,6 +98,7 @@ class _ScenarioBase(_Strict):
                 raise ValueError(f"fault {f.type!r} at {f.at:g}s for {f.for_:g}s ends after the workload "
                                  f"({self.workload.duration:g}s)")
         validate_recovery_gaps(self, self.faults)
+        validate_faults_fit(self, self.faults)
         get_family(self.family).validate(self)
         return self
 
@@ -108,6 +109,28 @@ class _ScenarioBase(_Strict):
 
     def check_options(self, name: str) -> CheckOptions:
         return self.checks.get(name, CheckOptions())
+
+
+def validate_faults_fit(scenario: Any, faults: list) -> None:
+    """Every fault fits this topology (the link it needs, the roles it names): whatever the
+    machine, a mismatch is an error here, not a skip at run time."""
+    fam = get_family(scenario.family)
+    registry = load_registry(fam.name)
+    needs = set(fam.requirements(scenario))
+    for f in faults:
+        needs |= set(registry[f.type].requires)
+    why = fam.unmet(scenario, needs)
+    if why:
+        raise ValueError(why)
+    roles = fam.roles(scenario)
+    for i, f in enumerate(faults):
+        spec = getattr(f, "node", None)
+        if roles is None or not isinstance(spec, str) or spec == "all":
+            continue
+        found = [r for r in roles if r.startswith(spec[:-1])] if spec.endswith(":*") else [r for r in roles if r == spec]
+        if not found:
+            raise ValueError(f"faults[{i}] ({f.type}): node {spec!r} names no role of this topology "
+                             f"(roles: {', '.join(roles)})")
 
 
 def validate_recovery_gaps(scenario: Any, faults: list) -> None:
@@ -193,6 +216,7 @@ class LoadedScenario:
         self.faults = list(model.faults) + self._draw_random()
         if model.random_faults is not None:
             validate_recovery_gaps(model, self.faults)
+            validate_faults_fit(model, self.faults)
 
     @property
     def name(self) -> str:

@@ -49,6 +49,13 @@ def test_toy_family_runs_through_pdchaos_run(tmp_path: Path) -> None:
     assert next(r for r in journal if r["type"] == "meta")["family"] == "echo_family"
     assert {r.get("f") for r in journal if r["type"] == "op"} == {"echo"}
     assert any(r["type"] == "event" and r["what"] == "process_kill" and r["role"] == "server" for r in journal)
+    # a node's own part of the journal (the echo server's state transitions) is merged in time order
+    garble = [json.loads(line) for line in (run_dir / "echo-garble" / "plain" / "journal.jsonl").open()]
+    states = [r for r in garble if r["type"] == "event" and r["what"] == "echo_garble"]
+    assert [r["on"] for r in states] == [True, False]
+    times = [r["t"] for r in garble if "t" in r and r["type"] != "meta"]
+    assert times == sorted(times) and garble[0]["type"] == "meta" and garble[-1]["type"] == "end"
+    assert not list((run_dir / "echo-garble" / "plain").glob("*.part.jsonl"))
     # offline re-check gives the same verdicts
     again = cli("check", str(run_dir))
     assert again.returncode == 0 and "DEVIATION" not in again.stdout, again.stdout + again.stderr

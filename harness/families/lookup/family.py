@@ -55,6 +55,9 @@ class LookupFamily(Family):
             return "a partition fault needs topology.link: netns"
         return None
 
+    def roles(self, scenario: Any) -> list[str]:
+        return ["server"] + (["interposer"] if scenario.topology.link == "interposer" else [])
+
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
         if target != "legacy":
             return {}

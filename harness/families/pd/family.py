@@ -28,15 +28,20 @@ class PDFamily(Family):
 
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link
-        needs = {"pd-node-stack"}
-        return needs | ({"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set())
+        return set() | ({"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set())
 
-    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
+    def unavailable(self, scenario: Any) -> str | None:
         from harness.nodeenv.steps import PdStackStep, TinyModelStep
 
         for step in (PdStackStep(), TinyModelStep()):
             if step.check() is None:
                 return f"the P/D node stack is not installed ({step.name}): run `pdchaos setup`"
+        return None
+
+    def roles(self, scenario: Any) -> list[str]:
+        return ["prefill:0", "decode:0", "proxy"]
+
+    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
         link = scenario.topology.link
         if "toxiproxy" in needs and link != "toxiproxy":
             return "a toxic fault needs topology.link: toxiproxy"

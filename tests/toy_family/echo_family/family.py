@@ -30,7 +30,8 @@ class EchoTopology(BaseTopology):
 
     def node_spec(self, role: str) -> NodeSpec:
         if role == "server":
-            args = ["--endpoint", self.endpoint] + (["--uppercase"] if self.target == "shouting" else [])
+            args = ["--endpoint", self.endpoint, "--journal", str(self.journal_part("server"))]
+            args += ["--uppercase"] if self.target == "shouting" else []
             return NodeSpec("echo-server", args)
         return super().node_spec(role)
 

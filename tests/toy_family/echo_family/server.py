@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import zmq
 
 from faults.control import ControlServer
+from harness.journal import JournalWriter
 from harness.nodeutil import announce_ready, stop_event
 
 
@@ -14,6 +16,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--endpoint", required=True)
     p.add_argument("--control")
     p.add_argument("--uppercase", action="store_true")
+    p.add_argument("--journal", help="this node's own journal part (the runner merges it)")
 
 
 def run_node(args: argparse.Namespace) -> int:
@@ -27,7 +30,15 @@ def run_node(args: argparse.Namespace) -> int:
     if args.control:
         control = ControlServer(args.control, stats=lambda: {"counters": {k: v for k, v in state.items()
                                                                           if k != "garble"}})
-        control.add("garble", lambda m: state.update(garble=bool(m.get("on"))) or {})
+        jw = JournalWriter(args.journal) if args.journal else None
+
+        def garble(m: dict) -> dict:
+            state["garble"] = bool(m.get("on"))
+            if jw is not None:  # a state transition, in the node's own part of the journal
+                jw.write({"type": "event", "what": "echo_garble", "t": time.monotonic(), "on": state["garble"]})
+            return {}
+
+        control.add("garble", garble)
         control.start()
     announce_ready()
     try:

@@ -53,6 +53,8 @@ class CheckOptions(_Strict):
     within: int = Field(1, ge=1, description="recovery: the first N ops after a window must include a success")
     tolerance: Duration | None = Field(None, description="bounded_return: overrides the scenario tolerance")
     slack: int = Field(0, ge=0, description="no_leaks: allowed extra threads/fds")
+    max_cpu: float | None = Field(None, gt=0, le=64, description="no_busy_wait (pd): most of a core a waiting "
+                                                                  "node may burn during a fault (default 0.5)")
 
 
 def _fault_union(family: Family):

@@ -21,3 +21,96 @@ def correct_output(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     if not ok_ops:
         return _r(False, "no completion succeeded: nothing to compare with the reference")
     return _r(True, f"all {len(ok_ops)} completions equal the reference output")
+
+
+def _gauge(counters: dict, name: str) -> float | None:
+    """A vLLM gauge from a node's scraped counters, whatever its prefix or labels (summed)."""
+    vals = [float(v) for k, v in (counters or {}).items()
+            if isinstance(v, (int, float)) and k.split("{")[0].split(":")[-1] == name]
+    return sum(vals) if vals else None
+
+
+def _vllm_probes(inp: CheckInput, when: str) -> list[dict]:
+    return [p for p in inp.probes if p.get("kind") == "vllm" and p.get("when") == when]
+
+
+@check("drained")
+def drained(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """After the run (the topology waits a bounded time for it), every vLLM node has no request
+    running or waiting (none stuck in WAITING_FOR_REMOTE_KVS) and its KV cache usage is back to
+    its baseline: no leaked blocks, on P and on D."""
+    finals = _vllm_probes(inp, "final")
+    if not finals:
+        return _r(False, "no final probe of any vLLM node: nothing shows they drained")
+    problems, seen = [], []
+    for p in finals:
+        c = p.get("counters") or {}
+        running, waiting = _gauge(c, "num_requests_running"), _gauge(c, "num_requests_waiting")
+        usage = _gauge(c, "kv_cache_usage_perc")
+        if running is None or waiting is None or usage is None:
+            problems.append(f"{p.get('node')}: its metrics lack running/waiting/KV usage")
+            continue
+        base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == p.get("pid")), None)
+        base_usage = _gauge((base or {}).get("counters") or {}, "kv_cache_usage_perc") or 0.0
+        seen.append(p.get("node"))
+        if running or waiting:
+            problems.append(f"{p.get('node')}: {running:g} running, {waiting:g} waiting at the end")
+        if usage > base_usage + 1e-6:
+            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {base_usage:.4f} at start "
+                            f"(blocks still held)")
+    if problems:
+        return _r(False, "; ".join(problems[:3]), problems=problems)
+    return _r(True, f"{', '.join(str(s) for s in seen)}: nothing running or waiting, KV usage back to baseline")
+
+
+@check("no_busy_wait")
+def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
+    """While a fault is active, no vLLM node burns more than ``max_cpu`` of a core (default 0.5)
+    between two samples in which it has requests waiting: a node waiting on a peer must sleep."""
+    limit = float(opts.get("max_cpu") or 0.5)
+    samples = sorted((p for p in inp.probes if p.get("kind") == "vllm" and p.get("when") == "sample"),
+                     key=lambda p: p.get("t", 0))
+    if not inp.windows:
+        return _r(False, "no fault window: nothing was waited on")
+    by_node: dict = {}
+    for p in samples:
+        by_node.setdefault((p.get("node"), p.get("pid")), []).append(p)
+    worst, judged = None, 0
+    for (node, _), ps in by_node.items():
+        for a, b in zip(ps, ps[1:]):
+            in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
+            waiting = _gauge(b.get("counters") or {}, "num_requests_waiting") or 0
+            cpu_a, cpu_b = (a.get("counters") or {}).get("cpu_s"), (b.get("counters") or {}).get("cpu_s")
+            if not in_fault or not waiting or cpu_a is None or cpu_b is None or b["t"] <= a["t"]:
+                continue
+            judged += 1
+            frac = (cpu_b - cpu_a) / (b["t"] - a["t"])
+            if worst is None or frac > worst[0]:
+                worst = (frac, node)
+    if judged == 0:
+        return _r(False, "no pair of samples during a fault with a request waiting: cannot tell")
+    if worst[0] > limit:
+        return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core while waiting during a fault (limit "
+                         f"{limit:g})", worst_cpu=round(worst[0], 3))
+    return _r(True, f"at most {worst[0]:.2f} of a core while waiting during faults ({judged} intervals)",
+              worst_cpu=round(worst[0], 3))
+
+
+@check("fail_fast")
+def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """A failed KV load ends the request, as the failure policy says: with ``fail`` every failed
+    request came back as an HTTP error (none hung until the client gave up); with ``recompute``
+    none failed (D computed the prefill itself)."""
+    policy = (inp.meta.get("topology") or {}).get("kv_load_failure_policy", "fail")
+    if not inp.ops:
+        return _r(False, "no request in the history")
+    hung = [o for o in inp.ops if o.get("outcome") == "stalled"]
+    failed = [o for o in inp.ops if o.get("phase") != "ok"]
+    if policy == "recompute" and failed:
+        o = failed[0]
+        return _r(False, f"policy recompute, but {len(failed)} requests failed; op {o['id']} {o.get('outcome')}")
+    if hung:
+        o = hung[0]
+        return _r(False, f"{len(hung)} requests hung until the client gave up (op {o['id']} after "
+                         f"{(o.get('elapsed_ms') or 0) / 1000:.1f} s) instead of failing")
+    return _r(True, f"policy {policy}: {len(failed)} failed requests, each as a prompt HTTP error")

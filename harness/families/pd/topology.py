@@ -10,6 +10,7 @@ out of ``log_hygiene``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,8 +19,16 @@ from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 CORES = {"prefill:0": 0, "decode:0": 1}
 
 
+def _busy(stats: dict | None) -> bool:
+    from .checks import _gauge
+
+    c = (stats or {}).get("counters") or {}
+    return bool((_gauge(c, "num_requests_running") or 0) + (_gauge(c, "num_requests_waiting") or 0))
+
+
 class PDTopology(BaseTopology):
     workload_kind = "pd-workload"
+    sample_interval_s = 0.5  # node gauges over time: waiting, running, KV usage, CPU
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
                  services: dict[str, Any] | None = None):
@@ -63,3 +72,16 @@ class PDTopology(BaseTopology):
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,
                 "model": str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}
+
+    def final_probe(self, timeout_s: float = 1.0) -> None:
+        """Give the vLLM nodes up to ``drain_timeout`` to finish what they hold (a request a fault
+        left waiting is exactly what ``drained`` must catch, so the wait is bounded), then probe."""
+        deadline = time.monotonic() + self.topo.drain_timeout
+        waited = 0.0
+        while time.monotonic() < deadline and any(_busy(self.node_stats(r)) for r in CORES if r in self.nodes):
+            time.sleep(0.25)
+            waited += 0.25
+        if waited:
+            self.event("drain_wait", seconds=round(waited, 2))
+        super().final_probe(timeout_s)
+

@@ -21,7 +21,7 @@ class PDFamily(Family):
     baseline_target = "upstream"
     Topology = PDTopologySpec
     Workload = PDWorkloadSpec
-    fault_modules = ()
+    fault_modules = (f"{PKG}.faults",)
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     node_kinds = NODE_KINDS

@@ -1,0 +1,92 @@
+"""The pd family's own faults: phase hooks of the P/D proxy, set through its control channel.
+
+The window between P's answer and D's pull is milliseconds, so mid-transfer faults are made
+repeatable by the proxy (harness/families/pd/proxy.py): it can hold a request after P answered,
+abort a request while D waits for KV, abort after P answered, or send D incomplete
+kv_transfer_params. Process faults on P and D are the generic ones (``kill``, ``stop``,
+``restart``, ``node_down`` with ``node: prefill:0`` / ``decode:0``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from faults.base import Duration, FaultParams, OnceFault, register
+
+
+class _ProxyHook(OnceFault):
+    family = "pd"
+
+    def heal(self) -> None:
+        self.ctx.control("proxy", "clear")
+
+
+class HoldParams(FaultParams):
+    count: int = Field(1, ge=1, le=1000, description="how many requests to hold")
+    seconds: Duration = Field(..., description="hold each until released at heal, or this long")
+
+
+@register
+class HoldAfterPrefill(_ProxyHook):
+    """The proxy holds the next ``count`` requests after P answered and before D is asked (so a
+    fault on P lands while D has yet to pull); released at heal."""
+
+    name = "hold_after_prefill"
+    Params = HoldParams
+
+    def inject(self) -> None:
+        self.ctx.control("proxy", "hold", phase="after_prefill", count=self.params.count,
+                         seconds=self.params.seconds)
+
+    def heal(self) -> None:
+        self.ctx.control("proxy", "release")
+        super().heal()
+
+
+class AbortParams(FaultParams):
+    count: int = Field(1, ge=1, le=1000, description="how many requests")
+    after: Duration = Field(0.2, description="decode_wait: cancel D's request this long after it was sent")
+
+
+@register
+class AbortWhileDecodeWaits(_ProxyHook):
+    """The client of D (the proxy) disconnects ``after`` into the next ``count`` requests, while D
+    waits for the KV of P: D must free its blocks and tell P."""
+
+    name = "abort_while_decode_waits"
+    Params = AbortParams
+    categories = ("http_502",)
+
+    def inject(self) -> None:
+        self.ctx.control("proxy", "abort", phase="decode_wait", count=self.params.count,
+                         after_ms=int(self.params.after * 1000))
+
+
+class CountParams(FaultParams):
+    count: int = Field(1, ge=1, le=1000, description="how many requests")
+
+
+@register
+class AbortAfterPrefill(_ProxyHook):
+    """The proxy drops the next ``count`` requests after P answered, never asking D: P holds the
+    blocks it prefilled until its abort timeout."""
+
+    name = "abort_after_prefill"
+    Params = CountParams
+    categories = ("http_502",)
+
+    def inject(self) -> None:
+        self.ctx.control("proxy", "abort", phase="after_prefill", count=self.params.count)
+
+
+@register
+class BadTransferParams(_ProxyHook):
+    """D gets kv_transfer_params without ``transfer_id`` and ``remote_bootstrap_addr`` for the next
+    ``count`` requests (today vLLM then leaves the request waiting forever)."""
+
+    name = "bad_transfer_params"
+    Params = CountParams
+
+    def inject(self) -> None:
+        self.ctx.control("proxy", "bad_params", count=self.params.count,
+                         drop=["transfer_id", "remote_bootstrap_addr"])

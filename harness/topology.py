@@ -90,6 +90,7 @@ class BaseTopology:
     """Nodes by role; a family subclass implements :meth:`node_spec` and :meth:`start`."""
 
     workload_kind = "workload"
+    workload_ready_timeout_s = 15.0  # a workload that prepares (e.g. reference outputs) takes longer
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
                  services: dict[str, Any] | None = None):
@@ -367,7 +368,7 @@ class BaseTopology:
         cfg_path = self.run_dir / "workload.json"
         cfg_path.write_text(json.dumps(self.workload_config()))
         return self.spawn(self.workload_kind, self.workload_args(cfg_path, journal_part), side="a",
-                          log_name="client-workload.log", ready_timeout_s=15.0)
+                          log_name="client-workload.log", ready_timeout_s=self.workload_ready_timeout_s)
 
     # ------------------------------------------------------------------ links
     def make_netns(self) -> Any:

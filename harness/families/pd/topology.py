@@ -28,6 +28,7 @@ def _busy(stats: dict | None) -> bool:
 
 class PDTopology(BaseTopology):
     workload_kind = "pd-workload"
+    workload_ready_timeout_s = 300.0  # it computes the reference outputs (cached per machine) first
     sample_interval_s = 0.5  # node gauges over time: waiting, running, KV usage, CPU
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],

@@ -232,9 +232,10 @@ class _ScenarioRun:
         if self.nemesis is not None:
             # a fault may be half-way through starting (a peer swap waits for READY): let it
             # finish, so the heal below sees it; never touch the topology from two threads
-            self.nemesis.join(NEMESIS_JOIN_S)
+            bound = max(NEMESIS_JOIN_S, getattr(topo, "fault_bound_s", NEMESIS_JOIN_S))
+            self.nemesis.join(bound)
             if self.nemesis.is_alive():
-                topo.event("nemesis_stuck", error=f"fault schedule still busy after {NEMESIS_JOIN_S:g} s")
+                topo.event("nemesis_stuck", error=f"fault schedule still busy after {bound:g} s")
         for fid, fault in list(self.active.items()):
             self._heal(fault, fid, "teardown")
         self.active.clear()

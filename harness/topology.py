@@ -91,6 +91,7 @@ class BaseTopology:
 
     workload_kind = "workload"
     workload_ready_timeout_s = 15.0  # a workload that prepares (e.g. reference outputs) takes longer
+    fault_bound_s = 15.0  # the longest one fault start or heal may take (a heal may restart a node)
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
                  services: dict[str, Any] | None = None):

@@ -37,6 +37,7 @@ class PDTopology(BaseTopology):
         self.topo = scenario.topology
         self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
         self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
+        self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
         self.server_logs.mkdir(parents=True, exist_ok=True)
 

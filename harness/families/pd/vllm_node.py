@@ -1,0 +1,449 @@
+"""Node kind ``vllm``: one real vLLM server (prefill or decode) from the P/D node env, wrapped so
+it answers the harness's control channel.
+
+``pdchaos node vllm --role prefill|decode --port N --bootstrap-port N --server-log PATH
+[--control EP] ...`` runs the node env's ``vllm serve DIR --host 127.0.0.1 --port N --dtype
+bfloat16 --max-model-len 512 --max-num-seqs 8 --enforce-eager --no-enable-prefix-caching
+--kv-transfer-config '{"kv_connector": "MooncakeConnector", "kv_role": "kv_producer" (prefill) |
+"kv_consumer" (decode), "kv_load_failure_policy": "fail"|"recompute", "kv_connector_extra_config":
+{"mooncake_protocol": "tcp"}}'`` (vLLM 0.32.0 takes ``kv_load_failure_policy`` as a field of
+``KVTransferConfig``, vllm/config/kv_transfer.py; its scheduler reads it in
+vllm/v1/core/sched/scheduler.py) with ``HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=<host> VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+VLLM_MOONCAKE_BOOTSTRAP_PORT=<bootstrap> VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT=<abort>
+VLLM_CPU_OMP_THREADS_BIND=<core>``. The engine id is left random, so a restarted P is a new
+engine that a proxy re-reading P's bootstrap ``/query`` finds.
+
+Process life:
+
+* vLLM is this node's child in this node's process group (the runner starts every node in its
+  own session and signals the whole group, so a SIGSTOP or SIGKILL of the node reaches vLLM and
+  its EngineCore and Worker processes), with PR_SET_PDEATHSIG (it dies with this node). It is
+  started before this process has any thread (``preexec_fn`` is unsafe with threads), from the
+  main thread (the death signal follows the thread that forked). The death signal reaches
+  vLLM's API server only: killed alone, this node leaves vLLM's EngineCore and Worker running
+  (measured: still there after 20 s), in its group. Signal the group, as the runner does.
+* vLLM's stdout and stderr go to ``--server-log``, never to this node's log: they are vLLM's
+  logs and may hold prompt text. This node logs only states, pids, times and counts.
+* ``READY`` is printed once ``/health`` answers 200 (and, for a prefill node with the Mooncake
+  connector, its bootstrap ``/query`` names an engine), within ``--startup-timeout-s``. When vLLM
+  exits first or the time runs out: one ``error:`` line with the tail of vLLM's start-up log (no
+  request has been served yet, so it holds no prompt), vLLM is stopped, exit 2.
+* SIGTERM/SIGINT (or the runner's death): SIGTERM to every other process of the group (vLLM and
+  its children), up to 30 s for them to end, then SIGKILL; exit 0.
+* vLLM exiting on its own after READY: one ``error:`` line (exit code and where its log is), the
+  rest of the group is stopped, exit 1.
+
+Known, on hosts with AMX (measured here): vLLM 0.32.0's CPU attention uses its AMX kernels, but
+nothing asks Linux for the AMX tile permission unless oneDNN happened to JIT an AMX GEMM first (a
+forward step of many tokens); a server whose first step is small (D right after a KV pull, or a
+1-token prompt) dies with SIGILL. ``torch._C._cpu._init_amx()`` in every vLLM process (the CPU
+shim's job) fixes it; tests/test_pd_nodes.py warms each server up with one big prompt meanwhile.
+This node does not hide it: it serves vLLM as it is.
+
+Control channel (``--control``): ``stats`` = this wrapper's own process stats (ControlServer) +
+``alive`` (vLLM's process runs and ``/health`` answers 200) + ``cpu_s`` and ``rss_mib`` (user+sys
+CPU seconds, including reaped children, and resident memory of every process of the group but
+this wrapper, from /proc) + ``counters``: vLLM's ``/metrics`` flattened (harness/families/pd/
+metrics.py: running/waiting requests, KV fetches by stage, KV cache usage, prompt tokens by
+source incl. ``external_kv_transfer``, request outcomes by finish reason, ...) plus ``cpu_s``,
+``rss_mib`` and ``metrics_ok`` (1 when the scrape worked, 0 when it failed or timed out: then
+the counters hold only those three). ``role``, ``engine_id`` (prefill) and ``server_pid`` too.
+``metrics`` = the scrape alone (``counters``). Every answer is bounded (~0.8 s): the runner
+probes with a 1 s deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from faults.nodeio import NodeUsageError, check_endpoint, setup_logging, usage_exit
+
+from .metrics import MetricsError, http_get, scrape
+
+log = logging.getLogger(__name__)
+
+ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+STOP_GRACE_S = 30.0
+HEALTH_POLL_S = 0.5
+SCRAPE_BUDGET_S = 0.8  # the runner's probes wait 1 s for a stats answer
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_KB = (os.sysconf("SC_PAGE_SIZE") // 1024) if hasattr(os, "sysconf") else 4
+
+
+def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
+    p.add_argument("--role", required=True, choices=sorted(ROLES), help="prefill (kv_producer) or decode (kv_consumer)")
+    p.add_argument("--port", required=True, type=int, help="vLLM's HTTP port")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address vLLM listens on and VLLM_HOST_IP (loopback; a private address inside a run's netns)")
+    p.add_argument("--bootstrap-port", required=True, type=int,
+                   help="VLLM_MOONCAKE_BOOTSTRAP_PORT (P's bootstrap server, which D and the proxy ask)")
+    p.add_argument("--model", default=None, help="model folder (default: the tiny model of harness.nodeenv.tiny_model)")
+    p.add_argument("--policy", choices=("fail", "recompute"), default="fail", help="kv_load_failure_policy")
+    p.add_argument("--abort-timeout-s", type=int, default=None,
+                   help="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vLLM's default when not given: 480)")
+    p.add_argument("--kv-connector", default="MooncakeConnector",
+                   help="kv_connector of --kv-transfer-config; 'none' serves without one")
+    p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core)")
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--startup-timeout-s", type=float, default=300.0, help="/health must answer within this")
+    p.add_argument("--server-log", required=True,
+                   help="file for vLLM's own stdout/stderr (kept apart from this node's log: it may hold prompts)")
+    p.add_argument("--control", default=None, help="ipc endpoint of the harness control channel")
+    p.add_argument("--log-level", default="INFO")
+
+
+# --------------------------------------------------------------------------- /proc helpers
+
+def group_members(pgid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """Live (non-zombie) processes of the process group ``pgid``, but those in ``exclude``."""
+    from harness.nodeenv.smoke import group_pids
+
+    return [p for p in group_pids(pgid) if p not in exclude]
+
+
+def ancestors() -> frozenset[int]:
+    """This process and its ancestors (from /proc)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return frozenset(out)
+
+
+def cpu_rss(pids: list[int]) -> tuple[float, float]:
+    """(user+sys CPU seconds incl. reaped children, RSS MiB) summed over ``pids``."""
+    ticks = 0
+    pages = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()
+            # after the name: state(0) ... utime(11) stime(12) cutime(13) cstime(14) ... rss(21)
+            ticks += sum(int(x) for x in fields[11:15])
+            pages += int(fields[21])
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(ticks / _CLK_TCK, 2), round(pages * _PAGE_KB / 1024, 1)
+
+
+def _pdeathsig_fn():
+    """A preexec function setting PR_SET_PDEATHSIG=SIGKILL; libc is looked up here, in the parent."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b|\b(ERROR|CRITICAL)\b")
+
+
+def log_tail(path: Path, n: int = 3, limit: int = 600) -> str:
+    """One line from the end of a start-up log: its last error lines (an exception line with the
+    line after it, which often carries the message), else its last lines."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    idx = [i for i, ln in enumerate(lines) if _ERROR_LINE.search(ln)]
+    if idx:
+        last = idx[-1]
+        picked = [lines[i] for i in idx[-n:]] + lines[last + 1:last + 2]
+    else:
+        picked = lines[-n:]
+    return " | ".join(picked)[-limit:] or "(empty log)"
+
+
+# --------------------------------------------------------------------------- the node
+
+class VllmNode:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.role = args.role
+        for flag, port in (("--port", args.port), ("--bootstrap-port", args.bootstrap_port)):
+            if not 1 <= port <= 65535:
+                raise NodeUsageError(f"{flag}: {port} is not a TCP port")
+        if args.port == args.bootstrap_port:
+            raise NodeUsageError("--port and --bootstrap-port must differ")
+        check_endpoint(f"tcp://{args.host}:{args.port}", "--host")
+        if args.control:
+            check_endpoint(args.control, "--control")
+        if args.startup_timeout_s <= 0:
+            raise NodeUsageError("--startup-timeout-s must be positive")
+        if args.abort_timeout_s is not None and args.abort_timeout_s < 1:
+            raise NodeUsageError("--abort-timeout-s must be at least 1")
+        if args.cpu_core is not None and not 0 <= args.cpu_core < (os.cpu_count() or 1):
+            raise NodeUsageError(f"--cpu-core: {args.cpu_core} is not a core of this machine "
+                                 f"(0..{(os.cpu_count() or 1) - 1})")
+        if not 1 <= args.max_num_seqs <= 256:
+            raise NodeUsageError("--max-num-seqs must be 1..256")
+        from harness.nodeenv.pd_stack import pd_node_env
+        from harness.nodeenv.tiny_model import model_dir
+
+        self.model = Path(args.model) if args.model else model_dir()
+        if not (self.model / "config.json").is_file():
+            raise NodeUsageError(f"--model: {str(self.model)!r} holds no config.json (build the tiny model with "
+                                 "`pdchaos setup --only pd-tiny-model`)")
+        env = pd_node_env(out=lambda line: None)
+        self.vllm_bin = env.bin / "vllm"
+        if not env.installed() or not self.vllm_bin.exists():
+            raise NodeUsageError(f"the P/D node stack is not installed ({env.path}): "
+                                 "run `pdchaos setup --only pd-node-stack`")
+        self.server_log = Path(args.server_log)
+        if not self.server_log.parent.is_dir():
+            raise NodeUsageError(f"--server-log: folder {str(self.server_log.parent)!r} does not exist")
+        self.base = f"http://{args.host}:{args.port}"
+        self.bootstrap = f"http://{args.host}:{args.bootstrap_port}"
+        self.proc: subprocess.Popen | None = None
+        self.engine_id: str | None = None
+        self.t_start = 0.0
+        self.ancestors = ancestors()
+
+    # ------------------------------------------------------------------ command
+    def kv_transfer_config(self) -> dict | None:
+        conn = self.args.kv_connector
+        if conn.lower() == "none":
+            return None
+        cfg: dict[str, Any] = {"kv_connector": conn, "kv_role": ROLES[self.role],
+                               "kv_load_failure_policy": self.args.policy}
+        if conn == "MooncakeConnector":
+            cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
+        elif conn == "NixlConnector":
+            cfg["kv_buffer_device"] = "cpu"
+        return cfg
+
+    def command(self) -> list[str]:
+        a = self.args
+        cmd = [str(self.vllm_bin), "serve", str(self.model), "--host", a.host, "--port", str(a.port),
+               "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", str(a.max_num_seqs),
+               "--enforce-eager", "--no-enable-prefix-caching"]
+        kv = self.kv_transfer_config()
+        if kv is not None:
+            cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        from harness.nodeenv.venv import child_env
+
+        a = self.args
+        extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                 "VLLM_HOST_IP": a.host, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                 "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(a.bootstrap_port), "PYTHONNOUSERSITE": "1",
+                 "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        if a.abort_timeout_s is not None:
+            extra["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = str(a.abort_timeout_s)
+        if a.cpu_core is not None:
+            extra["VLLM_CPU_OMP_THREADS_BIND"] = str(a.cpu_core)
+        env = child_env(extra)
+        for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+            env.pop(k, None)
+        env["PATH"] = f"{self.vllm_bin.parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        """Start vLLM (call before this process starts any thread)."""
+        with open(self.server_log, "ab") as out:
+            self.t_start = time.monotonic()
+            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.environment(),
+                                         preexec_fn=_pdeathsig_fn(), close_fds=True)
+
+    def server_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            status, _ = http_get(self.base + "/health", timeout)
+        except Exception:  # noqa: BLE001 - any failure is "not healthy"
+            return False
+        return status == 200
+
+    def read_engine_id(self, timeout: float = 2.0) -> str | None:
+        try:
+            status, body = http_get(self.bootstrap + "/query", timeout)
+            data = json.loads(body) if status == 200 else None
+            eid = data["0"]["engine_id"] if isinstance(data, dict) else None
+        except Exception:  # noqa: BLE001 - not up yet, or not a Mooncake producer
+            return None
+        return eid if isinstance(eid, str) and eid else None
+
+    def wait_ready(self, stop: threading.Event) -> str | None:
+        """None once ready; else why not (an error line) or "" when asked to stop."""
+        deadline = self.t_start + self.args.startup_timeout_s
+        need_engine = self.role == "prefill" and self.args.kv_connector == "MooncakeConnector"
+        while True:
+            if stop.is_set():
+                return ""
+            if not self.server_alive():
+                code = self.proc.returncode if self.proc else None
+                return (f"vLLM ({self.role}) exited with code {code} before /health answered: "
+                        f"{log_tail(self.server_log)} (log {self.server_log})")
+            if self.healthy():
+                if not need_engine:
+                    return None
+                self.engine_id = self.read_engine_id()
+                if self.engine_id:
+                    return None
+            if time.monotonic() >= deadline:
+                what = "/health" if not need_engine or not self.healthy() else "the bootstrap /query"
+                return (f"vLLM ({self.role}): {what} did not answer within {self.args.startup_timeout_s:g} s: "
+                        f"{log_tail(self.server_log)} (log {self.server_log})")
+            stop.wait(HEALTH_POLL_S)
+
+    def others(self) -> list[int]:
+        """vLLM's processes: every member of our process group but us and our ancestors (the
+        runner makes each node its group's leader; started from a shell or ``timeout``, the
+        group also holds whoever started us)."""
+        return group_members(os.getpgrp(), exclude=self.ancestors)
+
+    def stop_server(self) -> str:
+        """SIGTERM vLLM's processes, SIGKILL what is left after the grace; returns how it ended."""
+        how = "not running"
+        pids = self.others()
+        if pids:
+            how = "SIGTERM"
+            for pid in pids:
+                _kill(pid, signal.SIGCONT)  # a frozen server must run to exit
+                _kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline:
+                self._reap()
+                if not self.others():
+                    break
+                time.sleep(0.1)
+            left = self.others()
+            if left:
+                how = "SIGKILL"
+                for pid in left:
+                    _kill(pid, signal.SIGKILL)
+                end = time.monotonic() + 10.0
+                while self.others() and time.monotonic() < end:
+                    self._reap()
+                    time.sleep(0.05)
+        if self.proc is not None:
+            try:  # a multi-threaded process shows as a zombie before all its threads are gone
+                self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        return how
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            self.proc.poll()
+
+    # ------------------------------------------------------------------ control
+    def stats(self) -> dict:
+        alive = self.server_alive() and self.healthy(timeout=SCRAPE_BUDGET_S / 2)
+        cpu_s, rss_mib = cpu_rss(self.others())
+        scraped: dict = {}
+        if alive:
+            try:
+                scraped = scrape(self.base, timeout=SCRAPE_BUDGET_S / 2)
+            except MetricsError:
+                pass
+        counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped))}
+        return {"alive": alive, "role": self.role, "server_pid": self.proc.pid if self.proc else None,
+                "engine_id": self.engine_id, "cpu_s": cpu_s, "rss_mib": rss_mib, "counters": counters}
+
+    def metrics(self, msg: dict) -> dict:  # noqa: ARG002
+        return {"counters": scrape(self.base, timeout=SCRAPE_BUDGET_S)}
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_node(args: argparse.Namespace) -> int:
+    """The node's life (see the module docstring). Written here rather than with
+    faults.nodeio.run_node: that lifecycle binds in an instant and maps only a ZMQ bind error to
+    exit 2, while this node waits minutes for a child it must be able to stop meanwhile."""
+    import zmq
+
+    try:
+        node = VllmNode(args)
+    except NodeUsageError as exc:
+        return usage_exit(str(exc))
+    setup_logging(args.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    parent = os.getppid()
+    try:
+        node.start()  # before any thread of ours exists
+    except OSError as exc:
+        return usage_exit(f"cannot start {node.vllm_bin}: {exc.strerror or exc}")
+    log.info("vllm %s: started pid %d on %s (bootstrap port %d, policy %s, core %s), its log in %s",
+             node.role, node.proc.pid, node.base, args.bootstrap_port, args.policy, args.cpu_core, node.server_log)
+
+    def watch_parent() -> None:  # the runner died (SIGKILL): stop like on SIGTERM
+        while not stop.wait(0.25):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+    server = None
+    code = 0
+    try:
+        if args.control:
+            from faults.control import ControlServer
+
+            try:
+                server = ControlServer(args.control, handlers={"metrics": node.metrics}, stats=node.stats)
+            except zmq.ZMQError as exc:
+                return usage_exit(f"--control: cannot bind {args.control!r}: {exc.strerror}")
+            server.start()
+        why = node.wait_ready(stop)
+        if why:
+            print(f"error: {why}", file=sys.stderr, flush=True)
+            return 2
+        if why == "":
+            return 0
+        took = time.monotonic() - node.t_start
+        _, rss = cpu_rss(node.others())
+        log.info("vllm %s: healthy after %.1f s (%d processes, RSS %.0f MiB)%s", node.role, took,
+                 len(node.others()), rss, " engine known" if node.engine_id else "")
+        print("READY", flush=True)
+        while not stop.wait(0.5):
+            if not node.server_alive():
+                print(f"error: vLLM ({node.role}, pid {node.proc.pid}) exited with code {node.proc.returncode} "
+                      f"while serving (its log: {node.server_log})", file=sys.stderr, flush=True)
+                code = 1
+                break
+    finally:
+        how = node.stop_server()
+        log.info("vllm %s: stopped (%s)", node.role, how)
+        if server is not None:
+            server.close()
+    return code

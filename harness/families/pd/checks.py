@@ -25,8 +25,11 @@ def correct_output(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 def _gauge(counters: dict, name: str) -> float | None:
     """A vLLM gauge from a node's scraped counters, whatever its prefix or labels (summed)."""
-    vals = [float(v) for k, v in (counters or {}).items()
-            if isinstance(v, (int, float)) and k.split("{")[0].split(":")[-1] == name]
+    def bare(key: str) -> str:  # without a "vllm:" prefix; labels kept when ``name`` has them
+        key = key.split(":", 1)[-1] if ":" in key.split("{")[0] else key
+        return key if "{" in name else key.split("{")[0]
+
+    vals = [float(v) for k, v in (counters or {}).items() if isinstance(v, (int, float)) and bare(k) == name]
     return sum(vals) if vals else None
 
 
@@ -114,3 +117,26 @@ def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{len(hung)} requests hung until the client gave up (op {o['id']} after "
                          f"{(o.get('elapsed_ms') or 0) / 1000:.1f} s) instead of failing")
     return _r(True, f"policy {policy}: {len(failed)} failed requests, each as a prompt HTTP error")
+
+
+@check("kv_transferred")
+def kv_transferred(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """The run was really disaggregated: D's prompt tokens from external KV transfer grew (from its
+    baseline, per D process) when any completion succeeded, so D pulled P's KV cache rather than
+    computing the prompts itself."""
+    ok = [o for o in inp.ops if o.get("phase") == "ok"]
+    if not ok:
+        return _r(False, "no completion succeeded: nothing shows a KV transfer")
+    pulled = 0.0
+    for fin in (p for p in _vllm_probes(inp, "final") + [p for p in inp.probes if p.get("kind") == "vllm"
+                                                        and p.get("when") == "last"]
+                if str(p.get("node", "")).startswith("decode")):
+        base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == fin.get("pid")), None)
+        after = _gauge(fin.get("counters") or {}, "prompt_tokens_by_source_total{source=external_kv_transfer}")
+        before = _gauge((base or {}).get("counters") or {}, "prompt_tokens_by_source_total{source=external_kv_transfer}")
+        if after is not None:
+            pulled += after - (before or 0.0)
+    if pulled <= 0:
+        return _r(False, f"{len(ok)} completions succeeded but D pulled no prompt token from P (no KV transfer)")
+    return _r(True, f"D pulled {pulled:g} prompt tokens from P over {len(ok)} successful completions")
+

@@ -38,6 +38,9 @@ class PDFamily(Family):
                 return f"the P/D node stack is not installed ({step.name}): run `pdchaos setup`"
         return None
 
+    def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
+        return {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
+
     def roles(self, scenario: Any) -> list[str]:
         return ["prefill:0", "decode:0", "proxy"]
 

@@ -205,7 +205,7 @@ class PDProxy(NodeApp):
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         # the deadline of every call is the request's own (--timeout-s), not aiohttp's default
-        self._session = ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0),
+        self._session = ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0, force_close=True),
                                       json_serialize=json.dumps)
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 

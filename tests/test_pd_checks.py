@@ -1,0 +1,129 @@
+"""The pd family's checks and faults on hand-made histories: each check passes a good history and
+fails the bad ones it exists for (no real node needed here; tests/test_pd_nodes.py runs real ones)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import checks as C
+from harness.family import get_family
+
+FAM = get_family("pd")
+CHECKS = C.checks_for(FAM)
+T0 = 100.0
+EXT = "prompt_tokens_by_source_total{source=external_kv_transfer}"
+
+
+def meta(**kw) -> dict:
+    return {"type": "meta", "family": "pd", "target": "upstream", "deadline_ms": 10000.0, "tolerance_ms": 2000.0,
+            "t0": T0, "primary_ops": ["complete"], "topology": {"kv_load_failure_policy": "fail"}, **kw}
+
+
+def op(i: int, t: float, *, phase="ok", value="abc", expected="abc", outcome="ok", elapsed_ms=80.0) -> list[dict]:
+    return [{"type": "op", "id": i, "process": 0, "f": "complete", "phase": "invoke", "t": T0 + t,
+             "expected": expected},
+            {"type": "op", "id": i, "process": 0, "f": "complete", "phase": phase, "t": T0 + t + elapsed_ms / 1000,
+             "value": value, "outcome": outcome, "elapsed_ms": elapsed_ms}]
+
+
+def vllm(node: str, when: str, t: float = 0.0, pid: int = 1, **counters) -> dict:
+    base = {"num_requests_running": 0, "num_requests_waiting": 0, "kv_cache_usage_perc": 0.0}
+    return {"type": "probe", "node": node, "kind": "vllm", "when": when, "pid": pid, "t": T0 + t,
+            "counters": {**base, **counters}, "alive": True}
+
+
+def fault(start: float, stop: float) -> list[dict]:
+    return [{"type": "fault", "id": 0, "name": "stop", "phase": "start", "t": T0 + start},
+            {"type": "fault", "id": 0, "name": "stop", "phase": "stop", "t": T0 + stop}]
+
+
+def run(name: str, records: list[dict], opts=None) -> C.CheckResult:
+    return CHECKS[name](C.CheckInput(records), opts or {})
+
+
+def test_correct_output() -> None:
+    assert run("correct_output", [meta(), *op(1, 0)]).ok is True
+    assert run("correct_output", [meta(), *op(1, 0, value="abd")]).ok is False
+    assert run("correct_output", [meta(), *op(1, 0, phase="fail", value=None, outcome="http_502")]).ok is False
+
+
+def test_drained() -> None:
+    good = [meta(), vllm("decode:0", "baseline"), vllm("decode:0", "final")]
+    assert run("drained", good).ok is True
+    waiting = [meta(), vllm("decode:0", "baseline"), vllm("decode:0", "final", num_requests_waiting=1)]
+    r = run("drained", waiting)
+    assert r.ok is False and "1 waiting" in r.message
+    held = [meta(), vllm("prefill:0", "baseline"), vllm("prefill:0", "final", kv_cache_usage_perc=0.001)]
+    r = run("drained", held)
+    assert r.ok is False and "blocks still held" in r.message
+    assert run("drained", [meta()]).ok is False  # no final probe of any vLLM node shows nothing
+
+
+def test_no_busy_wait() -> None:
+    def samples(cpu_per_s: float, waiting: int = 1) -> list[dict]:
+        return [vllm("decode:0", "sample", t=t, num_requests_waiting=waiting, cpu_s=10 + cpu_per_s * t)
+                for t in (1.0, 1.5, 2.0, 2.5)]
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.02)]).ok is True
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)])
+    assert r.ok is False and "0.99 of a core" in r.message
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)], {"max_cpu": 1.0}).ok is True
+    # nothing waited on while sampled: the check cannot tell, and says so by failing
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99, waiting=0)]).ok is False
+
+
+def test_fail_fast() -> None:
+    assert run("fail_fast", [meta(), *op(1, 0), *op(2, 1, phase="fail", value=None, outcome="http_502")]).ok is True
+    hung = [meta(), *op(1, 0, phase="info", value=None, outcome="stalled", elapsed_ms=30000)]
+    assert run("fail_fast", hung).ok is False
+    recompute = meta(topology={"kv_load_failure_policy": "recompute"})
+    assert run("fail_fast", [recompute, *op(1, 0, phase="fail", value=None, outcome="http_500")]).ok is False
+
+
+def test_kv_transferred() -> None:
+    hist = [meta(), *op(1, 0), vllm("decode:0", "baseline", **{EXT: 0}), vllm("decode:0", "final", **{EXT: 197})]
+    assert run("kv_transferred", hist).ok is True
+    local = [meta(), *op(1, 0), vllm("decode:0", "baseline", **{EXT: 0}), vllm("decode:0", "final", **{EXT: 0})]
+    r = run("kv_transferred", local)
+    assert r.ok is False and "no KV transfer" in r.message
+
+
+def test_no_busy_wait_is_not_applicable_without_faults(tmp_path) -> None:
+    from harness.schema import load_scenario
+
+    f = tmp_path / "b.yaml"
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\n")
+    sc = load_scenario(f)
+    assert "no_busy_wait" in FAM.not_applicable(sc, "upstream")
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nfaults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n")
+    assert FAM.not_applicable(load_scenario(f), "upstream") == {}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields) -> dict:
+        self.calls.append((role, cmd, fields))
+        return {}
+
+
+@pytest.mark.parametrize("name, params, first", [
+    ("hold_after_prefill", {"count": 2, "seconds": "3s"}, ("proxy", "hold", {"phase": "after_prefill", "count": 2,
+                                                                           "seconds": 3.0})),
+    ("abort_while_decode_waits", {"count": 1, "after": "250ms"}, ("proxy", "abort", {"phase": "decode_wait",
+                                                                                  "count": 1, "after_ms": 250})),
+    ("abort_after_prefill", {"count": 3}, ("proxy", "abort", {"phase": "after_prefill", "count": 3})),
+    ("bad_transfer_params", {"count": 1}, ("proxy", "bad_params", {"count": 1,
+                                                                   "drop": ["transfer_id", "remote_bootstrap_addr"]})),
+])
+def test_proxy_hook_faults_set_and_clear_their_hook(name, params, first) -> None:
+    from faults.base import load_registry
+
+    cls = load_registry("pd")[name]
+    ctx = Recorder()
+    fault = cls(cls.Params(**params), ctx)
+    fault.start()
+    assert ctx.calls == [first]
+    fault.stop()
+    fault.stop()  # healed once
+    assert ctx.calls[-1][:2] == ("proxy", "clear") and len([c for c in ctx.calls if c[1] == "clear"]) == 1

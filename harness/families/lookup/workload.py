@@ -22,7 +22,6 @@ no deadline) is left behind at the end: the process writes its final probe and l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -38,6 +37,7 @@ from faults.control import process_stats
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
+from harness.workloadio import add_workload_arguments, block_start_signal, read_config
 
 
 @dataclass(frozen=True)
@@ -266,20 +266,12 @@ class Workload:
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
-    p.add_argument("--config", required=True, help="JSON file written by the runner")
-    p.add_argument("--journal", required=True, help="journal part to append ops to")
-    p.add_argument("--log-level", default="INFO")
+    add_workload_arguments(p)
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from harness.errors import UsageError
-
-    try:
-        with open(args.config, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--config: cannot read {args.config!r}: {exc}") from None
+    cfg = read_config(args.config)
     setup_logging(args.log_level)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # before any thread: none may take it
+    block_start_signal()  # before any thread: none may take it
     journal = JournalWriter(args.journal)
     return Workload(cfg, journal).run()

@@ -60,15 +60,16 @@ def test_drained() -> None:
 
 
 def test_no_busy_wait() -> None:
-    def samples(cpu_per_s: float, waiting: int = 1) -> list[dict]:
-        return [vllm("decode:0", "sample", t=t, num_requests_waiting=waiting, cpu_s=10 + cpu_per_s * t)
-                for t in (1.0, 1.5, 2.0, 2.5)]
+    def samples(cpu_per_s: float, running: int = 0) -> list[dict]:
+        return [vllm("decode:0", "sample", t=t, num_requests_waiting=1, num_requests_running=running,
+                     cpu_s=10 + cpu_per_s * t) for t in (1.0, 1.5, 2.0, 2.5)]
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.02)]).ok is True
     r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)])
-    assert r.ok is False and "0.99 of a core" in r.message
+    assert r.ok is False and "0.99 of a core" in r.message and "no request running" in r.message
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)], {"max_cpu": 1.0}).ok is True
-    # nothing waited on while sampled: the check cannot tell, and says so by failing
-    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99, waiting=0)]).ok is False
+    # a node computing (requests running) is busy for a reason; if every node was, the check cannot
+    # tell, and says so by failing
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99, running=1)]).ok is False
 
 
 def test_fail_fast() -> None:

@@ -68,8 +68,9 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 @check("no_busy_wait")
 def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
-    """While a fault is active, no vLLM node burns more than ``max_cpu`` of a core (default 0.5)
-    between two samples in which it has requests waiting: a node waiting on a peer must sleep."""
+    """While a fault is active, no vLLM node that is not computing (no request running: idle, or
+    waiting on a peer) burns more than ``max_cpu`` of a core (default 0.5) between two samples: a
+    node waiting on a peer must sleep."""
     limit = float(opts.get("max_cpu") or 0.5)
     samples = sorted((p for p in inp.probes if p.get("kind") == "vllm" and p.get("when") == "sample"),
                      key=lambda p: p.get("t", 0))
@@ -82,20 +83,20 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     for (node, _), ps in by_node.items():
         for a, b in zip(ps, ps[1:]):
             in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
-            waiting = _gauge(b.get("counters") or {}, "num_requests_waiting") or 0
+            running = max(_gauge(x.get("counters") or {}, "num_requests_running") or 0 for x in (a, b))
             cpu_a, cpu_b = (a.get("counters") or {}).get("cpu_s"), (b.get("counters") or {}).get("cpu_s")
-            if not in_fault or not waiting or cpu_a is None or cpu_b is None or b["t"] <= a["t"]:
+            if not in_fault or running or cpu_a is None or cpu_b is None or b["t"] <= a["t"]:
                 continue
             judged += 1
             frac = (cpu_b - cpu_a) / (b["t"] - a["t"])
             if worst is None or frac > worst[0]:
                 worst = (frac, node)
     if judged == 0:
-        return _r(False, "no pair of samples during a fault with a request waiting: cannot tell")
+        return _r(False, "no pair of samples during a fault in which a node was not computing: cannot tell")
     if worst[0] > limit:
-        return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core while waiting during a fault (limit "
+        return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core during a fault with no request running (limit "
                          f"{limit:g})", worst_cpu=round(worst[0], 3))
-    return _r(True, f"at most {worst[0]:.2f} of a core while waiting during faults ({judged} intervals)",
+    return _r(True, f"at most {worst[0]:.2f} of a core when not computing during faults ({judged} intervals)",
               worst_cpu=round(worst[0], 3))
 
 

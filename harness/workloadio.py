@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import threading
+import time
+from typing import Any, Callable
 
 from .errors import UsageError
 
@@ -32,3 +35,25 @@ def read_config(path: str) -> dict:
 def block_start_signal() -> None:
     """Call before starting any thread: the start signal then waits for sigtimedwait."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+
+def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], None], *, t_start: float,
+                t_end: float, interval: float, grace: float) -> tuple[list[int], list[str]]:
+    """Run ``work(i, first_at)`` for workers ``0..n-1`` (worker ``i`` starts ``i * interval / n``
+    after ``t_start``, so paced workers interleave), wait for them until ``t_end + grace``, and
+    return the indices of the workers still stuck in a call and the crashes recorded (a bug in a worker is a
+    ``workload_crash`` event in the journal, never a quiet run)."""
+    crashed: list[str] = []
+
+    def on_crash(args: threading.ExceptHookArgs) -> None:
+        crashed.append(f"{args.exc_type.__name__} in {args.thread.name if args.thread else '?'}")
+        journal.write({"type": "event", "what": "workload_crash", "t": time.monotonic(), "error": crashed[-1]})
+
+    threading.excepthook = on_crash
+    threads = [threading.Thread(target=work, name=f"{name}-{i}", daemon=True, args=(i, t_start + i * interval / n))
+               for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(max(0.0, t_end + grace - time.monotonic()))
+    return [i for i, th in enumerate(threads) if th.is_alive()], crashed

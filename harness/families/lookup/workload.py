@@ -37,7 +37,7 @@ from faults.control import process_stats
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, read_config
+from harness.workloadio import add_workload_arguments, block_start_signal, read_config, run_workers
 
 
 @dataclass(frozen=True)
@@ -229,28 +229,16 @@ class Workload:
         t_end = t_start + duration
         interval = n / float(cfg["rate"])
         reset_at = cfg.get("reset_at_s")
-        crashed: list[str] = []
 
-        def on_crash(args: threading.ExceptHookArgs) -> None:  # a bug in a worker must not look like a quiet run
-            crashed.append(f"{args.exc_type.__name__} in {args.thread.name if args.thread else '?'}")
-            self.journal.write({"type": "event", "what": "workload_crash", "t": time.monotonic(),
-                                "error": crashed[-1]})
+        def work(i: int, first_at: float) -> None:
+            self.worker(i, self.clients[i], gens[i], first_at, t_end, interval,
+                        None if reset_at is None or i else t_start + float(reset_at))
 
-        threading.excepthook = on_crash
-        threads = []
-        for i in range(n):
-            th = threading.Thread(target=self.worker, name=f"workload-{i}", daemon=True,
-                                  args=(i, self.clients[i], gens[i], t_start + i * interval / n, t_end, interval,
-                                        None if reset_at is None or i else t_start + float(reset_at)))
-            th.start()
-            threads.append(th)
-        grace = float(cfg["grace_s"])
-        for th in threads:
-            th.join(max(0.0, t_end + grace - time.monotonic()))
-        stuck = [th for th in threads if th.is_alive()]
+        stuck, crashed = run_workers(self.journal, "workload", n, work, t_start=t_start, t_end=t_end,
+                                     interval=interval, grace=float(cfg["grace_s"]))
         counters: dict[str, int] = {}
         for i, c in enumerate(self.clients):
-            if threads[i].is_alive():
+            if i in stuck:
                 continue  # a client stuck in a call cannot be closed (the legacy one has no deadline)
             for k, v in (getattr(c, "counters", {}) or {}).items():
                 counters[k] = counters.get(k, 0) + v

@@ -80,7 +80,7 @@ from faults.control import process_stats
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, read_config
+from harness.workloadio import add_workload_arguments, block_start_signal, read_config, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -408,24 +408,10 @@ class Workload:
         t_start = time.monotonic()
         t_end = t_start + float(cfg["duration_s"])
         interval = n / float(cfg["rate"])
-        crashed: list[str] = []
-
-        def on_crash(args: threading.ExceptHookArgs) -> None:  # a bug in a worker must not look like a quiet run
-            crashed.append(f"{args.exc_type.__name__} in {args.thread.name if args.thread else '?'}")
-            self.journal.write({"type": "event", "what": "workload_crash", "t": time.monotonic(),
-                                "error": crashed[-1]})
-
-        threading.excepthook = on_crash
-        threads = []
-        for i in range(n):
-            th = threading.Thread(target=self.worker, name=f"pd-workload-{i}", daemon=True,
-                                  args=(i, t_start + i * interval / n, t_end, interval))
-            th.start()
-            threads.append(th)
-        grace = float(cfg.get("grace_s", self.timeout + 5.0))
-        for th in threads:
-            th.join(max(0.0, t_end + grace - time.monotonic()))
-        stuck = [th for th in threads if th.is_alive()]
+        stuck, crashed = run_workers(self.journal, "pd-workload", n,
+                                     lambda i, first_at: self.worker(i, first_at, t_end, interval),
+                                     t_start=t_start, t_end=t_end, interval=interval,
+                                     grace=float(cfg.get("grace_s", self.timeout + 5.0)))
         with self._lock:
             counters = {**{f"ops_{k}": v for k, v in self.tally.items()}, "ops": sum(self.tally.values()),
                         "prompts_reused": self.reused}

@@ -156,9 +156,6 @@ class Family:
         """What ``pdchaos setup`` installs for this family (harness/setup.py steps)."""
         return []
 
-    def describe(self) -> dict:
-        return {"name": self.name, "description": self.description, "targets": list(self.targets)}
-
 
 # --------------------------------------------------------------------------- registry
 

@@ -9,7 +9,7 @@ import json
 import signal
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import UsageError
 
@@ -57,3 +57,20 @@ def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], No
     for th in threads:
         th.join(max(0.0, t_end + grace - time.monotonic()))
     return [i for i, th in enumerate(threads) if th.is_alive()], crashed
+
+
+def paced(t_start: float, t_end: float, interval: float, stop: threading.Event) -> Iterator[int]:
+    """Yield 0, 1, 2, ... at ``t_start + k * interval`` (sleeping until each is due) until
+    ``t_end``, or until ``stop`` is set (the runner that started the workload died)."""
+    k = 0
+    while True:
+        due = t_start + k * interval
+        now = time.monotonic()
+        if due >= t_end or now >= t_end:
+            return
+        if due > now:
+            time.sleep(due - now)
+        if stop.is_set():
+            return
+        yield k
+        k += 1

@@ -37,7 +37,7 @@ from faults.control import process_stats
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, read_config, run_workers
+from harness.workloadio import add_workload_arguments, block_start_signal, paced, read_config, run_workers
 
 
 @dataclass(frozen=True)
@@ -192,23 +192,13 @@ class Workload:
 
     def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: float,
                interval: float, reset_at: float | None) -> None:
-        k = 0
-        while True:
-            due = t_start + k * interval
-            now = time.monotonic()
-            if due >= t_end or now >= t_end:
-                return
-            if due > now:
-                time.sleep(due - now)
-            if self.orphaned.is_set():  # the runner died: stop issuing ops
-                return
+        for _ in paced(t_start, t_end, interval, self.orphaned):
             if reset_at is not None and time.monotonic() >= reset_at:
                 reset_at = None
                 if self.call(idx, client, "reset", None) is True:
                     gen.forget_all()  # the pool is empty now: every later op expects a miss
             else:
                 self.call(idx, client, "lookup", gen.next())
-            k += 1
 
     def run(self) -> int:
         cfg = self.cfg

@@ -80,7 +80,7 @@ from faults.control import process_stats
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, read_config, run_workers
+from harness.workloadio import add_workload_arguments, block_start_signal, paced, read_config, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -381,18 +381,8 @@ class Workload:
         self._count(done["outcome"] if done["outcome"] != "ok" else "ok")
 
     def worker(self, idx: int, t_start: float, t_end: float, interval: float) -> None:
-        k = 0
-        while True:
-            due = t_start + k * interval
-            now = time.monotonic()
-            if due >= t_end or now >= t_end:
-                return
-            if due > now:
-                time.sleep(due - now)
-            if self.orphaned.is_set():  # the runner died: stop issuing requests
-                return
+        for _ in paced(t_start, t_end, interval, self.orphaned):
             self.call(idx)
-            k += 1
 
     def run(self, go_timeout: float) -> int:
         cfg = self.cfg

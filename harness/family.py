@@ -95,6 +95,12 @@ class Family:
     fuzz_module: ClassVar[str | None] = None
     # extra top-level commands: name -> (module with add_arguments/run, help)
     commands: ClassVar[dict[str, tuple[str, str]]] = {}
+    gauges: ClassVar[tuple[tuple[str, str], ...]] = ()
+    """Node gauges the reports plot over time from ``sample`` probes, one panel each, one line per
+    node role: (counter, axis label). The counter is a key of a probe's ``counters``, matched
+    without a ``prefix:`` (a name without ``{labels}`` sums its labelled variants; see
+    reports/gauges.py), or ``rate(NAME)``: the per-second rate of a cumulative counter between two
+    samples of one process (``rate(cpu_s)``: CPU as a fraction of one core)."""
 
     def __init__(self) -> None:
         from .checks import CheckRegistry

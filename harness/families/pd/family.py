@@ -25,6 +25,12 @@ class PDFamily(Family):
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     node_kinds = NODE_KINDS
+    # vLLM's gauges (kv_cache_usage_perc is a fraction: 1 = every block in use) and CPU per node
+    gauges = (("num_requests_waiting", "waiting requests"),
+              ("num_requests_running", "running requests"),
+              ("kv_cache_usage_perc", "KV cache usage (1 = full)"),
+              ("num_requests_kv_fetch_by_stage{stage=in_progress}", "KV fetches in progress"),
+              ("rate(cpu_s)", "CPU (fraction of a core)"))
 
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link

@@ -22,6 +22,7 @@ from harness import journal as J
 from harness.errors import UsageError
 
 from . import data as D
+from . import gauges as G
 
 BENCH_FILE = "bench_samples.json"
 
@@ -53,6 +54,7 @@ class Result:
     checks: list[dict] = field(default_factory=list)
     timeline: D.Timeline | None = None
     stats: D.Stats | None = None
+    gauges: G.NodeGauges | None = None  # node gauges over time: the family's, from sample probes
 
     @property
     def outcome(self) -> str | None:
@@ -188,15 +190,20 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
         if (s, t) not in listed:
             results.append(Result(scenario=s, target=t, dir=f"{s}/{t}"))
     layouts: dict[str, Layout] = dict(saved_layouts)
+    gauge_specs: dict[str, tuple[G.GaugeSpec, ...]] = {}  # per family name
     for r in results:
         jp = root / r.dir / "journal.jsonl"
         if jp.is_file():
             records = J.read_journal(jp)
             tl = D.timeline(records, r.scenario, r.target)
             r.timeline, r.stats = tl, D.timeline_stats(tl)
+            m = J.meta(records)
+            family = str(m.get("family") or "lookup")
+            if family not in gauge_specs:
+                gauge_specs[family] = G.family_gauges(family)
+            r.gauges = G.node_gauges(records, gauge_specs[family], r.scenario, r.target, tl.t0)
             if r.scenario not in layouts:
-                m = J.meta(records)
-                lay = _layout_of(m) or _family_layout(m.get("family") or "lookup")
+                lay = _layout_of(m) or _family_layout(family)
                 if lay is not None:
                     layouts[r.scenario] = lay
     elapsed = doc.get("elapsed_s")

@@ -8,10 +8,11 @@ import re
 from pathlib import Path
 
 from . import data as D
+from . import gauge_plots as GP
 from . import plots as P
 from . import summary as S
 from .load import Run, load_run
-from .page import report_html
+from .page import GAUGES_SUFFIX, report_html
 from .tables import expected_words, outcome_words
 
 PLOTS_DIR = "plots"
@@ -40,7 +41,9 @@ def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
 
     Per scenario: for each (after, before) pair of its targets, a before/after plot (one pair:
     ``<s>--before-after.png``; several: ``<s>--before-after--<after>.png``), then one timeline per
-    target, the baseline first. A skipped run has nothing to draw."""
+    target, the baseline first, each followed by that target's node gauges (``<s>--<t>--gauges.png``)
+    when its family declares gauges and its journal has samples of them. A skipped run has nothing
+    to draw."""
     jobs: list[tuple] = []
     rels: dict[str, list[str]] = {}
     for s in run.scenarios():
@@ -67,6 +70,11 @@ def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
             rel = f"{PLOTS_DIR}/{_safe(s)}--{_safe(r.target)}.png"
             jobs.append(("timeline", rel, dict(tl=r.timeline, subtitle=_subtitle(r), bucket_s=bucket, ylim=ylim)))
             out.append(rel)
+            if r.gauges is not None:  # the family's node gauges, on the timeline's time axis
+                rel = f"{PLOTS_DIR}/{_safe(s)}--{_safe(r.target)}{GAUGES_SUFFIX}"
+                jobs.append(("gauges", rel, dict(g=r.gauges, subtitle=_subtitle(r),
+                                                 xmax=max(r.timeline.end, bucket))))
+                out.append(rel)
     bench_rel = None
     if run.bench:
         bench_rel = f"{PLOTS_DIR}/normal-path-cdf.png"
@@ -77,7 +85,8 @@ def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
 
 def render(job: tuple, root: str) -> str:
     kind, rel, kw = job
-    fn = {"timeline": P.timeline_png, "before_after": P.before_after_png, "bench": P.bench_cdf_png}[kind]
+    fn = {"timeline": P.timeline_png, "before_after": P.before_after_png, "bench": P.bench_cdf_png,
+          "gauges": GP.gauges_png}[kind]
     fn(path=Path(root) / rel, **kw)
     return rel
 

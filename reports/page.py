@@ -27,8 +27,15 @@ def _img(run_dir: Path, rel: str, alt: str) -> str:
     return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
+GAUGES_SUFFIX = "--gauges.png"
+
+
 def is_before_after(rel: str) -> bool:
     return rel.endswith("--before-after.png") or "--before-after--" in rel
+
+
+def is_gauges(rel: str) -> bool:
+    return rel.endswith(GAUGES_SUFFIX)
 
 
 def _scenario_section(run: Run, s: str, plots: list[str]) -> list[str]:
@@ -56,9 +63,13 @@ def _scenario_section(run: Run, s: str, plots: list[str]) -> list[str]:
     for rel in both:
         p.append(_img(root, rel, f"{s}: before and after"))
     for rel in plots:
-        if rel not in both:  # the per-target timelines: folded when a before/after plot is there
-            p.append(f"<details{'' if both else ' open'}><summary>timeline, quantiles and throughput: "
-                     f"<code>{_e(rel)}</code></summary>{_img(root, rel, rel)}</details>")
+        if rel in both:
+            continue
+        # the per-target timelines, each followed by its node gauges (same time axis): folded when
+        # a before/after plot is there
+        what = "node gauges" if is_gauges(rel) else "timeline, quantiles and throughput"
+        p.append(f"<details{'' if both else ' open'}><summary>{what}: "
+                 f"<code>{_e(rel)}</code></summary>{_img(root, rel, rel)}</details>")
     return p
 
 

@@ -268,3 +268,30 @@ def test_lookup_run_has_no_gauge_plot_and_no_error(tmp_path):
     assert sorted(p.name for p in written if p.suffix == ".png") == ["lk--hardened.png"]
     assert load_run(tmp_path).get("lk", "hardened").gauges is None
     assert "node gauges" not in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.timeout(90)
+def test_gauge_plots_render_in_the_worker_processes(tmp_path):
+    import logging
+
+    root = tmp_path / "run"
+    results = []
+    for k in range(3):  # 3 timelines + 3 gauges plots: enough jobs for the worker processes
+        recs = pd_records()
+        recs[0]["scenario"] = s = f"{SCEN}-{k}"
+        write_journal(root / s / "upstream" / "journal.jsonl", recs)
+        results.append({"scenario": s, "target": "upstream", "dir": f"{s}/upstream", "verdict": "stall",
+                        "expected": "stall", "as_expected": True, "checks": []})
+    (root / "summary.json").write_text(json.dumps({"run_id": "par", "results": results}))
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append
+    logging.getLogger("reports").addHandler(handler)
+    try:
+        written = generate(root, jobs=2)
+    finally:
+        logging.getLogger("reports").removeHandler(handler)
+    assert [r.getMessage() for r in warnings] == []  # the worker rendered its share, gauges included
+    gauges = sorted(p.name for p in written if p.name.endswith("--gauges.png"))
+    assert gauges == [f"{SCEN}-{k}--upstream--gauges.png" for k in range(3)]
+    assert all(png_size(root / "plots" / n)[1] >= 600 for n in gauges)

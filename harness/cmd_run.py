@@ -20,6 +20,7 @@ from pathlib import Path
 from .errors import UsageError
 from .progress import Progress
 from .outputs import run_status, write_summary
+from .pool import NodePool
 from .runner import Runner, new_run_dir
 from .schema import load_all
 
@@ -126,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
     with ExitStack() as stack:
         toxiproxy = start_toxiproxy(scenarios, stack, run_dir)
-        runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy)
+        pool = stack.enter_context(NodePool(run_dir))  # warm nodes between scenarios; stopped at the end
+        runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy,
+                        services={"node_pool": pool})
         runner.on_start = progress.start
 
         def on_signal(signum, frame):  # noqa: ARG001

@@ -74,7 +74,10 @@ class ScenarioItem(pytest.Item):
             stash[_SERVICES_KEY] = services
             items = [i for i in self.session.items if isinstance(i, ScenarioItem)]
             toxiproxy = start_toxiproxy(list({id(i.scenario): i.scenario for i in items}.values()), services, run_dir)
-            stash[key] = (Runner(run_dir, toxiproxy=toxiproxy), run_dir)
+            from harness.pool import NodePool
+
+            pool = services.enter_context(NodePool(run_dir))  # warm nodes between scenario items
+            stash[key] = (Runner(run_dir, toxiproxy=toxiproxy, services={"node_pool": pool}), run_dir)
         return stash[key]
 
     def runtest(self) -> None:

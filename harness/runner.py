@@ -249,7 +249,8 @@ class _ScenarioRun:
             topo.event("probe_failed", error=type(exc).__name__)
         handles = topo.handles() + ([self.workload] if self.workload is not None else [])
         topo.close()
-        leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive] + topo.leftovers()
+        kept = {id(h) for h in topo.kept()}
+        leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive and id(h) not in kept] + topo.leftovers()
         if leftovers:
             topo.event("leftovers", what_left=leftovers)
         # every node may write its own part of the journal (the workload writes its ops): the

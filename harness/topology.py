@@ -80,6 +80,8 @@ class Node:
     endpoints: dict[str, str] = field(default_factory=dict)
     baseline: dict | None = None
     frozen: bool = False
+    pool_key: tuple | None = None  # set when the node may go back to the node pool at close
+    pooled: Any = None  # the harness.pool.PooledNode it was taken from, if any
 
     @property
     def log(self) -> str | None:
@@ -118,6 +120,8 @@ class BaseTopology:
         self.netns = None  # a faults.netns.NetnsPair when the family links two namespaces
         self.toxiproxy = self.services.get("toxiproxy")
         self.proxy_name: str | None = None  # the Toxiproxy proxy in the faulted link, if any
+        self.pool = self.services.get("node_pool")  # a harness.pool.NodePool: warm nodes between runs
+        self._kept: list[ProcHandle] = []  # processes given to the pool at close (alive on purpose)
 
     # ------------------------------------------------------------------ family hooks
     def node_spec(self, role: str) -> NodeSpec:
@@ -127,6 +131,16 @@ class BaseTopology:
     def start(self) -> None:
         """Start the nodes and links, then return (the workload is started by the runner)."""
         raise NotImplementedError
+
+    def pool_key(self, role: str) -> tuple | None:
+        """The key under which the node of ``role`` may be pooled (every start setting that
+        matters), or None: never pooled (the default)."""
+        return None
+
+    def reusable(self, role: str, stats: dict) -> str | None:
+        """None when the node of ``role`` (its stats just read) can serve another scenario; else
+        why not. The default: alive."""
+        return None if stats.get("alive", True) else "not alive"
 
     def journal_part(self, role: str) -> Path:
         """Where the node of ``role`` may write its own journal records (observations, state
@@ -159,13 +173,55 @@ class BaseTopology:
         return proc
 
     def control_endpoint(self, role: str) -> str:
+        if self.pool is not None and self.pool_key(role) is not None:
+            return self.pool.control_endpoint(role)  # outlives this run's ipc folder
         return f"ipc://{self.tmp}/{role.replace(':', '-')}-ctl.sock"
+
+    def take_pooled(self, role: str) -> Any:
+        """A warm node for ``role`` from the pool (harness.pool.PooledNode), or None. The caller
+        adopts it with :meth:`adopt` (after using its ``extra``, e.g. its ports)."""
+        key = self.pool_key(role)
+        if self.pool is None or key is None:
+            return None
+        return self.pool.take(key)
+
+    def adopt(self, role: str, pooled: Any) -> Node | None:
+        """Make a pooled node this run's node of ``role``: a new control client, a fresh baseline
+        probe. None (the node is stopped) when it does not answer or is not reusable."""
+        client = ControlClient(pooled.control_ep) if pooled.control_ep else None
+        node = Node(role, pooled.kind, pooled.proc, pooled.control_ep, client, dict(pooled.endpoints),
+                    pool_key=pooled.key, pooled=pooled)
+        stats = None
+        if client is not None:
+            try:
+                stats = client.call("stats", timeout_ms=PROBE_TIMEOUT_MS * 3)
+            except ControlError:
+                stats = None
+        why = "no answer" if client is not None and stats is None else (self.reusable(role, stats) if stats else None)
+        if why:
+            if client is not None:
+                client.close()
+            self.event("pool_reject", role=role, kind=pooled.kind, pid=pooled.proc.pid, why=why)
+            self.pool.discard(pooled)
+            return None
+        if client is not None:
+            old = self._clients.pop(role, None)
+            if old is not None:
+                old.close()
+            self._clients[role] = client
+        self.nodes[role] = node
+        self.event("node_reused", role=role, kind=pooled.kind, pid=pooled.proc.pid, first_run=pooled.first_run,
+                   reuses=pooled.reuses, log=pooled.proc.log_path)
+        if client is not None:
+            node.baseline = self.probe_node(node, "baseline", stats)
+        return node
 
     def start_node(self, role: str, spec: NodeSpec | None = None) -> Node:
         """Start the node of ``role`` (no-op if it runs); record its baseline probe."""
         cur = self.nodes.get(role)
         if cur is not None and cur.proc.alive and spec is None:
             return cur
+        spec_given = spec  # a swapped-in node (a fake peer) is never pooled
         spec = spec or self.node_spec(role)
         ctl = self.control_endpoint(role) if spec.control else None
         args = list(spec.args) + (["--control", ctl] if ctl else [])
@@ -176,9 +232,13 @@ class BaseTopology:
             # process on the same endpoint (a new client per start would leave the old one
             # connected, and the node's fd count would grow with every restart)
             client = self._clients.get(role)
+            if client is not None and client.endpoint != ctl:  # a pooled role gets a new endpoint per start
+                client.close()
+                client = None
             if client is None:
                 client = self._clients[role] = ControlClient(ctl)
-        node = Node(role, spec.kind, proc, ctl, client, dict(spec.endpoints))
+        node = Node(role, spec.kind, proc, ctl, client, dict(spec.endpoints),
+                    pool_key=self.pool_key(role) if self.pool is not None and spec_given is None else None)
         self.nodes[role] = node
         if ctl:
             node.baseline = self.probe(role, "baseline")
@@ -388,9 +448,35 @@ class BaseTopology:
         return listen
 
     # ------------------------------------------------------------------ teardown
+    def pool_extra(self, role: str) -> dict[str, Any]:
+        """Family data a pooled node keeps (e.g. its ports), given back by :meth:`take_pooled`."""
+        return {}
+
+    def _give_to_pool(self, role: str, node: Node) -> bool:
+        if self.pool is None or node.pool_key is None or node.frozen or not node.proc.alive:
+            return False
+        try:
+            stats = node.client.call("stats", timeout_ms=PROBE_TIMEOUT_MS * 3) if node.client is not None else {}
+            why = self.reusable(role, stats)
+        except ControlError as exc:
+            why = str(exc)
+        if why:
+            self.event("not_pooled", role=role, kind=node.kind, pid=node.proc.pid, why=why)
+            return False
+        from .pool import PooledNode
+
+        p = node.pooled or PooledNode(node.pool_key, node.kind, node.proc, node.control_ep, dict(node.endpoints),
+                                      self.pool_extra(role), first_run=str(self.run_dir))
+        self.pool.give(p)
+        self._kept.append(node.proc)
+        self.event("node_pooled", role=role, kind=node.kind, pid=node.proc.pid)
+        return True
+
     def close(self) -> None:
         for role in reversed(list(self.nodes)):
             node = self.nodes.pop(role)
+            if self._give_to_pool(role, node):
+                continue
             if node.frozen:
                 self._signal(node, signal.SIGCONT)
             self._retired.append(node.proc)
@@ -407,8 +493,12 @@ class BaseTopology:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def handles(self) -> list[ProcHandle]:
-        """Every process this topology started (check them after close())."""
+        """Every process this topology started or adopted (check them after close())."""
         return [n.proc for n in self.nodes.values()] + list(self._retired)
+
+    def kept(self) -> list[ProcHandle]:
+        """The processes close() gave to the node pool: alive on purpose."""
+        return list(self._kept)
 
     def leftovers(self) -> list[str]:
         """What close() could not remove: the ipc folder."""

@@ -14,8 +14,9 @@ class PDTopologySpec(Spec):
     model: Literal["tiny-llama-v1"] = Field("tiny-llama-v1", description="the locally built model")
     kv_load_failure_policy: Literal["fail", "recompute"] = Field(
         "fail", description="vLLM's kv_load_failure_policy on D: fail (HTTP error) or recompute (D prefills)")
-    abort_timeout: Duration = Field(480.0, description="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT on both nodes; "
-                                                      "upstream D waits this + 60 s for a dead P")
+    abort_timeout: Duration = Field(10.0, description="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT on both nodes; "
+                                                     "upstream D waits this + 60 s for a dead P. vLLM's default "
+                                                     "is 480 s; scenarios use 10 s to stay short")
     link: Literal["direct", "toxiproxy", "netns"] = "direct"
     proxy_order: Literal["parallel", "sequential"] = Field(
         "parallel", description="parallel: P and D asked at once (upstream's example proxy); sequential: D "

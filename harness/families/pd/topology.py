@@ -3,9 +3,12 @@
 Roles: ``prefill:0`` and ``decode:0`` (``vllm`` nodes: a real vLLM server each, from the node
 env, pinned to cores 0 and 1), ``proxy`` (``pd-proxy``); the workload (``pd-workload``) sends its
 completions through the proxy. P and D start in parallel (each takes 20 s to minutes on 2 cores);
-a node that a fault killed is started again on the same ports. vLLM's own logs go to
-``server-logs/<role>.log`` in the run folder (they are vLLM's, not the harness's, and are kept
-out of ``log_hygiene``).
+a node that a fault killed is started again on the same ports. Under ``pdchaos run`` P and D are
+**reused** between scenarios (harness/pool.py) when a scenario leaves them healthy and drained
+and the next one starts them with the same settings; the journal says so (``node_reused``, with
+where the server's log is). vLLM's own logs go to ``server-logs/<role>.log`` in the scenario's
+folder, or, for a server that may be reused, ``pooled-logs/<role>-<n>.log`` in the run folder
+(they are vLLM's, not the harness's, and are kept out of ``log_hygiene``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class PDTopology(BaseTopology):
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
         self.server_logs.mkdir(parents=True, exist_ok=True)
+        # vLLM servers that may serve later scenarios log in the run folder, not in this scenario's
+        self._server_log: dict[str, str | None] = {}
+        self.pooled_logs = self.pool.log_folder(self.server_logs) if self.pool is not None else self.server_logs
 
     def url(self, role: str) -> str:
         return f"http://127.0.0.1:{self.ports[role]}"
@@ -51,7 +57,7 @@ class PDTopology(BaseTopology):
             args = ["--role", kind, "--port", str(self.ports[role]), "--bootstrap-port", str(self.bootstrap[role]),
                     "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
                     "--cpu-core", str(CORES[role]), "--startup-timeout-s", str(int(t.startup_timeout)),
-                    "--server-log", str(self.server_logs / f"{role.replace(':', '-')}.log")]
+                    "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
             return NodeSpec("vllm", args, ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://127.0.0.1:{self.bootstrap[role]}"})
@@ -62,8 +68,60 @@ class PDTopology(BaseTopology):
             return NodeSpec("pd-proxy", args, endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 
+    def server_log_path(self, role: str) -> Path:
+        if self.pool_key(role) is None or self.pool is None:
+            path = self.server_logs / f"{role.replace(':', '-')}.log"
+        else:
+            n = len(list(self.pooled_logs.glob(f"{role.replace(':', '-')}-*.log"))) + 1
+            path = self.pooled_logs / f"{role.replace(':', '-')}-{n}.log"
+        self._server_log[role] = str(path)
+        return path
+
+    # ------------------------------------------------------------------ warm reuse (harness/pool.py)
+    def pool_key(self, role: str) -> tuple | None:
+        """P and D are pooled under every setting they were started with (ports aside: a pooled
+        node brings its own); a netns link never pools (its namespaces die with the run)."""
+        if role not in CORES or self.topo.link == "netns":
+            return None
+        t = self.topo
+        return ("vllm", self.target, role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
+                int(t.startup_timeout), t.max_num_seqs)
+
+    def pool_extra(self, role: str) -> dict:
+        return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "server_log": self._server_log.get(role)}
+
+    def reusable(self, role: str, stats: dict) -> str | None:
+        """Healthy and drained: nothing running or waiting, no KV block held (a request a fault
+        left behind, or blocks P keeps for a pull that never came, would leak into the next
+        scenario's verdicts)."""
+        from .checks import _gauge
+
+        if not stats.get("alive"):
+            return "not healthy"
+        c = stats.get("counters") or {}
+        if not c.get("metrics_ok"):
+            return "its /metrics did not answer"
+        busy = (_gauge(c, "num_requests_running") or 0) + (_gauge(c, "num_requests_waiting") or 0)
+        if busy:
+            return f"{busy:g} requests running or waiting"
+        usage = _gauge(c, "kv_cache_usage_perc") or 0
+        if usage > 0:
+            return f"KV cache {usage * 100:.2f}% in use"
+        return None
+
     def start(self) -> None:
-        self.start_nodes(["prefill:0", "decode:0"])
+        fresh = []
+        for role in CORES:  # warm P and D from an earlier scenario, on their own ports
+            pooled = self.take_pooled(role)
+            if pooled is not None:
+                self.ports[role], self.bootstrap[role] = pooled.extra["port"], pooled.extra["bootstrap"]
+                if self.adopt(role, pooled) is not None:
+                    self._server_log[role] = pooled.extra.get("server_log")
+                    self.event("server_log", role=role, path=self._server_log[role])
+                    continue
+                self.ports[role], self.bootstrap[role] = free_tcp_port(), free_tcp_port()
+            fresh.append(role)
+        self.start_nodes(fresh)
         self.start_node("proxy")
 
     def workload_config(self) -> dict:

@@ -1,0 +1,109 @@
+"""Warm nodes kept between the scenario runs of one ``pdchaos run`` (or one pytest session).
+
+Starting a real vLLM server costs 20 s to minutes here; a scenario whose faults leave a node
+healthy and drained can hand it to the next scenario instead of stopping it. The pool knows
+nothing of families: a topology says which roles may be pooled and under which **key** (every
+setting the node was started with that matters, e.g. its failure policy and timeouts), gives a
+node back at its close when the family's check says it is reusable, and takes one at its start.
+A node taken is probed again (its ``baseline``) by the new scenario, so every check judges that
+scenario from the node's state at its start.
+
+A pooled node keeps its process, ports, control endpoint (under the pool's own ipc folder, which
+outlives each scenario's) and logs. Nodes left in the pool are stopped by :meth:`close`; if the
+runner dies outright, each node notices its parent is gone and stops itself (see the nodes'
+parent watch), and the next run sweeps the ipc folder (harness.topology.sweep_stale_tmp).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .procs import ProcHandle
+
+
+@dataclass
+class PooledNode:
+    """A running node waiting for its next scenario."""
+
+    key: tuple
+    kind: str
+    proc: ProcHandle
+    control_ep: str | None
+    endpoints: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # family data, e.g. the ports it listens on
+    first_run: str = ""  # the scenario run that started it
+    reuses: int = 0
+
+
+class NodePool:
+    def __init__(self, folder: Path | None = None, stop_timeout_s: float = 40.0):
+        self.folder = folder  # the run folder: logs of pooled nodes live here, not in one scenario's
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-pool"))
+        self.stop_timeout_s = stop_timeout_s
+        self._idle: list[PooledNode] = []
+        self._lock = threading.Lock()
+        self._n = 0
+        self.closed = False
+
+    def control_endpoint(self, role: str) -> str:
+        with self._lock:
+            self._n += 1
+            return f"ipc://{self.tmp}/{role.replace(':', '-')}-{self._n}-ctl.sock"
+
+    def log_folder(self, fallback: Path) -> Path:
+        d = (self.folder / "pooled-logs") if self.folder is not None else fallback
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def give(self, node: PooledNode) -> None:
+        with self._lock:
+            if not self.closed:
+                self._idle.append(node)
+                return
+        node.proc.stop(self.stop_timeout_s)
+
+    def take(self, key: tuple) -> PooledNode | None:
+        """A live node pooled under ``key`` (the oldest first); dead ones met on the way are dropped."""
+        dead: list[PooledNode] = []
+        found = None
+        with self._lock:
+            for n in [n for n in self._idle if n.key == key]:
+                self._idle.remove(n)
+                if n.proc.alive:
+                    found = n
+                    n.reuses += 1
+                    break
+                dead.append(n)
+        for n in dead:
+            n.proc.stop(1.0)  # reaps it
+        return found
+
+    def idle(self) -> list[PooledNode]:
+        with self._lock:
+            return list(self._idle)
+
+    def discard(self, node: PooledNode) -> None:
+        node.proc.stop(self.stop_timeout_s)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            nodes, self._idle = self._idle, []
+        threads = [threading.Thread(target=n.proc.stop, args=(self.stop_timeout_s,)) for n in nodes]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(self.stop_timeout_s + 5.0)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "NodePool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

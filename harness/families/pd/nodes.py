@@ -3,5 +3,7 @@
 NODE_KINDS: dict[str, tuple[str, str]] = {
     "vllm": (f"{__package__}.vllm_node", "one vLLM server (prefill or decode) from the node env, with a control channel"),
     "pd-proxy": (f"{__package__}.proxy", "the P/D proxy: vLLM's Mooncake P/D protocol, bounded errors, phase hooks"),
+    "pd-fake-prefill": (f"{__package__}.fake_prefill",
+                        "a fake prefill peer for D: Mooncake bootstrap /query + side channel, answering by --mode"),
     "pd-workload": (f"{__package__}.workload", "completions through the proxy, each recorded as an op"),
 }

@@ -29,15 +29,26 @@ milliseconds), set at run time on the control channel, each counted in ``stats``
   blocks until its abort timeout); the client gets 502 ``aborted``;
 - ``bad_params {count: N, drop: [keys]}``: D's kv_transfer_params miss those keys (vLLM then
   leaves the request waiting: the proxy's timeout still answers);
-- ``release`` (wake held requests, disarm ``hold``), ``clear`` (disarm every hook, wake held).
+- ``redirect {count: N, bootstrap: http://127.0.0.1:B}``: the next N requests never reach the
+  real P: the proxy reads the engine id E from ``B/query`` (sent with the header
+  ``X-PDChaos-Peer: proxy``, so a fake prefill peer, harness/families/pd/fake_prefill.py, tells
+  the proxy its true engine id whatever it later tells D) and sends D only
+  ``{"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": B,
+  "remote_engine_id": E, "transfer_id": X}``; D then asks B for E and pulls from whatever B
+  names. ``bad_params`` and ``abort decode_wait`` still apply to a redirected request; ``hold``
+  and ``abort after_prefill`` (there is no prefill) are left armed for the next normal request;
+- ``release`` (wake held requests, disarm ``hold``), ``clear`` (disarm every hook, wake held;
+  ``clear {hooks: [names]}`` disarms only those, e.g. ``["redirect"]``).
 
 Control ``stats`` answers ``counters`` (requests, ok, errors by phase and type, in_flight, held,
 holding, hold_released, hold_expired, aborted, aborted_by hook, abort_missed, bad_params,
-engine_id_changes) and the armed ``hooks`` with their remaining counts. A hook is taken by a
-request once it has P's engine id (a request failing at the bootstrap takes none).
+redirected, engine_id_changes) and the armed ``hooks`` with their remaining counts. A hook is
+taken by a request once it has P's engine id (a request failing at the bootstrap takes none),
+except ``redirect``: taken once the request's body is read, before the redirect's bootstrap is
+asked (a request failing there used up its redirect, and is counted under phase bootstrap).
 
 Logs carry counts, phases, status codes and times only: never prompts, bodies, token ids,
-transfer ids or engine ids.
+transfer ids, engine ids or bootstrap addresses of a redirect.
 """
 
 from __future__ import annotations
@@ -58,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 PHASES = ("bootstrap", "prefill", "decode", "proxy")
 D_KV_KEYS = ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id")
+HOOKS = ("hold", "abort_decode_wait", "abort_after_prefill", "bad_params", "redirect")
+PEER_HEADER = {"X-PDChaos-Peer": "proxy"}  # a redirect's bootstrap query: see harness/families/pd/fake_prefill.py
 _UPSTREAM_MESSAGE_CHARS = 300
 _MAX_COUNT = 1_000_000
 
@@ -175,7 +188,7 @@ class PDProxy(NodeApp):
             "requests": 0, "ok": 0, "errors": {}, "in_flight": 0,
             "held": 0, "holding": 0, "hold_released": 0, "hold_expired": 0,
             "aborted": 0, "aborted_by": {"decode_wait": 0, "after_prefill": 0}, "abort_missed": 0,
-            "bad_params": 0, "engine_id_changes": 0,
+            "bad_params": 0, "redirected": 0, "engine_id_changes": 0,
         }
         self._closing = False
         self._hold_waiters: set[asyncio.Event] = set()  # loop thread only
@@ -253,7 +266,7 @@ class PDProxy(NodeApp):
 
     def handlers(self) -> dict[str, Callable[[dict], dict]]:
         return {"hold": self._cmd_hold, "abort": self._cmd_abort, "bad_params": self._cmd_bad_params,
-                "release": self._cmd_release, "clear": self._cmd_clear}
+                "redirect": self._cmd_redirect, "release": self._cmd_release, "clear": self._cmd_clear}
 
     def _hooks_answer(self) -> dict:
         return {"hooks": json.loads(json.dumps(self._hooks))}
@@ -292,24 +305,40 @@ class PDProxy(NodeApp):
             self._hooks["bad_params"] = hook
             return self._hooks_answer()
 
-    def _release(self, everything: bool) -> dict:
+    def _cmd_redirect(self, m: dict) -> dict:
+        try:
+            bootstrap = check_url(m.get("bootstrap"), "bootstrap")
+        except NodeUsageError as exc:
+            raise ValueError(str(exc)) from None
+        hook = {"count": _count(m.get("count", 1), "count"), "bootstrap": bootstrap}
         with self._lock:
+            self._hooks["redirect"] = hook
+            return self._hooks_answer()
+
+    def _release(self, names: tuple[str, ...]) -> dict:
+        """Disarm the hooks ``names``; held requests are woken when ``hold`` is among them."""
+        with self._lock:
+            for name in names:
+                self._hooks.pop(name, None)
+            if "hold" not in names:
+                return {"released": 0, **self._hooks_answer()}
             self._gen += 1
-            if everything:
-                self._hooks.clear()
-            else:
-                self._hooks.pop("hold", None)
-            released = self._c["holding"]
-            answer = {"released": released, **self._hooks_answer()}
+            answer = {"released": self._c["holding"], **self._hooks_answer()}
         if self.loop is not None and self.loop.is_running():
             self.loop.call_soon_threadsafe(self._wake_held)
         return answer
 
     def _cmd_release(self, m: dict) -> dict:  # noqa: ARG002
-        return self._release(everything=False)
+        return self._release(("hold",))
 
-    def _cmd_clear(self, m: dict) -> dict:  # noqa: ARG002
-        return self._release(everything=True)
+    def _cmd_clear(self, m: dict) -> dict:
+        names = m.get("hooks")
+        if names is None:
+            return self._release(HOOKS)
+        if (not isinstance(names, (list, tuple)) or not names
+                or any(not isinstance(n, str) or n not in HOOKS for n in names)):
+            raise ValueError(f"hooks: expected a non-empty list of hook names among {', '.join(HOOKS)}")
+        return self._release(tuple(names))
 
     # ------------------------------------------------------------------ counters (loop thread)
     def _error(self, err: ProxyError) -> None:
@@ -317,13 +346,29 @@ class PDProxy(NodeApp):
             by_phase = self._c["errors"].setdefault(err.phase, {})
             by_phase[err.type] = by_phase.get(err.type, 0) + 1
 
-    def _take_hooks(self) -> Taken:
-        """The hooks this request gets (each armed hook's count goes down by one)."""
+    def _take_redirect(self) -> str | None:
+        """The bootstrap this request is redirected to (the ``redirect`` hook's count goes down
+        by one), or None."""
+        with self._lock:
+            hook = self._hooks.get("redirect")
+            if hook is None:
+                return None
+            self._c["redirected"] += 1
+            hook["count"] -= 1
+            if hook["count"] <= 0:
+                del self._hooks["redirect"]
+            return hook["bootstrap"]
+
+    def _take_hooks(self, decode_only: bool = False) -> Taken:
+        """The hooks this request gets (each armed hook's count goes down by one); with
+        ``decode_only`` (a redirected request: no prefill) only those that act on D's side."""
         taken = Taken()
         with self._lock:
             taken.hold_gen = self._gen
             for name in list(self._hooks):
                 hook = self._hooks[name]
+                if name == "redirect" or (decode_only and name in ("hold", "abort_after_prefill")):
+                    continue
                 if name == "hold":
                     taken.hold_s = hook["seconds"]
                 elif name == "abort_decode_wait":
@@ -420,6 +465,9 @@ class PDProxy(NodeApp):
     async def _proxy(self, ctx: Ctx, request: Any) -> dict:
         loop = asyncio.get_running_loop()
         body = await self._read_body(request)
+        redirect = self._take_redirect()
+        if redirect is not None:
+            return await self._redirected(ctx, body, redirect)
 
         ctx.phase = "bootstrap"
         t = loop.time()
@@ -495,6 +543,26 @@ class PDProxy(NodeApp):
                 if not task.cancelled():
                     task.exception()
 
+    async def _redirected(self, ctx: Ctx, body: dict, bootstrap: str) -> dict:
+        """The ``redirect`` hook: no request to the real P; D is sent to ``bootstrap``."""
+        loop = asyncio.get_running_loop()
+        ctx.phase = "bootstrap"
+        t = loop.time()
+        engine_id = await self._engine_id(bootstrap, peer=True)
+        self._mark(ctx, "bootstrap", t)
+        taken = self._take_hooks(decode_only=True)
+        d_params = {"do_remote_decode": False, "do_remote_prefill": True, "remote_bootstrap_addr": bootstrap,
+                    "remote_engine_id": engine_id, "transfer_id": uuid.uuid4().hex}
+        for key in taken.drop:
+            d_params.pop(key, None)
+        d_body = dict(body)
+        d_body["kv_transfer_params"] = d_params
+        ctx.phase = "decode"
+        t = loop.time()
+        out = await self._decode(d_body, taken)
+        self._mark(ctx, "decode", t)
+        return out
+
     async def _hold(self, taken: Taken) -> None:
         with self._lock:
             if taken.hold_gen != self._gen or self._closing:
@@ -546,11 +614,12 @@ class PDProxy(NodeApp):
                          hook="decode_wait")
 
     # ------------------------------------------------------------------ upstream calls
-    async def _get_json(self, phase: str, method: str, url: str, body: dict | None = None) -> Any:
+    async def _get_json(self, phase: str, method: str, url: str, body: dict | None = None,
+                        headers: dict | None = None) -> Any:
         import aiohttp
 
         try:
-            async with self._session.request(method, url, json=body) as r:
+            async with self._session.request(method, url, json=body, headers=headers) as r:
                 status = r.status
                 raw = await r.read()
         except aiohttp.ClientConnectorError as exc:
@@ -575,8 +644,12 @@ class PDProxy(NodeApp):
             raise ProxyError(502, "bad_json", phase, f"{phase} answered 200 with JSON that is not an object")
         return data
 
-    async def _engine_id(self) -> str:
-        data = await self._get_json("bootstrap", "GET", f"{self.bootstrap}/query")
+    async def _engine_id(self, bootstrap: str | None = None, peer: bool = False) -> str:
+        """P's engine id from ``{bootstrap}/query`` (default: the real P's). ``peer``: a
+        redirect's bootstrap (asked with the peer header; its engine id is not P's, so it does not
+        count as a change of P's engine)."""
+        url = f"{bootstrap or self.bootstrap}/query"
+        data = await self._get_json("bootstrap", "GET", url, headers=PEER_HEADER if peer else None)
         if not isinstance(data, dict):
             raise ProxyError(502, "bad_json", "bootstrap", "bootstrap /query: expected a JSON object")
         entry = data.get("0")
@@ -584,6 +657,8 @@ class PDProxy(NodeApp):
         if not isinstance(engine_id, str) or not engine_id:
             raise ProxyError(502, "no_engine", "bootstrap",
                              "bootstrap /query has no engine id for dp rank 0 (P's worker not registered)")
+        if peer:
+            return engine_id
         with self._lock:
             if self._last_engine is not None and engine_id != self._last_engine:
                 self._c["engine_id_changes"] += 1

@@ -21,7 +21,7 @@ class PDFamily(Family):
     baseline_target = "upstream"
     Topology = PDTopologySpec
     Workload = PDWorkloadSpec
-    fault_modules = (f"{PKG}.faults",)
+    fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     node_kinds = NODE_KINDS

@@ -42,10 +42,11 @@ class PooledNode:
 
 
 class NodePool:
-    def __init__(self, folder: Path | None = None, stop_timeout_s: float = 40.0):
+    def __init__(self, folder: Path | None = None, stop_timeout_s: float = 40.0, max_idle: int = 2):
         self.folder = folder  # the run folder: logs of pooled nodes live here, not in one scenario's
         self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-pool"))
         self.stop_timeout_s = stop_timeout_s
+        self.max_idle = max_idle  # one P/D pair: more idle vLLM servers would cost ~4 GB each
         self._idle: list[PooledNode] = []
         self._lock = threading.Lock()
         self._n = 0
@@ -62,11 +63,16 @@ class NodePool:
         return d
 
     def give(self, node: PooledNode) -> None:
+        """Keep ``node`` for a later run; the oldest idle nodes beyond ``max_idle`` are stopped."""
         with self._lock:
-            if not self.closed:
+            if self.closed:
+                evicted = [node]
+            else:
                 self._idle.append(node)
-                return
-        node.proc.stop(self.stop_timeout_s)
+                evicted = self._idle[:-self.max_idle] if len(self._idle) > self.max_idle else []
+                del self._idle[:len(evicted)]
+        for n in evicted:
+            n.proc.stop(self.stop_timeout_s)
 
     def take(self, key: tuple) -> PooledNode | None:
         """A live node pooled under ``key`` (the oldest first); dead ones met on the way are dropped."""

@@ -152,3 +152,21 @@ def test_pool_keys_must_match(tmp_path: Path) -> None:
         assert pool.take(("vllm", "fail", 10)) is None
         pool.give(p)
     assert p.proc.alive is False  # close() stops what it still holds
+
+
+def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
+    from harness.pool import PooledNode
+
+    class Alive:
+        def __init__(self, pid: int):
+            self.alive, self.pid = True, pid
+
+        def stop(self, timeout_s: float = 0) -> None:
+            self.alive = False
+
+    with NodePool(tmp_path, max_idle=2) as pool:
+        nodes = [PooledNode(("k", i), "vllm", Alive(i), None) for i in range(3)]  # type: ignore[arg-type]
+        for n in nodes:
+            pool.give(n)
+        assert [n.key for n in pool.idle()] == [("k", 1), ("k", 2)]
+        assert [n.proc.alive for n in nodes] == [False, True, True]  # the oldest was stopped

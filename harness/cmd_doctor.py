@@ -104,7 +104,30 @@ def collect() -> list[dict]:
         else:
             ok, why = False, "needs root, ip and tc"
         checks.append(_check(kind, ok, why, off))
+    checks.extend(_family_steps())
     return checks
+
+
+def _family_steps() -> list[dict]:
+    """Each family's own set-up pieces (``setup_steps()``; a step with ``pieces()`` is shown piece
+    by piece), and what their absence disables: that family's scenarios."""
+    from .family import all_families
+
+    out = []
+    for fam in all_families():
+        try:
+            steps = fam.setup_steps()
+        except Exception as exc:  # noqa: BLE001 - a broken family must not break the doctor
+            out.append(_check(f"{fam.name}-setup", False, f"{type(exc).__name__}: {exc}", f"the {fam.name} family"))
+            continue
+        off = f"the {fam.name} family's scenarios and tests (run `pdchaos setup`)"
+        for step in steps:
+            if hasattr(step, "pieces"):
+                out.extend(_check(n, ok, d, off) for n, ok, d in step.pieces())
+            else:
+                detail = step.check()
+                out.append(_check(step.name, detail is not None, detail or f"not installed: {step.plan()}", off))
+    return out
 
 
 CHECK_NAMES = ("toxiproxy", "toxiproxy-pinned", "go", "root", "ip", "netns", "iptables", "tc", "tbf", "netem")
@@ -125,10 +148,11 @@ def _print_table(checks: list[dict], out: Callable[[str], None] = print) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    unknown = [r for r in args.require if r not in CHECK_NAMES]
-    if unknown:
-        raise UsageError(f"--require: unknown check {unknown[0]!r}; known: {', '.join(CHECK_NAMES)}")
     checks = collect()
+    names = list(CHECK_NAMES) + [c["name"] for c in checks if c["name"] not in CHECK_NAMES]
+    unknown = [r for r in args.require if r not in names]
+    if unknown:
+        raise UsageError(f"--require: unknown check {unknown[0]!r}; known: {', '.join(names)}")
     failed = [c["name"] for c in checks if c["name"] in args.require and not c["ok"]]
     if args.json:
         print(json.dumps({"checks": checks, "required": list(args.require), "required_failed": failed}, indent=2))

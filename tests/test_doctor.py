@@ -29,7 +29,12 @@ def test_json_reports_what_is_there():
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     checks = {c["name"]: c for c in report["checks"]}
-    assert tuple(c["name"] for c in report["checks"]) == CHECK_NAMES
+    names = tuple(c["name"] for c in report["checks"])
+    assert names[:len(CHECK_NAMES)] == CHECK_NAMES
+    # then each family's own set-up pieces: the P/D node stack step by step, and the tiny model
+    family_pieces = names[len(CHECK_NAMES):]
+    assert "pd-node-stack/torch" in family_pieces and "pd-node-stack/mooncake" in family_pieces
+    assert "pd-node-stack/libibverbs.so.1" in family_pieces and "pd-tiny-model" in family_pieces
     for c in checks.values():
         assert bool(c["disables"]) == (not c["ok"]), c  # every absence says what it disables
 
@@ -73,6 +78,7 @@ def test_missing_toxiproxy_is_reported_and_only_require_fails():
 def test_unknown_require_is_bad_input():
     res = doctor("--require", "kubernetes")
     assert res.returncode == 2
-    assert res.stderr.strip() == ("error: --require: unknown check 'kubernetes'; known: "
-                                  + ", ".join(CHECK_NAMES))
+    assert res.stderr.strip().startswith("error: --require: unknown check 'kubernetes'; known: "
+                                         + ", ".join(CHECK_NAMES) + ", pd-node-stack/")
+    assert res.stderr.count("\n") == 0  # one line
     assert "Traceback" not in res.stderr and res.stdout == ""

@@ -31,6 +31,18 @@ class PdStackStep:
             return None
         return f"{TORCH}, {VLLM}, {MOONCAKE} in {env.path}"
 
+    def pieces(self) -> list[tuple[str, bool, str]]:
+        """For ``pdchaos doctor``: each install step of the node env (done or not, with its pin),
+        and the system library Mooncake loads."""
+        from .pd_stack import libibverbs_present
+
+        env = self._env()
+        pending = set(env.pending())
+        out = [(f"{self.name}/{s.name}", s.name not in pending, f"{s.key} in {env.path}") for s in env.steps]
+        out.append((f"{self.name}/libibverbs.so.1", libibverbs_present(), "the system library Mooncake's "
+                    "transfer engine loads (apt-get install libibverbs1, as root)"))
+        return out
+
     def plan(self) -> str:
         env = self._env()
         pending = env.pending()

@@ -80,5 +80,5 @@ def test_unknown_require_is_bad_input():
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: --require: unknown check 'kubernetes'; known: "
                                          + ", ".join(CHECK_NAMES) + ", pd-node-stack/")
-    assert res.stderr.count("\n") == 0  # one line
+    assert res.stderr.strip().count("\n") == 0  # one line
     assert "Traceback" not in res.stderr and res.stdout == ""

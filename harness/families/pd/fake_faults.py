@@ -9,9 +9,13 @@ the fake's ``mode``: a reply that is not msgpack, an ERROR reply, a FINISH namin
 no reply at all, a bootstrap that answers 500, or a bootstrap that names another engine. The
 real P is never asked for those requests, so it holds nothing for them.
 
-Heal disarms only the redirect hook (``clear {hooks: [redirect]}``) and stops the fake node;
-both are safe to repeat. D may still be waiting on the fake (mode ``silent``) after the heal:
-that wait is what the scenario measures.
+Heal records what happened in the journal (event ``fake_prefill_peer``: how many requests the
+proxy redirected during the window, what the fake was asked and answered: counts only), disarms
+only the redirect hook (``clear {hooks: [redirect]}``) and stops the fake node; both are safe to
+repeat. When no request at all was redirected (the fake started too slowly for the window, or no
+request came), the heal raises once after cleaning up (a ``fault_error``: harness_integrity
+fails) rather than let the scenario pass with nothing tested. D may still be waiting on the fake
+(mode ``silent``) after the heal: that wait is what the scenario measures.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class FakePrefillPeer(OnceFault):
     Params = FakePrefillParams
     may_cause = ("http_502", "http_504")
 
+    def __init__(self, params: FakePrefillParams, ctx):  # noqa: ANN001 - a FaultContext
+        super().__init__(params, ctx)
+        self._redirected0: int | None = None  # the proxy's redirected counter when the hook was armed
+        self._reported = False
+
     def inject(self) -> None:
         from harness.topology import NodeSpec, free_tcp_port
 
@@ -57,9 +66,29 @@ class FakePrefillPeer(OnceFault):
                         ready_timeout_s=READY_TIMEOUT_S,
                         endpoints={"bootstrap": bootstrap, "side": f"tcp://127.0.0.1:{side_port}"})
         self.ctx.start_node(ROLE, spec)
+        self._redirected0 = _redirected(self.ctx)
         self.ctx.control("proxy", "redirect", count=self.params.count, bootstrap=bootstrap)
 
+    def _report(self) -> int | None:
+        """Journal what the window did (counts only); the number of redirected requests, or None
+        when unknown."""
+        now = _redirected(self.ctx)
+        n = now - self._redirected0 if now is not None and self._redirected0 is not None else None
+        fake: dict = {}
+        try:
+            fake = self.ctx.control(ROLE, "stats", timeout_ms=1000).get("counters") or {}
+        except Exception:  # noqa: BLE001 - the fake may be gone already; the event says so
+            pass
+        self.ctx.event("fake_prefill_peer", mode=self.params.mode, redirected=n,
+                       queries=fake.get("query_answers"), pulls=fake.get("pulls"), answers=fake.get("answers"),
+                       unanswered=fake.get("unanswered"), malformed_pulls=fake.get("malformed_pulls"))
+        return n
+
     def heal(self) -> None:
+        redirected = None
+        if not self._reported:
+            redirected = self._report()
+            self._reported = True
         error: Exception | None = None
         try:
             self.ctx.control("proxy", "clear", hooks=["redirect"])
@@ -68,3 +97,13 @@ class FakePrefillPeer(OnceFault):
         self.ctx.stop_node(ROLE)  # a no-op once it is stopped
         if error is not None:
             raise error
+        if redirected == 0:
+            raise RuntimeError("fake_prefill_peer: no request was redirected to the fake during the fault window "
+                               "(the fake started late or no request came): nothing was tested")
+
+
+def _redirected(ctx) -> int | None:  # noqa: ANN001 - a FaultContext
+    try:
+        return int(ctx.control("proxy", "stats")["counters"]["redirected"])
+    except Exception:  # noqa: BLE001 - a proxy that does not answer: unknown
+        return None

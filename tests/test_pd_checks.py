@@ -66,6 +66,20 @@ def test_no_busy_wait() -> None:
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.02)]).ok is True
     r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)])
     assert r.ok is False and "0.99 of a core" in r.message and "no request running" in r.message
+    # the same CPU while requests keep coming and going is not judged (the gauges miss short
+    # requests; a P/D node spins for each one waiting for KV): with no quiet interval the check
+    # cannot tell and fails, saying so
+    busy_client = [o for i, t in enumerate((0.9, 1.4, 1.9, 2.4)) for o in op(i, t)]
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99), *busy_client])
+    assert r.ok is False and "no quiet interval" in r.message
+    # one request in flight all along (a client waiting on the stuck one) leaves it quiet
+    stuck = op(9, 0.2, phase="info", value=None, outcome="stalled", elapsed_ms=30000)
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99), *stuck])
+    assert r.ok is False and "0.99 of a core" in r.message
+    # an op ending just inside the margin before an interval makes that interval not quiet
+    late = op(8, 0.0, elapsed_ms=1200)  # ends at 1.2 s: in the first interval, and within the margin of the next
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)[:3], *late])
+    assert r.ok is False and "no quiet interval" in r.message
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)], {"max_cpu": 1.0}).ok is True
     # a node computing (requests running) is busy for a reason; if every node was, the check cannot
     # tell, and says so by failing

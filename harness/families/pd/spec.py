@@ -17,7 +17,12 @@ class PDTopologySpec(Spec):
     abort_timeout: Duration = Field(10.0, description="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT on both nodes; "
                                                      "upstream D waits this + 60 s for a dead P. vLLM's default "
                                                      "is 480 s; scenarios use 10 s to stay short")
-    link: Literal["direct", "toxiproxy", "netns"] = "direct"
+    link: Literal["direct", "toxiproxy", "netns"] = Field(
+        "direct", description="toxiproxy: the proxy and D reach P's bootstrap server through a Toxiproxy proxy "
+                              "(the toxic faults act on it)")
+    engine_id: Literal["random", "fixed"] = Field(
+        "random", description="P's Mooncake engine id: random per start (vLLM's default), or fixed, so a "
+                              "restarted P comes back under the same engine id")
     proxy_order: Literal["parallel", "sequential"] = Field(
         "parallel", description="parallel: P and D asked at once (upstream's example proxy); sequential: D "
                                 "only after P answered (lets a phase hook hold a request in between)")

@@ -22,11 +22,15 @@ from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 CORES = {"prefill:0": 0, "decode:0": 1}
 
 
-def _busy(stats: dict | None) -> bool:
+def _busy(stats: dict | None, baseline: dict | None = None) -> bool:
+    """Something running or waiting, or more KV blocks in use than at the node's baseline."""
     from .checks import _gauge
 
     c = (stats or {}).get("counters") or {}
-    return bool((_gauge(c, "num_requests_running") or 0) + (_gauge(c, "num_requests_waiting") or 0))
+    if (_gauge(c, "num_requests_running") or 0) + (_gauge(c, "num_requests_waiting") or 0):
+        return True
+    base = _gauge((baseline or {}).get("counters") or {}, "kv_cache_usage_perc") or 0.0
+    return (_gauge(c, "kv_cache_usage_perc") or 0.0) > base + 1e-6
 
 
 class PDTopology(BaseTopology):
@@ -58,12 +62,14 @@ class PDTopology(BaseTopology):
                     "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
                     "--cpu-core", str(CORES[role]), "--startup-timeout-s", str(int(t.startup_timeout)),
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
+            if t.engine_id == "fixed":
+                args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             return NodeSpec("vllm", args, ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://127.0.0.1:{self.bootstrap[role]}"})
         if role == "proxy":
             args = ["--port", str(self.ports["proxy"]), "--prefill", self.url("prefill:0"),
-                    "--prefill-bootstrap", f"http://127.0.0.1:{self.bootstrap['prefill:0']}",
+                    "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
                     "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}", "--order", t.proxy_order]
             return NodeSpec("pd-proxy", args, endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
@@ -85,7 +91,7 @@ class PDTopology(BaseTopology):
             return None
         t = self.topo
         return ("vllm", self.target, role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
-                int(t.startup_timeout), t.max_num_seqs)
+                int(t.startup_timeout), t.max_num_seqs, t.engine_id)
 
     def pool_extra(self, role: str) -> dict:
         return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "server_log": self._server_log.get(role)}
@@ -122,6 +128,10 @@ class PDTopology(BaseTopology):
                 self.ports[role], self.bootstrap[role] = free_tcp_port(), free_tcp_port()
             fresh.append(role)
         self.start_nodes(fresh)
+        self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"
+        if self.topo.link == "toxiproxy":  # the proxy, and D (the proxy hands D this address), via Toxiproxy
+            self.bootstrap_hostport = self.toxiproxy_link("pd_bootstrap", self.bootstrap_hostport)
+            self.event("link", kind="toxiproxy", to="P's bootstrap server")
         self.start_node("proxy")
 
     def workload_config(self) -> dict:
@@ -134,11 +144,13 @@ class PDTopology(BaseTopology):
                 "model": str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}
 
     def final_probe(self, timeout_s: float = 1.0) -> None:
-        """Give the vLLM nodes up to ``drain_timeout`` to finish what they hold (a request a fault
-        left waiting is exactly what ``drained`` must catch, so the wait is bounded), then probe."""
+        """Give the vLLM nodes up to ``drain_timeout`` to finish what they hold and free the KV
+        blocks they kept (a request a fault left waiting, or blocks P keeps for a pull that never
+        comes, is exactly what ``drained`` must catch, so the wait is bounded), then probe."""
         deadline = time.monotonic() + self.topo.drain_timeout
         waited = 0.0
-        while time.monotonic() < deadline and any(_busy(self.node_stats(r)) for r in CORES if r in self.nodes):
+        while time.monotonic() < deadline and any(_busy(self.node_stats(r), self.nodes[r].baseline)
+                                                  for r in CORES if r in self.nodes):
             time.sleep(0.25)
             waited += 0.25
         if waited:

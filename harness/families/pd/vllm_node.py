@@ -94,6 +94,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--policy", choices=("fail", "recompute"), default="fail", help="kv_load_failure_policy")
     p.add_argument("--abort-timeout-s", type=int, default=None,
                    help="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vLLM's default when not given: 480)")
+    p.add_argument("--engine-id", default=None,
+                   help="engine_id of --kv-transfer-config (vLLM makes up a random one when not given)")
     p.add_argument("--kv-connector", default="MooncakeConnector",
                    help="kv_connector of --kv-transfer-config; 'none' serves without one")
     p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core)")
@@ -199,6 +201,8 @@ class VllmNode:
         if args.cpu_core is not None and not 0 <= args.cpu_core < (os.cpu_count() or 1):
             raise NodeUsageError(f"--cpu-core: {args.cpu_core} is not a core of this machine "
                                  f"(0..{(os.cpu_count() or 1) - 1})")
+        if args.engine_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.engine_id):
+            raise NodeUsageError("--engine-id: 1 to 64 letters, digits, '.', '_' or '-'")
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
         from harness.nodeenv.pd_stack import pd_node_env
@@ -230,6 +234,8 @@ class VllmNode:
             return None
         cfg: dict[str, Any] = {"kv_connector": conn, "kv_role": ROLES[self.role],
                                "kv_load_failure_policy": self.args.policy}
+        if self.args.engine_id:
+            cfg["engine_id"] = self.args.engine_id
         if conn == "MooncakeConnector":
             cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
         elif conn == "NixlConnector":

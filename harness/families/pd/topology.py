@@ -20,6 +20,7 @@ from typing import Any, Callable
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
 CORES = {"prefill:0": 0, "decode:0": 1}
+SIDES = {"prefill:0": "b", "decode:0": "a", "proxy": "a"}  # namespaces, with link: netns
 
 
 def _busy(stats: dict | None, baseline: dict | None = None) -> bool:
@@ -44,6 +45,7 @@ class PDTopology(BaseTopology):
         self.topo = scenario.topology
         self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
         self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
+        self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"  # set again at start()
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
         self.server_logs.mkdir(parents=True, exist_ok=True)
@@ -51,8 +53,17 @@ class PDTopology(BaseTopology):
         self._server_log: dict[str, str | None] = {}
         self.pooled_logs = self.pool.log_folder(self.server_logs) if self.pool is not None else self.server_logs
 
+    def host(self, role: str) -> str:
+        """Where the node of ``role`` listens: loopback, or with ``link: netns`` P on the veth
+        address of namespace b and D on that of namespace a (the proxy and the workload sit in a
+        beside D, on a's loopback), so every byte between P and D, the transfer engine's
+        included, crosses the veth that the partition faults cut."""
+        if self.netns is None or role == "proxy":
+            return "127.0.0.1"
+        return self.netns.ip_b if role == "prefill:0" else self.netns.ip_a
+
     def url(self, role: str) -> str:
-        return f"http://127.0.0.1:{self.ports[role]}"
+        return f"http://{self.host(role)}:{self.ports[role]}"
 
     def node_spec(self, role: str) -> NodeSpec:
         t = self.topo
@@ -64,14 +75,16 @@ class PDTopology(BaseTopology):
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
-            return NodeSpec("vllm", args, ready_timeout_s=t.startup_timeout + 30.0,
+            if self.netns is not None:
+                args += ["--host", self.host(role)]
+            return NodeSpec("vllm", args, side=SIDES[role], ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
-                                       "bootstrap": f"http://127.0.0.1:{self.bootstrap[role]}"})
+                                       "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})
         if role == "proxy":
             args = ["--port", str(self.ports["proxy"]), "--prefill", self.url("prefill:0"),
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
                     "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}", "--order", t.proxy_order]
-            return NodeSpec("pd-proxy", args, endpoints={"http": self.url("proxy")})
+            return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 
     def server_log_path(self, role: str) -> Path:
@@ -116,6 +129,9 @@ class PDTopology(BaseTopology):
         return None
 
     def start(self) -> None:
+        if self.topo.link == "netns" and self.netns is None:
+            self.make_netns()
+            self.event("link", kind="netns", to="P in namespace b; D, the proxy and the workload in namespace a")
         fresh = []
         for role in CORES:  # warm P and D from an earlier scenario, on their own ports
             pooled = self.take_pooled(role)
@@ -128,7 +144,7 @@ class PDTopology(BaseTopology):
                 self.ports[role], self.bootstrap[role] = free_tcp_port(), free_tcp_port()
             fresh.append(role)
         self.start_nodes(fresh)
-        self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"
+        self.bootstrap_hostport = f"{self.host('prefill:0')}:{self.bootstrap['prefill:0']}"
         if self.topo.link == "toxiproxy":  # the proxy, and D (the proxy hands D this address), via Toxiproxy
             self.bootstrap_hostport = self.toxiproxy_link("pd_bootstrap", self.bootstrap_hostport)
             self.event("link", kind="toxiproxy", to="P's bootstrap server")

@@ -26,7 +26,8 @@ Process life:
 * vLLM's stdout and stderr go to ``--server-log``, never to this node's log: they are vLLM's
   logs and may hold prompt text. This node logs only states, pids, times and counts.
 * ``READY`` is printed once ``/health`` answers 200 (and, for a prefill node with the Mooncake
-  connector, its bootstrap ``/query`` names an engine), within ``--startup-timeout-s``. When vLLM
+  connector, its bootstrap ``/query`` names an engine) and one warm-up completion of a fixed
+  prompt came back 200 (``--no-warm-up`` skips it), within ``--startup-timeout-s``. When vLLM
   exits first or the time runs out: one ``error:`` line with the tail of vLLM's start-up log (no
   request has been served yet, so it holds no prompt), vLLM is stopped, exit 2.
 * SIGTERM/SIGINT (or the runner's death): SIGTERM to every other process of the group (vLLM and
@@ -76,6 +77,7 @@ from .metrics import MetricsError, http_get, scrape
 log = logging.getLogger(__name__)
 
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+WARM_UP_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)  # 200 tokens of the tiny model, fixed
 STOP_GRACE_S = 30.0
 HEALTH_POLL_S = 0.5
 SCRAPE_BUDGET_S = 0.8  # the runner's probes wait 1 s for a stats answer
@@ -104,6 +106,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--server-log", required=True,
                    help="file for vLLM's own stdout/stderr (kept apart from this node's log: it may hold prompts)")
     p.add_argument("--control", default=None, help="ipc endpoint of the harness control channel")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="print READY without the warm-up completion (a fixed ~200-token prompt)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -310,16 +314,36 @@ class VllmNode:
                 return (f"vLLM ({self.role}) exited with code {code} before /health answered: "
                         f"{log_tail(self.server_log)} (log {self.server_log})")
             if self.healthy():
-                if not need_engine:
-                    return None
-                self.engine_id = self.read_engine_id()
-                if self.engine_id:
-                    return None
+                if need_engine:
+                    self.engine_id = self.read_engine_id()
+                if not need_engine or self.engine_id:
+                    return self.warm_up(deadline)
             if time.monotonic() >= deadline:
                 what = "/health" if not need_engine or not self.healthy() else "the bootstrap /query"
                 return (f"vLLM ({self.role}): {what} did not answer within {self.args.startup_timeout_s:g} s: "
                         f"{log_tail(self.server_log)} (log {self.server_log})")
             stop.wait(HEALTH_POLL_S)
+
+    def warm_up(self, deadline: float) -> str | None:
+        """One plain completion of a fixed ~200-token prompt before READY (none with
+        ``--no-warm-up``): a fresh server's first forward step costs seconds (kernel set-up), which
+        would land in the first op of a scenario and vary with the machine's load. The prompt is
+        fixed text, never a workload's. None when done; else why not."""
+        if self.args.no_warm_up:
+            return None
+        body = {"model": str(self.model), "prompt": WARM_UP_PROMPT, "max_tokens": 2, "temperature": 0}
+        t0 = time.monotonic()
+        rest = max(5.0, deadline - t0)
+        try:
+            from .workload import post_json
+
+            status, _ = post_json(self.base + "/v1/completions", body, min(rest, 120.0))
+        except Exception as exc:  # noqa: BLE001 - reported as the reason the node is not ready
+            return f"vLLM ({self.role}): the warm-up completion failed: {type(exc).__name__} (log {self.server_log})"
+        if status != 200:
+            return f"vLLM ({self.role}): the warm-up completion answered HTTP {status} (log {self.server_log})"
+        log.info("vllm %s: warm-up completion in %.1f s", self.role, time.monotonic() - t0)
+        return None
 
     def others(self) -> list[int]:
         """vLLM's processes: every member of our process group but us and our ancestors (the

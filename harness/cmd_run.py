@@ -101,12 +101,22 @@ def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
     return api
 
 
+def order_for_reuse(scenarios: list) -> list:
+    """The scenarios grouped by (family, the family's reuse group), groups in the order their first
+    scenario comes, file order within a group: nodes kept warm serve a whole group in a row."""
+    groups: dict = {}
+    for sc in scenarios:
+        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
+    return [sc for group in groups.values() for sc in group]
+
+
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
     if args.filter:
         scenarios = [s for s in scenarios if args.filter in s.name]
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
+    scenarios = order_for_reuse(scenarios)
     if args.target:
         known = {t for s in scenarios for t in s.model.targets}
         unknown = [t for t in args.target if t not in known]

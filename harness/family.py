@@ -146,6 +146,12 @@ class Family:
         run, and reported as not applicable — never as passing)."""
         return {}
 
+    def reuse_group(self, scenario: Any) -> Any:
+        """A hashable value shared by the scenarios whose nodes start with the same settings:
+        ``pdchaos run`` runs each group's scenarios one after another (file order otherwise), so
+        warm nodes kept in the node pool (harness/pool.py) serve them. Default: one group."""
+        return None
+
     # ------------------------------------------------------------------ running
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
                  services: dict[str, Any]) -> "BaseTopology":

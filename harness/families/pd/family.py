@@ -47,6 +47,11 @@ class PDFamily(Family):
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
         return {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
 
+    def reuse_group(self, scenario: Any) -> Any:
+        t = scenario.topology  # the settings of PDTopology.pool_key, but ports
+        return (t.link == "netns", t.model, t.kv_load_failure_policy, int(t.abort_timeout), int(t.startup_timeout),
+                t.max_num_seqs, t.engine_id)
+
     def roles(self, scenario: Any) -> list[str]:
         return ["prefill:0", "decode:0", "proxy"]
 

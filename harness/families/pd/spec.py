@@ -30,7 +30,7 @@ class PDTopologySpec(Spec):
                                                      "with an HTTP error if P, D or the bootstrap did not")
     startup_timeout: Duration = Field(300.0, description="a vLLM server must answer /health within this")
     max_num_seqs: int = Field(8, ge=1, le=64)
-    drain_timeout: Duration = Field(15.0, description="after the run, how long the nodes may take to have "
+    drain_timeout: Duration = Field(12.0, description="after the run, how long the nodes may take to have "
                                                      "nothing running or waiting before the final probe")
 
     @model_validator(mode="after")

@@ -170,3 +170,25 @@ def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
             pool.give(n)
         assert [n.key for n in pool.idle()] == [("k", 1), ("k", 2)]
         assert [n.proc.alive for n in nodes] == [False, True, True]  # the oldest was stopped
+
+
+def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
+    """File order, but the scenarios whose nodes start alike run in a row (the node pool serves
+    them): the pd suite's recompute, netns and fixed-engine scenarios come after the default ones."""
+    from harness.cmd_run import order_for_reuse
+    from harness.schema import load_all
+
+    scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])
+    ordered = order_for_reuse(scenarios)
+    assert sorted(s.name for s in ordered) == sorted(s.name for s in scenarios)  # nothing lost or added
+    groups = [s.family.reuse_group(s.model) for s in ordered]
+    seen: list = []
+    for g in groups:  # each group is contiguous
+        if not seen or seen[-1] != g:
+            assert g not in seen, f"group {g} split"
+            seen.append(g)
+    assert len(seen) >= 4  # default, recompute, netns, fixed engine id
+    default = [s.name for s in ordered if s.family.reuse_group(s.model) == groups[0]]
+    assert default == [s.name for s in scenarios if s.family.reuse_group(s.model) == groups[0]]  # file order kept
+    assert ordered[-1].model.topology.engine_id == "fixed" or ordered[-1].model.topology.link == "netns" \
+        or ordered[-1].model.topology.kv_load_failure_policy == "recompute"

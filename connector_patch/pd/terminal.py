@@ -1,0 +1,61 @@
+"""P's terminal records: requests P will never send (aborted, or their send failed), kept so that D's
+pending or late pull gets an explicit answer at once instead of a wait (seed 003, transposed to
+vLLM's Mooncake connector).
+
+Bounded twice: at most ``capacity`` entries (4096 by default; the oldest go first) and each for
+``ttl_s`` = max(abort timeout, 300 s), so a pull that comes late still finds its answer while
+memory stays bounded whatever the abort rate. Recording the same id again keeps its first status
+and refreshes its time (idempotent). Thread-safe: the engine's worker thread records, the
+side-channel listener looks up.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+DEFAULT_CAPACITY = 4096
+MIN_TTL_S = 300.0
+
+
+def ttl_for(abort_timeout_s: float) -> float:
+    return max(float(abort_timeout_s), MIN_TTL_S)
+
+
+class TerminalRecords:
+    def __init__(self, abort_timeout_s: float, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.ttl_s = ttl_for(abort_timeout_s)
+        self.capacity = capacity
+        self._d: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (status, recorded at)
+        self._lock = threading.Lock()
+        self.evicted = 0  # dropped for room before their time (a metric: the bound was hit)
+
+    def record(self, transfer_id: str, status: str, now: float) -> None:
+        with self._lock:
+            old = self._d.pop(transfer_id, None)
+            self._d[transfer_id] = (old[0] if old else status, now)
+            self._expire(now)
+            while len(self._d) > self.capacity:
+                self._d.popitem(last=False)
+                self.evicted += 1
+
+    def lookup(self, transfer_id: str, now: float) -> str | None:
+        """The status recorded for ``transfer_id`` if still kept, else None."""
+        with self._lock:
+            self._expire(now)
+            hit = self._d.get(transfer_id)
+            return hit[0] if hit else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._d)
+
+    def _expire(self, now: float) -> None:
+        # insertion order is recording order (a re-record moves to the end): expired ones lead
+        while self._d:
+            tid, (_, at) = next(iter(self._d.items()))
+            if now - at < self.ttl_s:
+                break
+            del self._d[tid]

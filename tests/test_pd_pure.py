@@ -1,0 +1,195 @@
+"""The hardened P/D connector's pure logic (connector_patch/pd/): D's load ledger and P's terminal
+records, with property tests (Hypothesis) for their bounds, deadlines and idempotence."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from connector_patch.pd.ledger import LoadLedger, flatten_blocks, validate_kv_load_timeout_ms
+from connector_patch.pd.terminal import MIN_TTL_S, TerminalRecords, ttl_for
+
+
+# --------------------------------------------------------------------------- the ledger
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3000", None])
+def test_kv_load_timeout_must_be_a_positive_int(bad) -> None:
+    with pytest.raises(ValueError, match="kv_load_timeout_ms must be a positive int"):
+        validate_kv_load_timeout_ms(bad)
+    with pytest.raises(ValueError, match="kv_load_timeout_ms"):
+        LoadLedger(bad)
+    assert validate_kv_load_timeout_ms(2000) == 2000
+
+
+def test_blocks_are_flattened_across_groups_and_empty_loads_are_not_tracked() -> None:
+    assert flatten_blocks([[1, 2], [], [2, 7]]) == {1, 2, 7}
+    led = LoadLedger(1000)
+    assert led.start("free-only", [[], []], now=0.0) is False  # a pull that only frees P's side
+    assert led.start("r", [[1, 2], [9]], now=0.0) is True
+    assert led.start("r", [[3]], now=0.0) is False  # tracked once
+    led.fail("free-only", "peer_error")
+    rep = led.collect(now=0.1)
+    assert rep.finished == set() and led.pending() == 1  # never reported: the scheduler may not know it
+    led.fail("r", "peer_error")
+    rep = led.collect(now=0.2)
+    assert rep.finished == {"r"} and rep.failed_blocks == {1, 2, 9} and rep.failures == {"peer_error": 1}
+
+
+def test_a_load_past_its_deadline_fails_once_and_a_late_ok_is_ignored() -> None:
+    led = LoadLedger(2000)
+    led.start("r", [[4, 5]], now=10.0)
+    assert led.next_deadline() == pytest.approx(12.0)
+    assert led.collect(now=11.9).finished == set()
+    rep = led.collect(now=12.0)
+    assert rep.finished == {"r"} and rep.failed_blocks == {4, 5} and rep.failures == {"timeout": 1}
+    led.ok("r")
+    assert led.collect(now=12.1).finished == set() and led.pending() == 0
+
+
+def test_a_load_failed_on_one_p_is_never_completed_by_another_ps_ok() -> None:
+    led = LoadLedger(5000)
+    led.start("r", [[1]], now=0.0, expect=2)  # pulls from two P ranks
+    led.ok("r")
+    assert led.collect(now=0.1).finished == set()  # one of two
+    led.fail("r", "unreachable")
+    led.ok("r")  # the other P's OK, after the failure
+    rep = led.collect(now=0.2)
+    assert rep.finished == {"r"} and rep.failed_blocks == {1} and rep.failures == {"unreachable": 1}
+
+
+def test_a_final_reply_that_does_not_name_an_asked_request_fails_it() -> None:
+    """Upstream leaves such a request waiting forever (scenario pd-fake-prefill-unknown-reqs)."""
+    led = LoadLedger(5000)
+    for rid in ("a", "b", "c"):
+        led.start(rid, [[ord(rid)]], now=0.0)
+    foreign = led.reply(asked=["a", "b", "c"], ok=["a", "zzz"], failed=["yyy"], final=False)
+    assert foreign == 2
+    assert led.collect(now=0.1).finished == {"a"}  # b and c: P said CONTINUE, still waiting
+    led.reply(asked=["b", "c"], ok=["b"], final=True)
+    rep = led.collect(now=0.2)
+    assert rep.finished == {"b", "c"} and rep.failed_blocks == {ord("c")} and rep.failures == {"unanswered": 1}
+
+
+def test_outcomes_from_many_threads_are_each_applied_once() -> None:
+    led = LoadLedger(60000)
+    ids = [f"r{i}" for i in range(400)]
+    for i, rid in enumerate(ids):
+        led.start(rid, [[i]], now=0.0)
+
+    def report(part: list[str]) -> None:
+        for rid in part:
+            (led.fail if int(rid[1:]) % 3 == 0 else led.ok)(rid, *(["peer_error"] if int(rid[1:]) % 3 == 0 else []))
+            led.ok(rid)  # a duplicate, late OK
+
+    threads = [threading.Thread(target=report, args=(ids[k::4],)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    rep = led.collect(now=1.0)
+    assert rep.finished == set(ids) and led.pending() == 0
+    assert rep.failed_blocks == {i for i in range(400) if i % 3 == 0}
+
+
+EVENT = st.tuples(st.sampled_from(["ok", "fail", "tick"]), st.integers(0, 7), st.floats(0.0, 1.5))
+
+
+@settings(max_examples=200, deadline=None)
+@given(expect=st.lists(st.integers(1, 3), min_size=8, max_size=8),
+       blocks=st.lists(st.lists(st.integers(0, 3), max_size=3), min_size=8, max_size=8),
+       events=st.lists(EVENT, max_size=60))
+def test_every_tracked_load_is_reported_exactly_once(expect, blocks, events) -> None:
+    """Whatever the order of OKs, failures and time: each tracked load is reported once, with all
+    of its blocks or none; a failure that came before the load completed always wins (a later OK
+    never completes it); a load reported OK had its ``expect`` OKs; all are done by the deadline."""
+    led = LoadLedger(1000)
+    tracked = {}
+    for i in range(8):
+        groups = [[i * 10 + b for b in blocks[i]]]
+        if led.start(f"r{i}", groups, now=0.0, expect=expect[i]):
+            tracked[f"r{i}"] = set(groups[0])
+    oks = {r: 0 for r in tracked}
+    failed_before: set[str] = set()
+    reported: dict[str, bool] = {}  # id -> failed?
+    now = 0.0
+    failed_blocks: set[int] = set()
+    for kind, i, dt in events:
+        rid = f"r{i}"
+        if kind == "ok":
+            led.ok(rid)
+            if rid in oks and rid not in reported and rid not in failed_before:
+                oks[rid] += 1
+        elif kind == "fail":
+            led.fail(rid, "peer_error")
+            if rid in tracked and rid not in reported and oks[rid] < expect[i]:  # before it completed
+                failed_before.add(rid)
+        else:
+            now += dt
+            rep = led.collect(now)
+            assert not (rep.finished & set(reported)), "reported twice"
+            for r in rep.finished:
+                reported[r] = bool(tracked[r] & rep.failed_blocks) or not tracked[r]
+            failed_blocks |= rep.failed_blocks
+    rep = led.collect(now + 1.0)  # past every deadline
+    for r in rep.finished:
+        assert r not in reported
+        reported[r] = bool(tracked[r] & rep.failed_blocks)
+    failed_blocks |= rep.failed_blocks
+    assert set(reported) == set(tracked) and led.pending() == 0
+    need = {f"r{j}": e for j, e in enumerate(expect)}
+    for r, blocks_r in tracked.items():
+        assert (blocks_r <= failed_blocks) or not (blocks_r & failed_blocks)  # all or none of a load
+        if r in failed_before:
+            assert reported[r], f"{r}: a failure before its report must win"
+        if not reported[r]:
+            assert oks[r] >= need[r], f"{r}: reported OK after {oks[r]} of {need[r]} pulls"
+
+
+# --------------------------------------------------------------------------- terminal records
+
+def test_ttl_is_the_abort_timeout_but_never_under_300_s() -> None:
+    assert ttl_for(10) == MIN_TTL_S and ttl_for(480) == 480.0
+
+
+def test_a_late_pull_finds_the_answer_until_the_ttl() -> None:
+    rec = TerminalRecords(abort_timeout_s=480)
+    rec.record("t1", "aborted", now=0.0)
+    rec.record("t1", "send_failed", now=100.0)  # idempotent: the first status stays, the time refreshes
+    assert rec.lookup("t1", now=579.0) == "aborted"
+    assert rec.lookup("t1", now=580.0) is None and len(rec) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 40), st.floats(0.0, 200.0)), max_size=200),
+       capacity=st.integers(1, 16))
+def test_terminal_records_stay_bounded_and_expire(ops, capacity) -> None:
+    rec = TerminalRecords(abort_timeout_s=10, capacity=capacity)  # ttl 300 s
+    now = 0.0
+    last: dict[str, float] = {}
+    first: dict[str, str] = {}
+    for n, dt in ops:
+        now += dt
+        tid = f"t{n}"
+        rec.record(tid, f"s{n % 3}", now)
+        if tid not in first or now - last[tid] >= rec.ttl_s:
+            first[tid] = f"s{n % 3}"
+        last[tid] = now
+        assert len(rec) <= capacity
+    for tid, at in last.items():
+        got = rec.lookup(tid, now)
+        if now - at >= rec.ttl_s:
+            assert got is None
+        elif got is not None:
+            assert got in (first[tid], f"s{int(tid[1:]) % 3}")
+    assert rec.lookup("never", now) is None
+
+
+def test_the_newest_records_survive_the_bound() -> None:
+    rec = TerminalRecords(abort_timeout_s=0, capacity=3)
+    for i in range(5):
+        rec.record(f"t{i}", "aborted", now=float(i))
+    assert [rec.lookup(f"t{i}", 5.0) for i in range(5)] == [None, None, "aborted", "aborted", "aborted"]
+    assert rec.evicted == 2

@@ -193,3 +193,66 @@ def test_the_newest_records_survive_the_bound() -> None:
         rec.record(f"t{i}", "aborted", now=float(i))
     assert [rec.lookup(f"t{i}", 5.0) for i in range(5)] == [None, None, "aborted", "aborted", "aborted"]
     assert rec.evicted == 2
+
+
+# --------------------------------------------------------------------------- P's abort drain
+
+def test_abort_drain_releases_only_what_is_drained_on_this_rank() -> None:
+    from connector_patch.pd.drain import AbortDrain
+
+    d = AbortDrain()
+    d.transfer_started("a")
+    d.transfer_started("a")
+    d.abort("a")
+    d.abort("b")
+    assert d.agree(["a", "b"]) == ["b"]
+    d.transfer_done("a")
+    assert d.agree(["a"]) == []  # one transfer still in flight
+    d.transfer_done("a")  # the second one failed: a failed send drains too
+    assert d.agree(["a"]) == ["a"] and d.aborted() == []
+    assert d.agree(["c"]) == []  # never aborted: never released
+
+
+def test_abort_drain_refuses_a_malformed_agreement() -> None:
+    from connector_patch.pd.drain import AbortDrain
+
+    d = AbortDrain(lambda flags: flags[:-1])
+    d.abort("a")
+    with pytest.raises(RuntimeError, match="1 requests"):
+        d.agree(["a"])
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_agree_by_a_min_all_reduce_over_real_gloo(tmp_path) -> None:
+    """Two processes, real torch.distributed Gloo on loopback: one rank drained, the other not ->
+    neither releases; once both drained, both release in the same round."""
+    import json
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    from harness.nodeenv.pd_stack import pd_node_env
+
+    env = pd_node_env(out=lambda line: None)
+    if not env.installed():
+        pytest.skip("the P/D node stack (torch) is not installed here: run `pdchaos setup --only pd-node-stack`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parent.parent
+    script = repo / "tests" / "helpers" / "drain_gloo.py"
+    procs = [subprocess.Popen([str(env.python), str(script), str(rank), str(port), str(repo)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            assert p.returncode == 0, err[-2000:]
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for o in outs:
+        assert o["rounds"] == [["r3"], ["r1", "r2"], []], o
+        assert o["left"] == []

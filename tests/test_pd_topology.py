@@ -56,7 +56,7 @@ def test_pool_keys_follow_every_start_setting(tmp_path: Path) -> None:
     base = topology(tmp_path / "a", "baseline.yaml").pool_key("prefill:0")
     same = topology(tmp_path / "b", "stop-prefill.yaml").pool_key("prefill:0")
     fixed = topology(tmp_path / "c", "prefill-down-same-engine.yaml")
-    recompute = topology(tmp_path / "d", "kill-prefill-recompute.yaml").pool_key("prefill:0")
+    recompute = topology(tmp_path / "d", "../pd-long/kill-prefill-recompute.yaml").pool_key("prefill:0")
     assert base == same and base is not None
     assert fixed.pool_key("prefill:0") != base and recompute != base
     assert arg(fixed.node_spec("prefill:0").args, "--engine-id") == "pdchaos-prefill-0"

@@ -174,7 +174,7 @@ def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
 
 def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
     """File order, but the scenarios whose nodes start alike run in a row (the node pool serves
-    them): the pd suite's recompute, netns and fixed-engine scenarios come after the default ones."""
+    them): the pd suite's netns and fixed-engine scenarios come after the default ones."""
     from harness.cmd_run import order_for_reuse
     from harness.schema import load_all
 
@@ -187,7 +187,7 @@ def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
         if not seen or seen[-1] != g:
             assert g not in seen, f"group {g} split"
             seen.append(g)
-    assert len(seen) >= 4  # default, recompute, netns, fixed engine id
+    assert len(seen) >= 3  # default, netns, fixed engine id
     default = [s.name for s in ordered if s.family.reuse_group(s.model) == groups[0]]
     assert default == [s.name for s in scenarios if s.family.reuse_group(s.model) == groups[0]]  # file order kept
     assert ordered[-1].model.topology.engine_id == "fixed" or ordered[-1].model.topology.link == "netns" \

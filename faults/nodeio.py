@@ -92,21 +92,28 @@ def stop_on_signals() -> threading.Event:
     node outlives a crashed runner by more than a quarter second. (PR_SET_PDEATHSIG is tied to the
     parent *thread*, and the runner starts nodes from its nemesis thread, which ends early.)"""
     ev = threading.Event()
-    parent = os.getppid()
 
     def handler(signum, frame):  # noqa: ARG001
         ev.set()
 
-    def watch_parent() -> None:
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    watch_parent(ev)
+    return ev
+
+
+def watch_parent(ev: threading.Event) -> None:
+    """Set ``ev`` when this process is re-parented (its parent, the runner, died), checked every
+    quarter second by a daemon thread that ends once ``ev`` is set. The parent is read now."""
+    parent = os.getppid()
+
+    def watch() -> None:
         while not ev.wait(0.25):
             if os.getppid() != parent:
                 ev.set()
                 return
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
-    return ev
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -106,15 +106,20 @@ def decode_response(raw: bytes) -> dict:
     return msg
 
 
+def dealer(addr: str, timeout_ms: int = PULL_TIMEOUT_MS) -> zmq.Socket:
+    """A DEALER connected to ``addr`` as D's is: no linger, a receive timeout."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.connect(addr)
+    return sock
+
+
 def d_pull(addr: str, req_ids: list[str], timeout_ms: int = PULL_TIMEOUT_MS) -> dict:
     """One pull the way vLLM 0.32's D does it, and what D makes of the answer:
     ``{"failed": [ids D reports failed], "done": [ids D marks received], "waiting": [ids D still
     waits for after the pull ended], "reason": ...}``."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
-    sock.connect(addr)
+    sock = dealer(addr, timeout_ms)
     failed: list[str] = []
     done: list[str] = []
     reason = None
@@ -251,11 +256,7 @@ def test_other_names_the_request_of_an_earlier_pull(fk: Fake) -> None:
     fk.ctl("mode", mode="other")
     first, second = req_ids(), req_ids()
     d_pull(fk.side_addr(), first)
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, PULL_TIMEOUT_MS)
-    sock.connect(fk.side_addr())
+    sock = dealer(fk.side_addr())
     try:
         sock.send(msgpack.packb(pull_metadata(second)))
         resp = decode_response(sock.recv())
@@ -306,11 +307,7 @@ def test_bootstrap_modes(fk: Fake) -> None:
 
 def test_malformed_pulls_are_counted_and_answered_error(fk: Fake) -> None:
     before = fk.counters()
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, PULL_TIMEOUT_MS)
-    sock.connect(fk.side_addr())
+    sock = dealer(fk.side_addr())
     try:
         for payload in ([b"\xc1 not msgpack"], [msgpack.packb([1, 2])], [msgpack.packb({"req_blocks": 3})],
                         [b"a", b"b"]):

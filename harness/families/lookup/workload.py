@@ -34,6 +34,7 @@ from typing import Any
 from connector_patch.lookup.backend import prefix_hit_tokens
 from connector_patch.scheduler import PoolRequest, PoolScheduler
 from faults.control import process_stats
+from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
@@ -137,14 +138,7 @@ class Workload:
         self._id_lock = threading.Lock()
         self.clients: list[Any] = []
         self.orphaned = threading.Event()
-        parent = os.getppid()
-
-        def watch_parent() -> None:
-            while not self.orphaned.wait(0.25):
-                if os.getppid() != parent:
-                    self.orphaned.set()
-
-        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+        watch_parent(self.orphaned)
 
     def _next_id(self) -> int:
         with self._id_lock:

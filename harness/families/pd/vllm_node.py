@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faults.nodeio import NodeUsageError, check_endpoint, setup_logging, usage_exit
+from faults.nodeio import NodeUsageError, check_endpoint, setup_logging, usage_exit, watch_parent
 
 from .metrics import MetricsError, http_get, scrape
 
@@ -429,7 +429,6 @@ def run_node(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    parent = os.getppid()
     try:
         node.start()  # before any thread of ours exists
     except OSError as exc:
@@ -437,12 +436,7 @@ def run_node(args: argparse.Namespace) -> int:
     log.info("vllm %s: started pid %d on %s (bootstrap port %d, policy %s, core %s), its log in %s",
              node.role, node.proc.pid, node.base, args.bootstrap_port, args.policy, args.cpu_core, node.server_log)
 
-    def watch_parent() -> None:  # the runner died (SIGKILL): stop like on SIGTERM
-        while not stop.wait(0.25):
-            if os.getppid() != parent:
-                stop.set()
-
-    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+    watch_parent(stop)  # the runner died (SIGKILL): stop like on SIGTERM
     server = None
     code = 0
     try:

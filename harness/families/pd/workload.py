@@ -77,6 +77,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from faults.control import process_stats
+from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
@@ -320,14 +321,7 @@ class Workload:
         self.tally: dict[str, int] = {}
         self.reused = 0
         self.orphaned = threading.Event()
-        parent = os.getppid()
-
-        def watch_parent() -> None:
-            while not self.orphaned.wait(0.25):
-                if os.getppid() != parent:
-                    self.orphaned.set()
-
-        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+        watch_parent(self.orphaned)
 
     def _take(self) -> tuple[int, int]:
         """(op id, prompt index); prompts are reused (and counted) only if the run outlasts them."""

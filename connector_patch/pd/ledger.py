@@ -58,11 +58,13 @@ class _Load:
 @dataclass
 class Report:
     """What one :meth:`LoadLedger.collect` gives the scheduler: requests to put in
-    ``finished_recving`` (done, OK or not), the blocks whose load failed (for
+    ``finished_recving`` (done, OK or not), those of them whose load failed (for ``failed_recving``
+    when blocks cannot name them: several KV cache groups), the blocks whose load failed (for
     ``get_block_ids_with_load_errors``), and failure counts by code (for metrics and one
     rate-limited log line: counts and codes only)."""
 
     finished: set[str] = field(default_factory=set)
+    failed_ids: set[str] = field(default_factory=set)
     failed_blocks: set[int] = field(default_factory=set)
     failures: dict[str, int] = field(default_factory=dict)
 
@@ -87,6 +89,11 @@ class LoadLedger:
                 return False
             self._loads[req_id] = _Load(req_id, blocks, now + self.timeout_s, expect)
         return True
+
+    def tracked(self, req_id: str) -> bool:
+        """Whether ``req_id`` is a load still waiting to be reported."""
+        with self._lock:
+            return req_id in self._loads
 
     def pending(self) -> int:
         with self._lock:
@@ -126,6 +133,7 @@ class LoadLedger:
         del self._loads[ld.req_id]
         rep.finished.add(ld.req_id)
         if ld.failed is not None:
+            rep.failed_ids.add(ld.req_id)
             rep.failed_blocks |= ld.blocks
             rep.failures[ld.failed] = rep.failures.get(ld.failed, 0) + 1
 

@@ -1,0 +1,112 @@
+"""The hardened connector's settings and input checks: pure, so they are tested without vLLM.
+
+- :class:`Settings` reads ``kv_connector_extra_config`` once, at start-up, and refuses a bad value
+  with one error that names the key (a node must not start with a deadline it cannot keep).
+- :func:`remote_prefill_problem` tells whether D can use a request's ``kv_transfer_params`` for a
+  remote prefill; upstream logs "Got invalid KVTransferParams" and leaves such a request in
+  WAITING_FOR_REMOTE_KVS forever (measured: pd-bad-transfer-params).
+- :func:`idle_sleep_s`: how long an engine step with nothing scheduled may sleep. Upstream's engine
+  loop steps back to back while a request waits for KV or P keeps blocks for D (0.9-2.3 cores
+  measured with nothing running); sleeping a tenth of the time already spent idle (capped) keeps a
+  short wait's added latency small and a long wait's CPU low.
+- :class:`FailureLog`: failure counts by code, logged at most once per interval (counts and codes
+  only: never request ids, block lists, prompts or addresses).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .ledger import DEFAULT_KV_LOAD_TIMEOUT_MS, validate_kv_load_timeout_ms
+
+DEFAULT_IDLE_WAIT_MS = 50
+DEFAULT_HEARTBEAT_MS = 500
+MAX_IDLE_WAIT_MS = 1000
+
+
+def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | None = None) -> int:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"kv_connector_extra_config.{key} must be a positive int (milliseconds), got {value!r}")
+    if upper is not None and value > upper:
+        raise ValueError(f"kv_connector_extra_config.{key} must be at most {upper} ms, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    kv_load_timeout_ms: int = DEFAULT_KV_LOAD_TIMEOUT_MS
+    idle_wait_ms: int = DEFAULT_IDLE_WAIT_MS
+    heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMQ heartbeat interval; the peer is gone after 3 missed
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> "Settings":
+        extra = extra or {}
+        if not isinstance(extra, Mapping):
+            raise ValueError(f"kv_connector_extra_config must be a mapping, got {type(extra).__name__}")
+        timeout = validate_kv_load_timeout_ms(extra.get("kv_load_timeout_ms", DEFAULT_KV_LOAD_TIMEOUT_MS),
+                                              "kv_connector_extra_config.kv_load_timeout_ms")
+        return cls(kv_load_timeout_ms=timeout,
+                   idle_wait_ms=_positive_ms(extra, "idle_wait_ms", DEFAULT_IDLE_WAIT_MS, MAX_IDLE_WAIT_MS),
+                   heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000))
+
+    @property
+    def heartbeat_timeout_ms(self) -> int:
+        return 3 * self.heartbeat_ms
+
+
+REMOTE_PREFILL_KEYS = ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")
+
+
+def remote_prefill_problem(params: Mapping[str, Any]) -> str | None:
+    """None when D can pull this request's prompt KV from P; else a short code saying why not
+    (``missing_<key>``, ``bad_<key>``). Only the shape is judged, never the values' content."""
+    for key in REMOTE_PREFILL_KEYS:
+        if key not in params or params[key] is None:
+            return f"missing_{key}"
+        value = params[key]
+        if not isinstance(value, str) or not value:
+            return f"bad_{key}"
+    addr = params["remote_bootstrap_addr"]
+    if not (addr.startswith("http://") or addr.startswith("https://")):
+        return "bad_remote_bootstrap_addr"
+    return None
+
+
+def idle_sleep_s(idle_for_s: float, cap_ms: int) -> float:
+    """Sleep for an idle engine step: a tenth of the time idle so far, at most ``cap_ms``."""
+    if idle_for_s <= 0:
+        return 0.0
+    return min(idle_for_s * 0.1, cap_ms / 1000.0)
+
+
+class FailureLog:
+    """Failure counts by code since the last summary; :meth:`due` gives a summary at most once per
+    ``interval_s`` (the caller logs it), and the totals stay for metrics."""
+
+    def __init__(self, interval_s: float = 10.0):
+        self.interval_s = interval_s
+        self.totals: dict[str, int] = {}
+        self._since: dict[str, int] = {}
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def note(self, code: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        with self._lock:
+            self.totals[code] = self.totals.get(code, 0) + n
+            self._since[code] = self._since.get(code, 0) + n
+
+    def due(self, now: float) -> dict[str, int] | None:
+        with self._lock:
+            if not self._since or (self._last is not None and now - self._last < self.interval_s):
+                return None
+            out, self._since, self._last = self._since, {}, now
+            return out
+
+
+def summary(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{code}={n}" for code, n in sorted(counts.items()))

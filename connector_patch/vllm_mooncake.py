@@ -1,0 +1,487 @@
+"""The hardened MooncakeConnector: vLLM's own connector (vLLM 0.32.0,
+``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py``) with the fewest
+methods overridden to apply the rules of :mod:`connector_patch.pd`. This is the only module of
+``connector_patch`` that imports vLLM (with :mod:`connector_patch.vllm_plugin`, which registers it);
+it runs inside a vLLM server, never in the harness. DESIGN.md maps each override to the upstream
+path it changes and to the scenario that shows the gap.
+
+Selected by ``"kv_connector": "HardenedMooncakeConnector"`` in ``--kv-transfer-config``; settings in
+``kv_connector_extra_config`` (:class:`connector_patch.pd.settings.Settings`): ``kv_load_timeout_ms``
+(default 30000), ``idle_wait_ms`` (50), ``heartbeat_ms`` (500). Wire format unchanged: a hardened
+node and an upstream one talk to each other (the abort answer is upstream's own ``err_reqs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from vllm import envs
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import MooncakeKVConnectorStats
+from vllm.logger import init_logger
+from vllm.v1.request import RequestStatus
+
+from connector_patch.pd.ledger import LoadLedger
+from connector_patch.pd.settings import FailureLog, Settings, idle_sleep_s, remote_prefill_problem, summary
+from connector_patch.pd.terminal import TerminalRecords
+
+logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's log format and level
+
+NAME = "HardenedMooncakeConnector"
+ABORTED_MSG = "pdchaos-aborted: P will never send this request (aborted or expired)"
+Status = mc.MooncakeXferResponseStatus
+Response = mc.MooncakeXferResponse
+
+_MON_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+_REFUSED_LIMIT = 2  # connection refused this many times before ever connecting: nobody listens there
+_PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P's cached address after these
+
+
+class HardenedStats(MooncakeKVConnectorStats):
+    """vLLM's Mooncake stats plus one entry per failure or abort, by code (``failure_codes``), which
+    :class:`HardenedPromMetrics` exports as ``vllm:pdchaos_kv_failures_total{code=...}``."""
+
+    def reset(self):
+        super().reset()
+        self.data["failure_codes"] = []
+
+    def record_code(self, code: str, n: int = 1) -> None:
+        with self._lock:
+            self.data.setdefault("failure_codes", []).extend([code] * n)
+
+    def is_empty(self) -> bool:
+        return super().is_empty() and not self.data.get("failure_codes")
+
+    def clone_and_reset(self) -> "HardenedStats":
+        with self._lock:
+            snapshot = {k: list(v) for k, v in self.data.items()}
+            self.reset()
+        return HardenedStats(data=snapshot)
+
+    def aggregate(self, other):
+        if not other.is_empty():
+            for k, v in other.data.items():
+                self.data.setdefault(k, []).extend(v)
+        return self
+
+    def reduce(self) -> dict:
+        out = super().reduce()
+        codes: dict[str, int] = {}
+        for c in self.data.get("failure_codes", []):
+            codes[c] = codes.get(c, 0) + 1
+        if codes:
+            out["Failures by code"] = summary(codes)
+        return out
+
+
+class HardenedPromMetrics(KVConnectorPromMetrics):
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._failures = self._counter_cls(
+            name="vllm:pdchaos_kv_failures", labelnames=[*labelnames, "code"],
+            documentation="KV transfer failures and aborts of the hardened Mooncake connector, by code "
+                          "(timeout, unreachable, peer_gone, peer_error, bad_reply, unanswered, aborted, "
+                          "p_aborted, p_expired, late_pull_answered, ...)")
+
+    def observe(self, transfer_stats_data: dict, engine_idx: int = 0):
+        labels = self.per_engine_labelvalues.get(engine_idx, [])
+        for code in transfer_stats_data.get("failure_codes", ()):
+            self._failures.labels(*labels, code).inc()
+
+
+class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
+    def __init__(self, vllm_config, engine_id, kv_cache_config):
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self.failures = FailureLog()
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill"):
+            problem = remote_prefill_problem(params)
+            if problem is not None:
+                # upstream: async load promised, never started -> WAITING_FOR_REMOTE_KVS forever.
+                # Here: no remote KV; D computes the prompt itself (the answer stays correct).
+                params["do_remote_prefill"] = False
+                self.failures.note(f"bad_params:{problem}")
+                due = self.failures.due(time.monotonic())
+                if due:
+                    logger.warning("Hardened Mooncake: unusable kv_transfer_params, computed locally: %s",
+                                   summary(due))
+                return 0, False
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def request_finished(self, request, block_ids):
+        """Upstream keeps P's blocks for D only when P's one-token request ended FINISHED_LENGTH_CAPPED.
+        When that token is EOS (FINISHED_STOPPED) it frees them at once, yet the proxy still sends
+        the request to D, whose pull then waits the abort timeout for "P side ready" and fails
+        (measured: a 502 after 10 s for a prompt whose greedy answer is empty). The KV of the
+        prompt is complete either way, so P keeps it for D here too."""
+        params = request.kv_transfer_params
+        if (params and params.get("do_remote_decode") and params.get("transfer_id")
+                and not params.get("do_remote_prefill") and request.status == RequestStatus.FINISHED_STOPPED
+                and not self.is_kv_consumer):
+            delay = any(len(group) > 0 for group in block_ids)
+            if delay:
+                self._reqs_need_send[request.request_id] = (request, self.get_sw_clipped_blocks(block_ids))
+            return delay, None
+        return super().request_finished(request, block_ids)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = super().build_connector_meta(scheduler_output)
+        # the worker may sleep on a step that computes nothing (see HardenedMooncakeConnectorWorker)
+        meta.idle = scheduler_output.total_num_scheduled_tokens == 0
+        return meta
+
+
+class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
+    def __init__(self, vllm_config, engine_id, kv_cache_config):
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.settings = Settings.from_extra(extra)  # a bad value stops the node before any thread starts
+        self.ledger = LoadLedger(self.settings.kv_load_timeout_ms)
+        self.terminal = TerminalRecords(envs.VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT)
+        self.failures = FailureLog()
+        self._waiters: dict[str, int] = defaultdict(int)  # transfer id -> pulls waiting on it (P side)
+        self._wake = threading.Event()  # set when a load outcome arrives
+        self._idle_since: float | None = None
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self.xfer_stats = HardenedStats()
+
+    def _note(self, code: str, n: int = 1) -> None:
+        """Count a failure or abort: the rate-limited log line and the Prometheus counter."""
+        if n > 0:
+            self.failures.note(code, n)
+            self.xfer_stats.record_code(code, n)
+
+    # ------------------------------------------------------------------ D: loads with a deadline
+    def start_load_kv(self, metadata):
+        if not self.is_kv_producer and metadata.reqs_to_recv:
+            now = time.monotonic()
+            for pull_metas in metadata.reqs_to_recv.values():
+                for meta in pull_metas.values():
+                    self.ledger.start(meta.d_req_id, meta.local_block_ids, now)
+        super().start_load_kv(metadata)
+
+    def _fail(self, pull_metas, req_ids, code: str) -> None:
+        """Fail these pulls once each (seed 001's rule: a failed request is never completed by a
+        later OK); the ledger reports them to the scheduler at the next step."""
+        for req_id in req_ids:
+            meta = pull_metas.get(req_id)
+            if meta is None or meta.failed:
+                continue
+            meta.failed = True
+            if self.ledger.tracked(meta.d_req_id):  # not yet reported (e.g. by its deadline)
+                self.xfer_stats.record_failed_recv()
+                self._note(code)
+            self.ledger.fail(meta.d_req_id, code)
+        self._wake.set()
+
+    def _handle_failed_recv(self, pull_metas, req_ids, reason: str) -> None:
+        # upstream callers: an unknown engine after the bootstrap query, a P that said ERROR
+        code = "unknown_engine" if reason.startswith("remote engine_id") else "peer_error"
+        self._fail(pull_metas, req_ids, code)
+
+    def _forget_peer(self, engine_id: str) -> None:
+        """P's cached side-channel addresses go: the next pull asks the bootstrap server again, so a
+        P restarted under the same engine id (on new ports) is found."""
+        if engine_id != self.engine_id:
+            self._remote_agents.pop(engine_id, None)
+            self._tp_size.pop(engine_id, None)
+
+    def _xfer_request(self, pull_metas) -> mc.MooncakeXferMetadata:
+        return mc.MooncakeXferMetadata(  # as upstream builds it
+            remote_hostname=self.hostname, remote_port=self.rpc_port, remote_tp_size=self.tp_size,
+            remote_tp_rank=self.tp_rank, remote_pp_size=self.pp_size,
+            req_blocks={rid: (m.transfer_id, m.local_block_ids) for rid, m in pull_metas.items()},
+            kv_caches_base_addr=self.kv_caches_base_addr, block_lens=self.block_len_per_layer,
+            kv_block_lens=self.kv_block_len_per_layer, registered_layer_names=self.registered_layer_names,
+            registered_layer_indices=self.registered_layer_indices,
+            registered_group_indices=self.registered_group_indices,
+            registered_shared_group_ids=[list(g) for g in self.region_shared_groups],
+            registered_row_offsets=self.region_row_offsets)
+
+    async def receive_kv_from_single_worker(self, worker_addr, pull_metas):
+        """Upstream waits on the DEALER's RCVTIMEO (abort timeout + 60 s: 540 s by default) for a
+        dead, frozen, partitioned or silent P, and forever for a FINISH that does not name its
+        request. Here the pull ends at the load deadline at the latest, earlier when the socket
+        monitor sees that nobody listens at P's address (refused twice) or that the connection
+        died (closed, or 3 heartbeats missed); a FINISH that leaves an asked request unnamed fails
+        it; after a peer failure P's cached address is forgotten."""
+        req_ids = set(pull_metas)
+        engine_id = next(iter(pull_metas.values())).remote_engine_id
+        deadline = time.monotonic() + self.ledger.timeout_s + 0.25  # the ledger reports at its own deadline
+        named: set[str] = set()
+        code: str | None = None
+        hb = self.settings.heartbeat_ms
+        sock = self.async_zmq_ctx.socket(zmq.DEALER)
+        mon = None
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, hb)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.settings.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, self.settings.heartbeat_timeout_ms)
+            mon = sock.get_monitor_socket(_MON_EVENTS)
+            sock.connect(worker_addr)
+            await sock.send(self._encoder.encode(self._xfer_request(pull_metas)))
+            poller = zmq.asyncio.Poller()
+            poller.register(sock, zmq.POLLIN)
+            poller.register(mon, zmq.POLLIN)
+            refused, connected = 0, False
+            while code is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    code = "timeout"
+                    break
+                ready = dict(await poller.poll(timeout=max(1, int(left * 1000))))
+                if mon in ready:
+                    ev = parse_monitor_message(await mon.recv_multipart())["event"]
+                    if ev == zmq.EVENT_CONNECTED:
+                        connected = True
+                    elif ev == zmq.EVENT_CONNECT_RETRIED and not connected:
+                        refused += 1
+                        if refused >= _REFUSED_LIMIT:
+                            code = "unreachable"
+                    elif ev == zmq.EVENT_DISCONNECTED:
+                        code = "peer_gone"
+                if sock in ready and code is None:
+                    code = self._on_reply(await sock.recv(), req_ids, named, pull_metas)
+                    if code == "":
+                        break  # FINISH: every asked request answered (or failed as unanswered)
+        except zmq.ContextTerminated:
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a transfer error fails this pull, never the thread
+            code = "transfer_error"
+        finally:
+            if mon is not None:
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+                mon.close(linger=0)
+            sock.close(linger=0)
+        if code:
+            self._fail(pull_metas, req_ids - named, code)
+            if code in _PEER_CODES:
+                self._forget_peer(engine_id)
+        self._log_due()
+
+    def _on_reply(self, raw: bytes, req_ids: set, named: set, pull_metas) -> str | None:
+        """Apply one reply of P. Returns None to keep reading, "" when the pull is over, or a
+        failure code for the asked requests not answered yet."""
+        try:
+            resp = self._xfer_resp_decoder.decode(raw)
+        except Exception:  # noqa: BLE001 - any undecodable reply
+            return "bad_reply"
+        if resp.status == Status.ERROR:
+            return "peer_error"
+        for rid in resp.ok_reqs or ():
+            if rid not in req_ids:
+                self._note("reply_names_unasked")
+                continue
+            named.add(rid)
+            meta = pull_metas[rid]
+            if meta.failed:
+                continue
+            meta.pull_tasks_count -= 1
+            if meta.pull_tasks_count <= 0:
+                self.ledger.ok(meta.d_req_id)
+                self._wake.set()
+        errs = [rid for rid in (resp.err_reqs or ()) if rid in req_ids]
+        if len(errs) < len(resp.err_reqs or ()):
+            self._note("reply_names_unasked")
+        if errs:
+            named.update(errs)
+            aborted = (resp.err_msg or "").startswith("pdchaos-aborted")
+            self._fail(pull_metas, errs, "aborted" if aborted else "peer_error")
+        if resp.status == Status.FINISH:
+            unnamed = req_ids - named
+            if unnamed:  # upstream: these wait forever
+                named.update(unnamed)
+                self._fail(pull_metas, unnamed, "unanswered")
+            return ""
+        return None
+
+    def get_transfer_results(self, idle: bool = False):
+        if idle:
+            self._idle_wait()
+        else:
+            self._idle_since = None
+        res = super().get_transfer_results()
+        rep = self.ledger.collect(time.monotonic())
+        if rep.finished:
+            res.finished_recving |= rep.finished
+            if rep.failed_ids:
+                if self._is_hma_required:  # block ids are per group: report the requests
+                    res.failed_recving |= rep.failed_ids
+                else:
+                    self._invalid_block_ids.put(set(rep.failed_blocks))
+            n = rep.failures.get("timeout", 0)  # the others were counted where they happened
+            self._note("timeout", n)
+            for _ in range(n):
+                self.xfer_stats.record_failed_recv()
+        self._log_due()
+        return res
+
+    def _idle_wait(self) -> None:
+        """A step with nothing scheduled: sleep a little (a tenth of the idle time so far, at most
+        idle_wait_ms), woken at once by a load outcome, never past a load deadline. Upstream steps
+        back to back, 0.9-2.3 cores, while a request waits for KV or P keeps blocks for D."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        sleep = idle_sleep_s(now - self._idle_since, self.settings.idle_wait_ms)
+        nd = self.ledger.next_deadline()
+        if nd is not None:
+            sleep = min(sleep, max(0.0, nd - now))
+        if sleep > 0 and self._wake.wait(sleep):
+            self._wake.clear()
+            self._idle_since = None  # something happened: back to short sleeps
+
+    def _log_due(self) -> None:
+        due = self.failures.due(time.monotonic())
+        if due:
+            logger.warning("Hardened Mooncake: KV transfer failures and aborts since last report: %s", summary(due))
+
+    # ------------------------------------------------------------------ P: answer, never make D wait
+    async def record_send_reqs(self, metadata):
+        """Upstream forgets an aborted request's transfer id, so a pull waiting for it (or coming
+        later) waits the abort timeout for "P side ready" (pd-stop-decode-past-abort-timeout,
+        26 s). Here it is a terminal record: a waiting pull is answered at once, a late one too."""
+        not_processed = set(metadata.reqs_not_processed)
+        metadata.reqs_not_processed = set()
+        try:
+            await super().record_send_reqs(metadata)
+        finally:
+            metadata.reqs_not_processed = not_processed
+        now = time.monotonic()
+        for tid in not_processed:
+            self.terminal.record(tid, "aborted", now)
+            self._note("p_aborted")
+            meta = self.reqs_need_send.get(tid)
+            if meta is None:
+                continue  # upstream would raise KeyError here and drop the rest of this batch
+            if self._waiters.get(tid):
+                meta.pdchaos_aborted = True
+                meta.ready.set()  # the waiting pull goes on and answers err (_build_transfer_params)
+            else:
+                del self.reqs_need_send[tid]
+
+    async def send_kv_to_decode(self, identity, sock, meta):
+        now = time.monotonic()
+        dead = [d for d, (tid, _) in meta.req_blocks.items() if self.terminal.lookup(tid, now)]
+        if dead:
+            live = {d: v for d, v in meta.req_blocks.items() if d not in set(dead)}
+            resp = Response(status=Status.CONTINUE if live else Status.FINISH, err_reqs=dead, err_msg=ABORTED_MSG)
+            await sock.send_multipart((identity, self._encoder.encode(resp)))
+            self._note("late_pull_answered", len(dead))
+            if not live:
+                return
+            meta.req_blocks = live
+        tids = [tid for tid, _ in meta.req_blocks.values()]
+        for tid in tids:
+            self._waiters[tid] += 1
+        try:
+            await super().send_kv_to_decode(identity, sock, meta)
+        finally:
+            for tid in tids:
+                self._waiters[tid] -= 1
+                if self._waiters[tid] <= 0:
+                    del self._waiters[tid]
+                    m = self.reqs_need_send.get(tid)
+                    if m is not None and getattr(m, "pdchaos_aborted", False):
+                        del self.reqs_need_send[tid]
+
+    async def _build_transfer_params(self, ready_reqs, *args, **kwargs):
+        aborted = [(d, m) for d, m in ready_reqs if getattr(m, "pdchaos_aborted", False)]
+        if not aborted:
+            return await super()._build_transfer_params(ready_reqs, *args, **kwargs)
+        live = [(d, m) for d, m in ready_reqs if not getattr(m, "pdchaos_aborted", False)]
+        src, dst, lengths, err_reqs, err_msg = await super()._build_transfer_params(live, *args, **kwargs)
+        err_reqs = list(err_reqs) + [d for d, _ in aborted]
+        err_msg = ABORTED_MSG if err_msg is None else f"{ABORTED_MSG}; {err_msg}"
+        return src, dst, lengths, err_reqs, err_msg
+
+    async def fetch_finished_sending_reqs(self):
+        now = time.perf_counter()
+        expiring = [tid for tid, m in self.reqs_need_send.items()
+                    if m.p_req_id and m.expire_time < now and m.sending == 0]
+        out = await super().fetch_finished_sending_reqs()
+        mono = time.monotonic()
+        for tid in expiring:
+            if tid not in self.reqs_need_send:
+                self.terminal.record(tid, "expired", mono)
+                self._note("p_expired")
+        return out
+
+    async def _mooncake_sender_listener(self, ready_event):
+        """As upstream, but a message that is not [identity, payload] gets an ERROR reply and the
+        listener goes on (upstream's unpacking raises and the listener thread exits for good)."""
+        sock = self.async_zmq_ctx.socket(zmq.ROUTER)
+        self.side_channel_port = sock.bind_to_random_port(f"tcp://{self.hostname}")
+        await self.register_worker_with_bootstrap()
+        tasks = [asyncio.create_task(self._sender_worker(sock)) for _ in range(self.num_sender_tasks)]
+        ready_event.set()
+        try:
+            while True:
+                try:
+                    frames = await sock.recv_multipart()
+                    if len(frames) != 2:
+                        self._note("bad_request_frames")
+                        nack = Response(status=Status.ERROR, err_msg=f"expected 2 frames, got {len(frames)}")
+                        await sock.send_multipart((frames[0], self._encoder.encode(nack)))
+                        continue
+                    await self.sender_worker_queue.put((frames[0], frames[1]))
+                except (zmq.ContextTerminated, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # noqa: BLE001 - one bad message never ends the listener
+                    self._note("listener_error")
+                    logger.warning("Hardened Mooncake: side-channel message dropped (%s)", type(e).__name__)
+        except zmq.ContextTerminated:
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            sock.close()
+
+
+class HardenedMooncakeConnector(mc.MooncakeConnector):
+    """vLLM's MooncakeConnector with the hardened scheduler and worker sides."""
+
+    def __init__(self, vllm_config, role, kv_cache_config):
+        KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
+        assert vllm_config.kv_transfer_config is not None
+        assert vllm_config.kv_transfer_config.engine_id is not None
+        self.engine_id = vllm_config.kv_transfer_config.engine_id
+        self.connector_scheduler = None
+        self.connector_worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = HardenedMooncakeConnectorScheduler(vllm_config, self.engine_id,
+                                                                          kv_cache_config)
+        elif role == KVConnectorRole.WORKER:
+            self.connector_worker = HardenedMooncakeConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return HardenedStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return HardenedPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        assert self.connector_worker is not None
+        idle = bool(getattr(self._connector_metadata, "idle", False))
+        return self.connector_worker.get_transfer_results(idle=idle)

@@ -1,0 +1,51 @@
+"""Where a vLLM node finds the hardened connector: a small folder put on its ``PYTHONPATH``.
+
+vLLM loads general plugins from the ``vllm.general_plugins`` entry point group, which
+``importlib.metadata`` reads from any ``*.dist-info`` on ``sys.path``. The folder holds one such
+dist-info (its ``entry_points.txt`` names :func:`connector_patch.vllm_plugin.register`) and a
+symlink to this checkout's ``connector_patch`` package, so the node runs the code of the checkout
+that starts it (installing it into the cached node venv would tie that venv to one checkout and
+one version of the code). Nothing else of the checkout is importable from the node.
+
+``pip install pd-chaos`` into a vLLM environment gives the same entry point (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+DIST = "pdchaos_connector_patch-0.0.0.dist-info"
+ENTRY_POINTS = "[vllm.general_plugins]\npdchaos_hardened_mooncake = connector_patch.vllm_plugin:register\n"
+METADATA = "Metadata-Version: 2.1\nName: pdchaos-connector-patch\nVersion: 0.0.0\n"
+
+
+def package_dir() -> Path:
+    import connector_patch
+
+    return Path(connector_patch.__file__).resolve().parent
+
+
+def plugin_site() -> Path:
+    """The folder for this checkout (created or repaired idempotently; safe to race)."""
+    from harness.nodeenv.venv import cache_root
+
+    pkg = package_dir()
+    site = cache_root() / "plugin-site" / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
+    dist = site / DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    for name, text in (("entry_points.txt", ENTRY_POINTS), ("METADATA", METADATA)):
+        f = dist / name
+        if not f.exists() or f.read_text() != text:
+            tmp = f.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, f)
+    link = site / "connector_patch"
+    if not (link.is_symlink() and Path(os.readlink(link)) == pkg):
+        tmp = site / f".connector_patch.{os.getpid()}.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    return site

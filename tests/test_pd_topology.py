@@ -17,9 +17,9 @@ from harness.schema import load_scenario
 SCENARIOS = Path(__file__).parent.parent / "scenarios" / "pd"
 
 
-def topology(tmp_path: Path, name: str, pool=None) -> PDTopology:
+def topology(tmp_path: Path, name: str, pool=None, target: str = "upstream") -> PDTopology:
     sc = load_scenario(SCENARIOS / name)
-    return PDTopology(sc, "upstream", tmp_path, lambda rec: None, {"node_pool": pool} if pool else {})
+    return PDTopology(sc, target, tmp_path, lambda rec: None, {"node_pool": pool} if pool else {})
 
 
 def arg(args: list[str], flag: str) -> str | None:
@@ -73,9 +73,46 @@ def test_a_node_is_reusable_only_healthy_and_drained(tmp_path: Path) -> None:
     assert "metrics" in t.reusable("prefill:0", {"alive": True, "counters": {**idle, "metrics_ok": 0}})
 
 
+def test_the_hardened_target_starts_the_hardened_connector_with_its_deadline(tmp_path: Path) -> None:
+    up = topology(tmp_path / "u", "baseline.yaml")
+    hard = topology(tmp_path / "h", "baseline.yaml", target="hardened")
+    for role in ("prefill:0", "decode:0"):
+        assert "--kv-connector" not in up.node_spec(role).args  # vLLM's own MooncakeConnector
+        args = hard.node_spec(role).args
+        assert arg(args, "--kv-connector") == "HardenedMooncakeConnector"
+        assert arg(args, "--kv-load-timeout-ms") == "2000"  # the topology's kv_load_timeout, 2 s by default
+    assert up.pool_key("decode:0") != hard.pool_key("decode:0")  # never lend an upstream node to hardened
+
+
+def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
+    """The vLLM command carries the connector's name and settings; the node finds the plugin on its
+    PYTHONPATH (a dist-info naming connector_patch.vllm_plugin:register, and the package itself)."""
+    from harness.families.pd import vllm_node
+    from harness.families.pd.plugin_site import DIST, package_dir, plugin_site
+
+    p = vllm_node.argparse.ArgumentParser()
+    vllm_node.add_node_arguments(p, "vllm")
+    common = ["--role", "decode", "--port", "18001", "--bootstrap-port", "18002", "--server-log", str(tmp_path / "s")]
+    a = p.parse_args(common + ["--kv-connector", "HardenedMooncakeConnector", "--kv-load-timeout-ms", "1500"])
+    node = vllm_node.VllmNode.__new__(vllm_node.VllmNode)
+    node.args, node.role = a, "decode"
+    cfg = node.kv_transfer_config()
+    assert cfg["kv_connector"] == "HardenedMooncakeConnector" and cfg["kv_role"] == "kv_consumer"
+    assert cfg["kv_connector_extra_config"] == {"mooncake_protocol": "tcp", "kv_load_timeout_ms": 1500}
+    site = plugin_site()
+    assert (site / DIST / "entry_points.txt").read_text().splitlines()[1].endswith("connector_patch.vllm_plugin:register")
+    assert (site / "connector_patch").resolve() == package_dir()
+    assert plugin_site() == site  # idempotent
+    up = p.parse_args(common)
+    node.args = up
+    assert node.kv_transfer_config()["kv_connector"] == "MooncakeConnector"
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--engine-id", "a b"], "--engine-id: 1 to 64 letters"),
     (["--engine-id", "x" * 65], "--engine-id: 1 to 64 letters"),
+    (["--kv-load-timeout-ms", "500"], "--kv-load-timeout-ms: only HardenedMooncakeConnector"),
+    (["--kv-connector", "HardenedMooncakeConnector", "--kv-load-timeout-ms", "0"], "--kv-load-timeout-ms must be"),
 ])
 def test_vllm_node_rejects_bad_engine_ids(tmp_path: Path, bad: list[str], message: str) -> None:
     argv = [sys.executable, "-m", "harness.cli", "node", "vllm", "--role", "prefill", "--port", "18001",

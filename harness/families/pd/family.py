@@ -16,15 +16,17 @@ PKG = __name__.rsplit(".", 1)[0]
 
 class PDFamily(Family):
     name = "pd"
-    description = "real vLLM prefill + decode on CPU, vLLM's MooncakeConnector over TCP, the project's P/D proxy"
-    targets = ("upstream",)
+    description = ("real vLLM prefill + decode on CPU, over TCP: vLLM's MooncakeConnector (upstream) or "
+                   "connector_patch's HardenedMooncakeConnector (hardened), the project's P/D proxy")
+    targets = ("upstream", "hardened")
     baseline_target = "upstream"
     Topology = PDTopologySpec
     Workload = PDWorkloadSpec
-    fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults")
+    fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults", f"{PKG}.side_faults")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     node_kinds = NODE_KINDS
+    bench_module = f"{PKG}.bench"
     # vLLM's gauges (kv_cache_usage_perc is a fraction: 1 = every block in use) and CPU per node
     gauges = (("num_requests_waiting", "waiting requests"),
               ("num_requests_running", "running requests"),
@@ -50,10 +52,14 @@ class PDFamily(Family):
     def reuse_group(self, scenario: Any) -> Any:
         t = scenario.topology  # the settings of PDTopology.pool_key, but ports
         return (t.link == "netns", t.model, t.kv_load_failure_policy, int(t.abort_timeout), int(t.startup_timeout),
-                t.max_num_seqs, t.engine_id)
+                t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000), t.mixed)
 
     def roles(self, scenario: Any) -> list[str]:
         return ["prefill:0", "decode:0", "proxy"]
+
+    def validate(self, scenario: Any) -> None:
+        if scenario.topology.mixed != "none" and "upstream" in scenario.targets:
+            raise ValueError("topology.mixed: only the hardened target mixes connectors; use targets: [hardened]")
 
     def unmet(self, scenario: Any, needs: set[str]) -> str | None:
         link = scenario.topology.link

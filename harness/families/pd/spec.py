@@ -17,6 +17,12 @@ class PDTopologySpec(Spec):
     abort_timeout: Duration = Field(10.0, description="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT on both nodes; "
                                                      "upstream D waits this + 60 s for a dead P. vLLM's default "
                                                      "is 480 s; scenarios use 10 s to stay short")
+    kv_load_timeout: Duration = Field(2.0, description="the hardened target's kv_load_timeout_ms on D: a KV "
+                                                      "load fails after this whatever P does (connector default "
+                                                      "30 s; scenarios use 2 s)")
+    mixed: Literal["none", "upstream_prefill", "upstream_decode"] = Field(
+        "none", description="with the hardened target, this role runs vLLM's own MooncakeConnector instead (a "
+                            "rolling upgrade half done: the wire format is shared)")
     link: Literal["direct", "toxiproxy", "netns"] = Field(
         "direct", description="toxiproxy: the proxy and D reach P's bootstrap server through a Toxiproxy proxy "
                               "(the toxic faults act on it)")
@@ -37,6 +43,8 @@ class PDTopologySpec(Spec):
     def _sane(self) -> "PDTopologySpec":
         if self.abort_timeout < 1.0:
             raise ValueError("abort_timeout must be at least 1s")
+        if self.kv_load_timeout < 0.1:
+            raise ValueError("kv_load_timeout must be at least 100ms")
         return self
 
 

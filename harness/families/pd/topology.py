@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
+from .vllm_node import HARDENED
+
 CORES = {"prefill:0": 0, "decode:0": 1}
 SIDES = {"prefill:0": "b", "decode:0": "a", "proxy": "a"}  # namespaces, with link: netns
 
@@ -62,6 +64,13 @@ class PDTopology(BaseTopology):
             return "127.0.0.1"
         return self.netns.ip_b if role == "prefill:0" else self.netns.ip_a
 
+    def connector(self, role: str) -> str:
+        """Which connector the vLLM node of ``role`` runs: the target's, except the role that
+        ``mixed`` keeps on vLLM's own (upstream)."""
+        if self.target == "hardened" and self.topo.mixed == f"upstream_{role.split(':')[0]}":
+            return "upstream"
+        return self.target
+
     def url(self, role: str) -> str:
         return f"http://{self.host(role)}:{self.ports[role]}"
 
@@ -73,6 +82,8 @@ class PDTopology(BaseTopology):
                     "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
                     "--cpu-core", str(CORES[role]), "--startup-timeout-s", str(int(t.startup_timeout)),
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
+            if self.connector(role) == "hardened":
+                args += ["--kv-connector", HARDENED, "--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             if self.netns is not None:
@@ -103,8 +114,8 @@ class PDTopology(BaseTopology):
         if role not in CORES or self.topo.link == "netns":
             return None
         t = self.topo
-        return ("vllm", self.target, role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
-                int(t.startup_timeout), t.max_num_seqs, t.engine_id)
+        return ("vllm", self.connector(role), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
+                int(t.startup_timeout), t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000))
 
     def pool_extra(self, role: str) -> dict:
         return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "server_log": self._server_log.get(role)}

@@ -77,6 +77,8 @@ from .metrics import MetricsError, http_get, scrape
 log = logging.getLogger(__name__)
 
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+HARDENED = "HardenedMooncakeConnector"  # connector_patch/vllm_mooncake.py, registered by its vLLM plugin
+MOONCAKE = ("MooncakeConnector", HARDENED)
 WARM_UP_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)  # 200 tokens of the tiny model, fixed
 STOP_GRACE_S = 30.0
 HEALTH_POLL_S = 0.5
@@ -98,6 +100,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
                    help="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vLLM's default when not given: 480)")
     p.add_argument("--engine-id", default=None,
                    help="engine_id of --kv-transfer-config (vLLM makes up a random one when not given)")
+    p.add_argument("--kv-load-timeout-ms", type=int, default=None,
+                   help="HardenedMooncakeConnector's kv_load_timeout_ms (its default: 30000)")
     p.add_argument("--kv-connector", default="MooncakeConnector",
                    help="kv_connector of --kv-transfer-config; 'none' serves without one")
     p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core)")
@@ -209,6 +213,11 @@ class VllmNode:
             raise NodeUsageError("--engine-id: 1 to 64 letters, digits, '.', '_' or '-'")
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
+        if args.kv_load_timeout_ms is not None:
+            if args.kv_connector != HARDENED:
+                raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline")
+            if args.kv_load_timeout_ms <= 0:
+                raise NodeUsageError("--kv-load-timeout-ms must be a positive number of milliseconds")
         from harness.nodeenv.pd_stack import pd_node_env
         from harness.nodeenv.tiny_model import model_dir
 
@@ -240,8 +249,10 @@ class VllmNode:
                                "kv_load_failure_policy": self.args.policy}
         if self.args.engine_id:
             cfg["engine_id"] = self.args.engine_id
-        if conn == "MooncakeConnector":
+        if conn in MOONCAKE:
             cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
+            if conn == HARDENED and self.args.kv_load_timeout_ms is not None:
+                cfg["kv_connector_extra_config"]["kv_load_timeout_ms"] = self.args.kv_load_timeout_ms
         elif conn == "NixlConnector":
             cfg["kv_buffer_device"] = "cpu"
         return cfg
@@ -272,6 +283,12 @@ class VllmNode:
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
             env.pop(k, None)
         env["PATH"] = f"{self.vllm_bin.parent}{os.pathsep}{env.get('PATH', '')}"
+        if a.kv_connector == HARDENED:  # vLLM finds the plugin's entry point there (plugin_site.py)
+            from .plugin_site import plugin_site
+
+            env["PYTHONPATH"] = str(plugin_site())
+        else:
+            env.pop("PYTHONPATH", None)
         return env
 
     # ------------------------------------------------------------------ life
@@ -305,7 +322,7 @@ class VllmNode:
     def wait_ready(self, stop: threading.Event) -> str | None:
         """None once ready; else why not (an error line) or "" when asked to stop."""
         deadline = self.t_start + self.args.startup_timeout_s
-        need_engine = self.role == "prefill" and self.args.kv_connector == "MooncakeConnector"
+        need_engine = self.role == "prefill" and self.args.kv_connector in MOONCAKE
         while True:
             if stop.is_set():
                 return ""

@@ -110,6 +110,20 @@ def order_for_reuse(scenarios: list) -> list:
     return [sc for group in groups.values() for sc in group]
 
 
+def plan_for_reuse(scenarios: list) -> list[tuple]:
+    """(scenario, target) runs: per reuse group (order_for_reuse), one target after the other (in
+    the family's target order), file order within: the warm nodes of one target serve all of that
+    group's runs before the next target's nodes start (a pool holds one pair, not one per target)."""
+    plan: list[tuple] = []
+    groups: dict = {}
+    for sc in order_for_reuse(scenarios):
+        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
+    for group in groups.values():
+        order = list(dict.fromkeys([t for t in group[0].family.targets] + [t for sc in group for t in sc.model.targets]))
+        plan += [(sc, t) for t in order for sc in group if t in sc.model.targets]
+    return plan
+
+
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
     if args.filter:
@@ -149,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         old_term = signal.signal(signal.SIGTERM, on_signal)
         try:
             with progress:
-                results = runner.run(scenarios)
+                results = runner.run_plan(plan_for_reuse(scenarios))
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)

@@ -91,18 +91,22 @@ class Runner:
 
     # ----------------------------------------------------------------------------
     def run(self, scenarios: list[LoadedScenario]) -> list[Result]:
-        for sc in scenarios:
-            for target in sc.model.targets:
-                if self.targets and target not in self.targets:
-                    continue
-                if self._stop.is_set():
-                    return self.results
-                if self.on_start:
-                    self.on_start(sc.name, target)
-                res = self.run_one(sc, target)
-                self.results.append(res)
-                if self.on_result:
-                    self.on_result(res)
+        """Every scenario against each of its targets, in file order, targets in the scenario's order."""
+        return self.run_plan([(sc, t) for sc in scenarios for t in sc.model.targets])
+
+    def run_plan(self, plan: list[tuple[LoadedScenario, str]]) -> list[Result]:
+        """These (scenario, target) runs in this order (targets not selected are left out)."""
+        for sc, target in plan:
+            if self.targets and target not in self.targets:
+                continue
+            if self._stop.is_set():
+                return self.results
+            if self.on_start:
+                self.on_start(sc.name, target)
+            res = self.run_one(sc, target)
+            self.results.append(res)
+            if self.on_result:
+                self.on_result(res)
         return self.results
 
     def _meta(self, sc: LoadedScenario, target: str) -> dict:

@@ -192,3 +192,19 @@ def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
     assert default == [s.name for s in scenarios if s.family.reuse_group(s.model) == groups[0]]  # file order kept
     assert ordered[-1].model.topology.engine_id == "fixed" or ordered[-1].model.topology.link == "netns" \
         or ordered[-1].model.topology.kv_load_failure_policy == "recompute"
+
+
+def test_pdchaos_run_plans_one_target_after_the_other_within_a_group() -> None:
+    """Within a reuse group every upstream run comes first, then every hardened one (the pool keeps
+    one warm pair: alternating targets would start a fresh pair for every run); nothing is lost."""
+    from harness.cmd_run import plan_for_reuse
+    from harness.schema import load_all
+
+    scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])
+    plan = plan_for_reuse(scenarios)
+    assert sorted((s.name, t) for s, t in plan) == sorted((s.name, t) for s in scenarios for t in s.model.targets)
+    switches = sum(1 for (a, ta), (b, tb) in zip(plan, plan[1:]) if ta != tb)
+    groups = {s.family.reuse_group(s.model) for s in scenarios}
+    assert switches <= 2 * len(groups)  # at most one target change inside a group, one between groups
+    first = [t for s, t in plan if s.family.reuse_group(s.model) == plan[0][0].family.reuse_group(plan[0][0].model)]
+    assert first == sorted(first, key=("upstream", "hardened").index)  # upstream's runs, then hardened's

@@ -14,11 +14,13 @@ node and an upstream one talk to each other (the abort answer is upstream's own 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -31,7 +33,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import Mooncake
 from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
-from connector_patch.pd.ledger import LoadLedger
+from connector_patch.pd.ledger import LoadLedger, flatten_blocks
+from connector_patch.pd.settle import Settlements, unsettled_codes
 from connector_patch.pd.settings import FailureLog, Settings, idle_sleep_s, remote_prefill_problem, summary
 from connector_patch.pd.terminal import TerminalRecords
 
@@ -45,6 +48,11 @@ Response = mc.MooncakeXferResponse
 _MON_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
 _REFUSED_LIMIT = 2  # connection refused this many times before ever connecting: nobody listens there
 _PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P's cached address after these
+_UNSETTLED = frozenset(unsettled_codes())  # P may still write after these: the pull keeps listening
+BOUND_MARGIN_S = 60.0  # upstream D's receive timeout is abort timeout + 60 s: P never writes later
+CANCEL_KEY = "pdchaos_cancel"  # D -> P side channel: {"pdchaos_cancel": [transfer ids]}
+CANCEL_WAIT_MS = 1000  # a cancel round waits this long for P's acknowledgement
+CANCEL_EVERY_S = 2.0  # and is repeated this often until the pull settles
 
 
 class HardenedStats(MooncakeKVConnectorStats):
@@ -103,6 +111,26 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
     def __init__(self, vllm_config, engine_id, kv_cache_config):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.failures = FailureLog()
+        # D: loads in flight (request -> its blocks), loads reported failed, and what the worker
+        # must do with their blocks once P cannot write into them any more (connector_patch/pd/settle.py)
+        self._loading: dict[str, frozenset[int]] = {}
+        self._failed_loads: set[str] = set()
+        self._to_release: set[str] = set()
+        self._to_cancel: set[str] = set()
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        pending = self._reqs_need_recv.get(request.request_id)
+        if pending is not None and any(pending[1]):
+            self._loading[request.request_id] = flatten_blocks(pending[1])
+
+    def update_connector_output(self, connector_output):
+        failed_ids = connector_output.failed_recving or set()
+        invalid = connector_output.invalid_block_ids or set()
+        for rid in connector_output.finished_recving or ():
+            blocks = self._loading.pop(rid, None)
+            if blocks is not None and (rid in failed_ids or blocks & invalid):
+                self._failed_loads.add(rid)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         params = request.kv_transfer_params
@@ -121,6 +149,21 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def request_finished(self, request, block_ids):
+        rid = request.request_id
+        if rid in self._failed_loads:
+            # D: a load that failed (its client has its answer); its blocks wait until P cannot
+            # write into them, then the worker reports the request in finished_sending
+            self._failed_loads.discard(rid)
+            self._to_release.add(rid)
+            return True, None
+        if self._loading.pop(rid, None) is not None:
+            # D: finished (aborted) while its load is in flight; vLLM keeps its blocks until the
+            # load is reported in finished_recving, which the worker does once P cannot write
+            self._to_cancel.add(rid)
+            return False, None
+        return self._p_request_finished(request, block_ids)
+
+    def _p_request_finished(self, request, block_ids):
         """Upstream keeps P's blocks for D only when P's one-token request ended FINISHED_LENGTH_CAPPED.
         When that token is EOS (FINISHED_STOPPED) it frees them at once, yet the proxy still sends
         the request to D, whose pull then waits the abort timeout for "P side ready" and fails
@@ -140,6 +183,8 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         meta = super().build_connector_meta(scheduler_output)
         # the worker may sleep on a step that computes nothing (see HardenedMooncakeConnectorWorker)
         meta.idle = scheduler_output.total_num_scheduled_tokens == 0
+        meta.reqs_to_release, self._to_release = self._to_release, set()
+        meta.reqs_to_cancel, self._to_cancel = self._to_cancel, set()
         return meta
 
 
@@ -147,10 +192,21 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
     def __init__(self, vllm_config, engine_id, kv_cache_config):
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.settings = Settings.from_extra(extra)  # a bad value stops the node before any thread starts
-        self.ledger = LoadLedger(self.settings.kv_load_timeout_ms)
+        self.bound_s = float(envs.VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT) + BOUND_MARGIN_S
+        # policy fail: report a failed load at its deadline (the client gets its error), free its
+        # blocks once P cannot write; recompute (the blocks are refilled in place): report it then
+        self.report_unsettled = vllm_config.kv_transfer_config.kv_load_failure_policy != "recompute"
+        ledger_ms = self.settings.kv_load_timeout_ms if self.report_unsettled else int((self.bound_s + 5) * 1000)
+        self.ledger = LoadLedger(ledger_ms)
+        self.settlements = Settlements()
+        self._cancel_wanted: set[str] = set()  # aborted while pulling: their pulls cancel at once
+        self._deferred: dict[str, str] = {}  # request -> failure code held until settled (recompute)
+        self._release_q: queue.SimpleQueue[str] = queue.SimpleQueue()  # -> finished_sending
+        self._recv_q: queue.SimpleQueue[str] = queue.SimpleQueue()  # -> finished_recving (aborted loads)
         self.terminal = TerminalRecords(envs.VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT)
         self.failures = FailureLog()
         self._waiters: dict[str, int] = defaultdict(int)  # transfer id -> pulls waiting on it (P side)
+        self._cancel_prefix = msgspec.msgpack.encode({CANCEL_KEY: []})[:-1]  # map header + key
         self._wake = threading.Event()  # set when a load outcome arrives
         self._idle_since: float | None = None
         super().__init__(vllm_config, engine_id, kv_cache_config)
@@ -164,16 +220,94 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
 
     # ------------------------------------------------------------------ D: loads with a deadline
     def start_load_kv(self, metadata):
-        if not self.is_kv_producer and metadata.reqs_to_recv:
-            now = time.monotonic()
-            for pull_metas in metadata.reqs_to_recv.values():
-                for meta in pull_metas.values():
-                    self.ledger.start(meta.d_req_id, meta.local_block_ids, now)
+        if not self.is_kv_producer:
+            if metadata.reqs_to_recv:
+                now = time.monotonic()
+                for pull_metas in metadata.reqs_to_recv.values():
+                    for meta in pull_metas.values():
+                        self.ledger.start(meta.d_req_id, meta.local_block_ids, now)
+            release = set(getattr(metadata, "reqs_to_release", ()))
+            cancel = {r: self.ledger.forget(r) for r in getattr(metadata, "reqs_to_cancel", ())}
+            if release or cancel:
+                asyncio.run_coroutine_threadsafe(self._blocks_wanted(release, cancel), self.receiver_loop)
         super().start_load_kv(metadata)
+
+    async def _blocks_wanted(self, release: set, cancel: dict) -> None:
+        """The scheduler finished these loading requests: ``release`` failed ones (blocks kept by
+        delay-free, to report in finished_sending), ``cancel`` aborted ones (True: still tracked,
+        to report in finished_recving). Done at once when P cannot write any more; otherwise P is
+        asked to cancel and it is done when the pull settles."""
+        for rid, todo in [(r, "release") for r in release] + [(r, "recv") for r, tracked in cancel.items() if tracked]:
+            if self.settlements.want(rid, todo):
+                self._act(rid, todo)
+        self._cancel_wanted.update(r for r in cancel if self.settlements.is_open(r))  # its pulls cancel
+        self._wake.set()
+
+    def _act(self, rid: str, todo: str | None) -> None:
+        if todo == "release":
+            self._release_q.put(rid)
+        elif todo == "recv":
+            self._recv_q.put(rid)
+        self._wake.set()
+
+    async def _cancel_round(self, addr: str, tids: dict[str, str]) -> set[str]:
+        """Ask P's side channel ``addr`` to drop these transfers (``{transfer id: request}``); the
+        requests P acknowledged as not being written (a hardened P then never writes them). An
+        upstream P answers ERROR: nothing acknowledged, the pull settles on P's own answer."""
+        sock = self.async_zmq_ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(addr)
+            await sock.send(self._encoder.encode({CANCEL_KEY: sorted(tids)}))
+            if not await sock.poll(CANCEL_WAIT_MS, zmq.POLLIN):
+                return set()
+            reply = msgspec.msgpack.decode(await sock.recv())
+            acked = reply.get("cancelled") if isinstance(reply, dict) else None
+            return {tids[t] for t in acked or () if isinstance(t, str) and t in tids}
+        except zmq.ContextTerminated:
+            return set()
+        except Exception:  # noqa: BLE001 - best effort: an ERROR reply or garbage acknowledges nothing
+            return set()
+        finally:
+            sock.close(linger=0)
+
+    def receive_kv(self, remote_engine_id, pull_metas):
+        """As upstream (the same P workers: the paired TP ranks, the matching PP ranks), and each
+        load is opened in the settlements with exactly the side channels it pulls from."""
+        remote_tp_ranks = self.transfer_topo.handshake_target_ranks(self._tp_size[remote_engine_id])
+        worker_addrs: list[str] = []
+        for remote_tp_rank in remote_tp_ranks:
+            pp_to_addr = self._remote_agents[remote_engine_id][remote_tp_rank]
+            if self.pp_size == len(pp_to_addr) and self.pp_rank in pp_to_addr:
+                pp_ranks = [self.pp_rank]
+            else:
+                pp_ranks = sorted(pp_to_addr)
+            worker_addrs.extend(pp_to_addr[pp_rank] for pp_rank in pp_ranks)
+        if not worker_addrs:
+            self._fail(pull_metas, list(pull_metas), "unknown_engine")
+            return
+        for rid, pull_meta in pull_metas.items():
+            pull_meta.pull_tasks_count = len(worker_addrs)
+            self.settlements.opened(rid, worker_addrs)
+        for worker_addr in worker_addrs:
+            asyncio.create_task(self.receive_kv_from_single_worker(worker_addr, pull_metas))
+
+    def _settled(self, req_ids, addr: str) -> None:
+        """The pull of each to P's side channel ``addr`` settled: P will not write for it any more."""
+        now = time.monotonic()
+        for rid in req_ids:
+            todo = self.settlements.settle(rid, addr, now)
+            if not self.settlements.is_open(rid):
+                code = self._deferred.pop(rid, None)
+                if code is not None:
+                    self.ledger.fail(rid, code)  # recompute: reported now that nothing can overwrite it
+            if todo:
+                self._act(rid, todo)
 
     def _fail(self, pull_metas, req_ids, code: str) -> None:
         """Fail these pulls once each (seed 001's rule: a failed request is never completed by a
-        later OK); the ledger reports them to the scheduler at the next step."""
+        later OK); the ledger reports them to the scheduler at the next step (with policy
+        recompute and P possibly still writing: once the pull settles)."""
         for req_id in req_ids:
             meta = pull_metas.get(req_id)
             if meta is None or meta.failed:
@@ -182,7 +316,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             if self.ledger.tracked(meta.d_req_id):  # not yet reported (e.g. by its deadline)
                 self.xfer_stats.record_failed_recv()
                 self._note(code)
-            self.ledger.fail(meta.d_req_id, code)
+            if code in _UNSETTLED and not self.report_unsettled and self.settlements.is_open(meta.d_req_id):
+                self._deferred[meta.d_req_id] = code
+            else:
+                self.ledger.fail(meta.d_req_id, code)
         self._wake.set()
 
     def _handle_failed_recv(self, pull_metas, req_ids, reason: str) -> None:
@@ -212,15 +349,23 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
     async def receive_kv_from_single_worker(self, worker_addr, pull_metas):
         """Upstream waits on the DEALER's RCVTIMEO (abort timeout + 60 s: 540 s by default) for a
         dead, frozen, partitioned or silent P, and forever for a FINISH that does not name its
-        request. Here the pull ends at the load deadline at the latest, earlier when the socket
-        monitor sees that nobody listens at P's address (refused twice) or that the connection
-        died (closed, or 3 heartbeats missed); a FINISH that leaves an asked request unnamed fails
-        it; after a peer failure P's cached address is forgotten."""
+        request. Here the load fails at its deadline at the latest, earlier when the socket monitor
+        sees that nobody listens at P's address (refused twice) or that the connection died
+        (closed, or 3 heartbeats missed); a FINISH that leaves an asked request unnamed fails it;
+        after a peer failure P's cached address is forgotten. When P may still write (timeout,
+        connection lost, request aborted), the pull keeps listening and asks P to cancel every 2 s;
+        it settles on P's last word, P's acknowledgement, a refused port, or the bound (abort
+        timeout + 60 s after the pull)."""
         req_ids = set(pull_metas)
         engine_id = next(iter(pull_metas.values())).remote_engine_id
-        deadline = time.monotonic() + self.ledger.timeout_s + 0.25  # the ledger reports at its own deadline
+        t0 = time.monotonic()
+        deadline = t0 + self.settings.kv_load_timeout_ms / 1000.0 + 0.25  # the ledger reports at its own
+        bound = t0 + self.bound_s
         named: set[str] = set()
-        code: str | None = None
+        code: str | None = None  # the failure of this pull, once known
+        unsettled = False  # P may still write: listen on, cancel
+        settled = False
+        next_cancel = 0.0
         hb = self.settings.heartbeat_ms
         sock = self.async_zmq_ctx.socket(zmq.DEALER)
         mon = None
@@ -236,32 +381,54 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             poller.register(sock, zmq.POLLIN)
             poller.register(mon, zmq.POLLIN)
             refused, connected = 0, False
-            while code is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while not settled:
+                now = time.monotonic()
+                if code is None and now >= deadline:
                     code = "timeout"
-                    break
-                ready = dict(await poller.poll(timeout=max(1, int(left * 1000))))
+                if not unsettled and (code in _UNSETTLED or req_ids & self._cancel_wanted):
+                    unsettled = True  # fail the load now (policy fail), settle it later
+                    if code is not None:
+                        self._fail(pull_metas, req_ids - named, code)
+                    self._forget_peer(engine_id)
+                if now >= bound:
+                    break  # upstream's own bound: P has given up writing by now
+                if unsettled and now >= next_cancel:
+                    next_cancel = now + CANCEL_EVERY_S
+                    open_ids = {pull_metas[r].transfer_id: r for r in req_ids
+                                if self.settlements.is_open(r, worker_addr)}
+                    acked = await self._cancel_round(worker_addr, open_ids) if open_ids else set()
+                    self._settled(acked, worker_addr)
+                    if not any(self.settlements.is_open(r, worker_addr) for r in req_ids):
+                        settled = True
+                        break
+                    continue
+                until = min(deadline if code is None else bound, next_cancel if unsettled else bound)
+                ready = dict(await poller.poll(timeout=max(1, min(250, int((until - now) * 1000)))))
                 if mon in ready:
                     ev = parse_monitor_message(await mon.recv_multipart())["event"]
                     if ev == zmq.EVENT_CONNECTED:
-                        connected = True
-                    elif ev == zmq.EVENT_CONNECT_RETRIED and not connected:
+                        connected, refused = True, 0
+                        next_cancel = 0.0 if unsettled else next_cancel  # reached again: cancel now
+                    elif ev == zmq.EVENT_CONNECT_RETRIED:
                         refused += 1
-                        if refused >= _REFUSED_LIMIT:
-                            code = "unreachable"
+                        if refused >= _REFUSED_LIMIT and (not connected or unsettled):
+                            # nobody listens at P's side channel: P (and its transfer engine) is gone
+                            code = code or "unreachable"
+                            settled = True
                     elif ev == zmq.EVENT_DISCONNECTED:
-                        code = "peer_gone"
-                if sock in ready and code is None:
-                    code = self._on_reply(await sock.recv(), req_ids, named, pull_metas)
-                    if code == "":
-                        break  # FINISH: every asked request answered (or failed as unanswered)
+                        connected, refused = False, 0
+                        code = code or "peer_gone"
+                if sock in ready and not settled:
+                    got = self._on_reply(await sock.recv(), req_ids, named, pull_metas)
+                    if got is not None:  # P's last word: FINISH ("") or a failure it reported
+                        code = code or got or None
+                        settled = True
         except zmq.ContextTerminated:
             return
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a transfer error fails this pull, never the thread
-            code = "transfer_error"
+            code = code or "transfer_error"
         finally:
             if mon is not None:
                 try:
@@ -274,6 +441,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             self._fail(pull_metas, req_ids - named, code)
             if code in _PEER_CODES:
                 self._forget_peer(engine_id)
+        self._cancel_wanted.difference_update(req_ids)
+        self._settled(req_ids, worker_addr)
         self._log_due()
 
     def _on_reply(self, raw: bytes, req_ids: set, named: set, pull_metas) -> str | None:
@@ -318,6 +487,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         else:
             self._idle_since = None
         res = super().get_transfer_results()
+        for q, out in ((self._release_q, res.finished_sending), (self._recv_q, res.finished_recving)):
+            while True:
+                try:
+                    out.add(q.get_nowait())
+                except queue.Empty:
+                    break
         rep = self.ledger.collect(time.monotonic())
         if rep.finished:
             res.finished_recving |= rep.finished
@@ -361,6 +536,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         26 s). Here it is a terminal record: a waiting pull is answered at once, a late one too."""
         not_processed = set(metadata.reqs_not_processed)
         metadata.reqs_not_processed = set()
+        now = time.monotonic()
+        cancelled = {p: v for p, v in metadata.reqs_to_send.items() if self.terminal.lookup(v[0], now)}
+        for p_req_id, (tid, blocks) in cancelled.items():
+            del metadata.reqs_to_send[p_req_id]  # D cancelled it before P finished: nobody will pull
+            if blocks:
+                self.finished_sending_reqs.add(p_req_id)  # P frees its blocks at once
         try:
             await super().record_send_reqs(metadata)
         finally:
@@ -425,6 +606,36 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 self._note("p_expired")
         return out
 
+    def _on_cancel(self, payload: bytes) -> list[str]:
+        """D gave up these transfers: P never sends them. A pull waiting for one is answered at once
+        (aborted); blocks P kept for one are freed at once; one P is still computing is freed when
+        it finishes (record_send_reqs); a transfer being written goes on and its pull answers."""
+        try:
+            tids = msgspec.msgpack.decode(payload)[CANCEL_KEY]
+            tids = [t for t in tids if isinstance(t, str)][:4096]
+        except Exception:  # noqa: BLE001 - a malformed cancel cancels nothing
+            self._note("bad_cancel")
+            return []
+        now = time.monotonic()
+        acked = []
+        for tid in tids:
+            meta = self.reqs_need_send.get(tid)
+            if meta is not None and meta.sending:
+                continue  # being written: not acknowledged; D asks again, its pull gets the answer
+            self.terminal.record(tid, "cancelled", now)  # never sent from now on
+            acked.append(tid)
+            if meta is None:
+                continue
+            if self._waiters.get(tid):
+                meta.pdchaos_aborted = True
+                meta.ready.set()
+            else:
+                del self.reqs_need_send[tid]
+                if meta.ready.is_set() and meta.p_req_id:
+                    self.finished_sending_reqs.add(meta.p_req_id)
+        self._note("p_cancelled", len(acked))
+        return acked
+
     async def _mooncake_sender_listener(self, ready_event):
         """As upstream, but a message that is not [identity, payload] gets an ERROR reply and the
         listener goes on (upstream's unpacking raises and the listener thread exits for good)."""
@@ -437,6 +648,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             while True:
                 try:
                     frames = await sock.recv_multipart()
+                    if len(frames) == 2 and frames[1].startswith(self._cancel_prefix):
+                        acked = self._on_cancel(frames[1])
+                        await sock.send_multipart((frames[0], self._encoder.encode({"cancelled": acked})))
+                        continue
                     if len(frames) != 2:
                         self._note("bad_request_frames")
                         nack = Response(status=Status.ERROR, err_msg=f"expected 2 frames, got {len(frames)}")

@@ -90,6 +90,12 @@ class LoadLedger:
             self._loads[req_id] = _Load(req_id, blocks, now + self.timeout_s, expect)
         return True
 
+    def forget(self, req_id: str) -> bool:
+        """Stop tracking ``req_id`` without reporting it (its report now comes another way); True
+        when it was tracked."""
+        with self._lock:
+            return self._loads.pop(req_id, None) is not None
+
     def tracked(self, req_id: str) -> bool:
         """Whether ``req_id`` is a load still waiting to be reported."""
         with self._lock:

@@ -1,0 +1,105 @@
+"""D's settlements: a failed or aborted KV load frees its blocks only once P can no longer write
+into them.
+
+P writes D's blocks itself (Mooncake is push: P's transfer engine writes D's memory), and it waits
+up to its abort timeout for its own prefill before it does (``send_kv_to_decode``). Upstream D
+waits just as long (its receive timeout is abort timeout + 60 s, "let P wait timeout first"), so
+its blocks are never given away under a late write. A load deadline breaks that: D gives up while
+P may still write. Measured in the real Scheduler (tests/test_pd_hardened_inproc.py): a load failed
+at 300 ms, its blocks went to another request, then P wrote 589,824 bytes over them.
+
+So a load whose pulls are in flight is *open*; each pull (one per P side channel) *settles* once
+P cannot write for it any more: P answered it (OK, error, abort, FINISH), P acknowledged D's
+cancel for it while not writing it (a hardened P then never writes it), P's side-channel port
+refuses connections (the process and its transfer engine are gone), or the bound passed (abort
+timeout + 60 s after the pull, upstream's own). What the scheduler asks to do with the blocks of a failed or aborted load
+(``release``: report it in ``finished_sending``, as P does for blocks it kept; ``recv``: report it
+in ``finished_recving``, which frees an aborted load) waits for that. A load that never opened
+(its bootstrap query failed) is settled by definition. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterable
+
+ACTIONS = ("release", "recv")
+
+
+class Settlements:
+    def __init__(self, ttl_s: float = 900.0):
+        self.ttl_s = ttl_s
+        self._open: dict[str, set[str]] = {}  # request -> pulls (P side channels) not settled yet
+        self._want: dict[str, str] = {}  # request -> the action waiting for its settlement
+        self._settled: dict[str, float] = {}  # request -> when it settled (until asked, or the TTL)
+        self._lock = threading.Lock()
+
+    def opened(self, req_id: str, pulls: Iterable[str]) -> None:
+        """Pulls of ``req_id`` are in flight, one per P side channel it reads from."""
+        keys = set(pulls)
+        if not keys:
+            raise ValueError("a load opens with at least one pull")
+        with self._lock:
+            self._open.setdefault(req_id, set()).update(keys)
+            self._settled.pop(req_id, None)
+
+    def is_open(self, req_id: str, pull: str | None = None) -> bool:
+        """Whether ``req_id`` (or its pull ``pull``) may still be written by P."""
+        with self._lock:
+            keys = self._open.get(req_id)
+            return keys is not None and (pull is None or pull in keys)
+
+    def settle(self, req_id: str, pull: str, now: float) -> str | None:
+        """The pull ``pull`` of ``req_id`` settled (idempotent). When it was the last: the action the
+        scheduler asked for meanwhile (the caller does it now), else None (remembered as settled)."""
+        with self._lock:
+            keys = self._open.get(req_id)
+            if keys is None or pull not in keys:
+                return None
+            keys.discard(pull)
+            if keys:
+                return None
+            del self._open[req_id]
+            action = self._want.pop(req_id, None)
+            if action is None:
+                self._settled[req_id] = now
+            return action
+
+    def want(self, req_id: str, action: str) -> bool:
+        """The scheduler asks for ``action`` on ``req_id``'s blocks: True when it can be done now
+        (settled, or never opened); False when it waits for the settlement (then :meth:`settle`
+        returns it)."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        with self._lock:
+            if req_id in self._open:
+                self._want[req_id] = action
+                return False
+            self._settled.pop(req_id, None)
+            return True
+
+    def wanted(self, req_id: str) -> bool:
+        with self._lock:
+            return req_id in self._want
+
+    def waiting(self) -> list[str]:
+        with self._lock:
+            return sorted(self._want)
+
+    def expire(self, now: float) -> int:
+        """Forget settled loads nobody asked about within the TTL (a load that ended OK is never
+        asked about); returns how many."""
+        with self._lock:
+            old = [r for r, t in self._settled.items() if now - t > self.ttl_s]
+            for r in old:
+                del self._settled[r]
+            return len(old)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open) + len(self._settled)
+
+
+def unsettled_codes() -> Iterable[str]:
+    """Failure codes after which P may still write: the pull goes on listening for P's last word."""
+    return ("timeout", "peer_gone", "transfer_error")

@@ -1,0 +1,66 @@
+"""D's settlements (connector_patch/pd/settle.py): blocks of a failed or aborted load are handed back
+only once every pull of it settled (P cannot write any more); pure, no vLLM."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from connector_patch.pd.settle import Settlements
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_an_action_waits_for_every_pull_then_comes_back_once() -> None:
+    s = Settlements()
+    s.opened("r", ["p0", "p1"])
+    assert s.want("r", "release") is False and s.wanted("r")
+    assert s.settle("r", "p0", 1.0) is None  # one P worker may still write
+    assert s.settle("r", "p0", 1.1) is None  # idempotent per pull
+    assert s.settle("r", "p1", 1.2) == "release"
+    assert not s.is_open("r") and s.settle("r", "p1", 1.3) is None and len(s) == 0
+
+
+def test_a_settled_or_never_opened_load_acts_at_once() -> None:
+    s = Settlements()
+    assert s.want("never", "recv") is True  # its bootstrap failed: P never learned D's addresses
+    s.opened("r", ["p0"])
+    assert s.settle("r", "p0", 5.0) is None and len(s) == 1  # settled, nobody asked yet
+    assert s.want("r", "recv") is True and len(s) == 0
+
+
+def test_settled_loads_nobody_asks_about_expire() -> None:
+    s = Settlements(ttl_s=10)
+    s.opened("ok", ["p"])
+    s.settle("ok", "p", 0.0)
+    assert s.expire(5.0) == 0 and s.expire(11.0) == 1 and len(s) == 0
+
+
+def test_bad_use_is_refused() -> None:
+    s = Settlements()
+    with pytest.raises(ValueError):
+        s.opened("r", [])
+    with pytest.raises(ValueError):
+        s.want("r", "free")
+
+
+@given(st.lists(st.sampled_from(["p0", "p1", "p2"]), min_size=1, max_size=3, unique=True),
+       st.lists(st.integers(min_value=0, max_value=2), max_size=12), st.integers(min_value=0, max_value=12))
+@settings(max_examples=300, deadline=None)
+def test_the_action_comes_exactly_once_and_only_when_all_pulls_settled(pulls, order, ask_at) -> None:
+    s = Settlements()
+    s.opened("r", pulls)
+    done: list[str] = []
+    seen: set[str] = set()
+    steps = [pulls[i % len(pulls)] for i in order] + list(pulls)  # every pull settles in the end
+    for i, p in enumerate(steps):
+        if i == ask_at and s.want("r", "release"):
+            done.append("now")
+        got = s.settle("r", p, float(i))
+        seen.add(p)
+        if got:
+            assert seen == set(pulls)  # never before the last pull settled
+            done.append(got)
+    if ask_at >= len(steps) and s.want("r", "release"):
+        done.append("now")
+    assert len(done) == 1 and not s.is_open("r")

@@ -447,6 +447,14 @@ class BaseTopology:
         self.proxy_name = name
         return listen
 
+    def taint(self, role: str, why: str) -> None:
+        """A fault may have left the node of ``role`` broken in a way its stats cannot show (e.g. a
+        listener thread that died): it is never lent to a later scenario."""
+        node = self.nodes.get(role)
+        if node is not None and node.pool_key is not None:
+            node.pool_key = None
+            self.event("node_tainted", role=role, why=why)
+
     # ------------------------------------------------------------------ teardown
     def pool_extra(self, role: str) -> dict[str, Any]:
         """Family data a pooled node keeps (e.g. its ports), given back by :meth:`take_pooled`."""

@@ -1,0 +1,63 @@
+"""The pd family's side-channel fault: a message P's Mooncake side channel cannot take.
+
+``side_channel_garbage {frames}`` asks P's bootstrap server for its side-channel address (the
+``/query`` D uses), connects a ZMQ DEALER there and sends one message of ``frames`` frames as P's
+ROUTER receives them (the identity frame included), then waits up to 1 s for an answer. vLLM
+0.32.0's listener (``MooncakeConnectorWorker._mooncake_sender_listener``) unpacks exactly two
+frames: any other count raises, and the listener thread exits for good, closing the side channel
+(every later pull then waits D's receive timeout). The event ``side_channel_garbage`` records
+whether an answer came (counts and a status only, never bytes). Because P may look healthy and
+drained afterwards while its listener is gone, P is tainted: never lent to a later scenario.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import Field
+
+from faults.base import FaultParams, OnceFault, register
+
+ANSWER_WAIT_MS = 1000
+
+
+class SideGarbageParams(FaultParams):
+    frames: int = Field(3, ge=2, le=16, description="frames P's ROUTER receives, identity included (vLLM "
+                                                    "expects 2)")
+
+
+@register
+class SideChannelGarbage(OnceFault):
+    """One message of ``frames`` frames on P's Mooncake side channel."""
+
+    name = "side_channel_garbage"
+    family = "pd"
+    Params = SideGarbageParams
+
+    def inject(self) -> None:
+        import zmq
+
+        from .metrics import http_get
+
+        ctx = self.ctx
+        ctx.taint("prefill:0", "a side_channel_garbage fault may have killed its listener")
+        status, body = http_get(ctx.node("prefill:0").endpoints["bootstrap"] + "/query", 5.0)
+        if status != 200:
+            raise RuntimeError(f"side_channel_garbage: P's bootstrap answered HTTP {status}")
+        entry = json.loads(body)["0"]["worker_addr"]["0"]["0"]
+        zc = zmq.Context()
+        try:
+            s = zc.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RCVTIMEO, ANSWER_WAIT_MS)
+            s.connect(entry)
+            s.send_multipart([b"pdchaos-garbage"] * (self.params.frames - 1))
+            try:
+                reply = s.recv_multipart()
+                answered, size = True, sum(len(f) for f in reply)
+            except zmq.Again:
+                answered, size = False, 0
+            s.close(0)
+        finally:
+            zc.term()
+        ctx.event("side_channel_garbage", frames=self.params.frames, answered=answered, reply_bytes=size)

@@ -1,0 +1,91 @@
+"""The side_channel_garbage fault against a real ZMQ ROUTER behind a real bootstrap /query: it
+finds the side channel the way D does, sends one message of N frames, records whether P answered,
+and taints P so the pool never lends it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+import zmq
+
+from harness.families.pd.side_faults import SideChannelGarbage, SideGarbageParams
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Ctx:
+    def __init__(self, bootstrap: str):
+        self.events: list[tuple[str, dict]] = []
+        self.tainted: list[str] = []
+        self._node = SimpleNamespace(endpoints={"bootstrap": bootstrap})
+
+    def node(self, role: str):
+        assert role == "prefill:0"
+        return self._node
+
+    def taint(self, role: str, why: str) -> None:
+        self.tainted.append(role)
+
+    def event(self, what: str, **fields) -> None:
+        self.events.append((what, fields))
+
+
+@pytest.fixture
+def peer():
+    zc = zmq.Context()
+    router = zc.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    entry = {"0": {"engine_id": "e", "worker_addr": {"0": {"0": f"tcp://127.0.0.1:{port}"}}}}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(entry).encode()
+            self.send_response(200 if self.path == "/query" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    yield router, f"http://127.0.0.1:{http.server_address[1]}"
+    http.shutdown()
+    router.close(0)
+    zc.term()
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(peer, answer) -> None:
+    router, bootstrap = peer
+    got: list = []
+
+    def serve() -> None:
+        if router.poll(5000):
+            frames = router.recv_multipart()
+            got.append(len(frames))
+            if answer:
+                router.send_multipart([frames[0], b"nack"])
+
+    t = threading.Thread(target=serve)
+    t.start()
+    ctx = Ctx(bootstrap)
+    fault = SideChannelGarbage(SideGarbageParams(frames=3), ctx)
+    fault.inject()
+    t.join(5)
+    assert got == [3]  # identity + 2 frames: what vLLM's listener cannot unpack
+    assert ctx.tainted == ["prefill:0"]
+    what, fields = ctx.events[-1]
+    assert what == "side_channel_garbage" and fields["frames"] == 3
+    assert fields["answered"] is answer and (fields["reply_bytes"] == 4) is answer
+
+
+def test_frames_must_be_at_least_two() -> None:
+    with pytest.raises(ValueError):
+        SideGarbageParams(frames=1)

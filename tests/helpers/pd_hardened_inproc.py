@@ -1,33 +1,38 @@
 """vLLM's real v1 Scheduler stepped in-process on CPU with the hardened Mooncake connector on both
-sides, against stand-in prefill nodes on 127.0.0.1. Run by tests/test_pd_hardened_inproc.py with
-the P/D node env's python (vLLM, torch and Mooncake live there, not in the harness's env).
+sides, against stand-in prefill nodes on 127.0.0.1 (and, in the late-write case, a real hardened
+P worker). Run by tests/test_pd_hardened_inproc.py with the P/D node env's python (vLLM, torch and
+Mooncake live there, not in the harness's env).
 
 argv: REPO. Prints many vLLM log lines, then one line ``PDCHAOS-INPROC-RESULT {json}``: for each
-case, statuses, counts and times only (never prompt text or token ids). ``PD_INPROC_CASES=a,b``
-runs only those cases.
+case, statuses, counts and times only (never prompt text, token ids or block lists).
+``PD_INPROC_CASES=a,b`` runs only those cases.
 
 Real here: vLLM 0.32.0's ``Scheduler`` (with its KV cache manager and block pool), the scheduler-side
 connector that the Scheduler builds itself from ``kv_transfer_config`` (``HardenedMooncakeConnector``
 registered by ``connector_patch.vllm_plugin.register()``, or vLLM's ``MooncakeConnector`` for
 contrast), the worker-side connector built by vLLM's ``KVConnectorFactory`` as a worker builds it
 (Mooncake TransferEngine over tcp on 127.0.0.1, KV cache tensors registered with it, its receiver
-thread, its ZMQ DEALER pulls, its bootstrap queries), vLLM's ``KVConnectorModelRunnerMixin`` that
-turns the worker-side results into the ``KVConnectorOutput`` of each step, vLLM's
-``MooncakeBootstrapServer`` for each stand-in P, and every reply P sends (msgspec-encoded
-``MooncakeXferResponse`` on a ZMQ ROUTER, as P's side channel sends them).
+thread, its ZMQ DEALER pulls and cancel messages, its bootstrap queries), vLLM's
+``KVConnectorModelRunnerMixin`` that turns the worker-side results into the ``KVConnectorOutput`` of
+each step, vLLM's ``MooncakeBootstrapServer`` for each P, and every reply P sends
+(msgspec-encoded ``MooncakeXferResponse`` on a ZMQ ROUTER, as P's side channel sends them).
 
-In ``late_write_after_deadline`` P is the REAL hardened connector too (a kv_producer worker with
-its own side channel and TransferEngine); only P's scheduler is replaced by the metadata it would
-hand P's worker.
+In ``late_write_after_deadline`` P is the REAL hardened connector too (``RealPrefill``: a
+kv_producer worker with its own side channel, sender loop and TransferEngine, which answers D's
+cancel with its own ``_on_cancel`` and writes D's blocks for real); only P's scheduler is replaced
+by the metadata it would hand P's worker.
 
 Not real: there is no model. A step that schedules tokens gets a stand-in forward (one constant
-sampled token per request that reached the end of its tokens; in the late-write case it also fills
-a newly scheduled request's blocks with a marker, as a model writes a prompt's KV); a step that
-schedules nothing goes through the mixin's real ``kv_connector_no_forward``. P is a stand-in
-(except in the late-write case): its ROUTER answers D's pull from a script (ERROR, FINISH with
-err_reqs, FINISH naming nothing, OK, silence) and writes no KV.
-``torch.accelerator.current_device_index()`` is shimmed by the node env's own ``pdchaos_cpu_shim``
-(vLLM plugins are off here, so it is called by hand), as on every CPU node.
+sampled token per request that reached the end of its tokens; in the cases that set
+``kv_marker`` it also fills a newly scheduled request's blocks with a marker, as a model writes a
+prompt's KV); a step that schedules nothing goes through the mixin's real
+``kv_connector_no_forward``. Elsewhere P is a stand-in (``FakePrefill``): its ROUTER answers D's pull
+from a script (ERROR, FINISH with err_reqs, FINISH naming nothing, OK, silence, or an answer held
+until the case opens a gate) and writes no KV; D's cancel message gets no answer, ERROR (as
+upstream's sender answers a payload that is not a pull) or the hardened P's answer (the pending
+pull answered FINISH err_reqs, then ``{"cancelled": [...]}``); its ROUTER can be closed mid-case
+(its port then refuses). ``torch.accelerator.current_device_index()`` is shimmed by the node env's
+own ``pdchaos_cpu_shim`` (vLLM plugins are off here, so it is called by hand), as on every CPU node.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import faulthandler
 import gc
 import json
 import os
+import queue
 import random
 import sys
 import tempfile
@@ -93,8 +99,8 @@ BLOCK = 32  # vLLM's CPU attention takes block sizes that are multiples of 32 on
 NUM_BLOCKS = 64
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 HEADS, HEAD_SIZE = 12, 64  # as the config.json below (OPT-125m-like)
-LONG_MS = 20000  # cases 1-6: the outcome comes from P's answer, never from the deadline
-DEADLINE_MS = 300  # case 7
+LONG_MS = 20000  # the outcome comes from P (its answer, its refused port, D's cancel), never from the deadline
+DEADLINE_MS = 300  # case 7 and the cases of a P that may still write after D's deadline
 STAND_IN_TOKEN = 7
 Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
@@ -184,13 +190,32 @@ def after(rank: int, delay_s: float, then):
     return lambda asked: [("after", rank), delay_s, *then(asked)]
 
 
+def gated(gate: threading.Event, then):
+    """Answer with ``then`` once the case opens ``gate`` (P's prefill ends when the case says so)."""
+    return lambda asked: [gate, *then(asked)]
+
+
+CANCEL_KEY = "pdchaos_cancel"  # D -> P on P's side channel: {"pdchaos_cancel": [transfer ids]}
+STAND_IN_ABORTED = "pdchaos-aborted: stand-in P cancelled the transfer"
+
+
 class FakePrefill:
     """One P engine as D sees it: vLLM's own MooncakeBootstrapServer on 127.0.0.1 and one ZMQ
     ROUTER per P TP rank, registered there as P's workers register (POST /register). Each ROUTER
-    answers D's pull with its script: msgspec-encoded MooncakeXferResponse messages, float sleeps,
-    ("after", rank) waits. It counts pulls and the blocks asked for (counts only)."""
+    answers D's pull with its script (run in its own thread, so the ROUTER keeps reading while a
+    pull waits): msgspec-encoded MooncakeXferResponse messages, float sleeps, ("after", rank)
+    waits, threading.Event gates. A pull is answered once: after a FINISH or ERROR for it, later
+    script replies for it are dropped.
 
-    def __init__(self, scripts):
+    D's cancel (``{"pdchaos_cancel": [transfer ids]}``, one frame on its own DEALER) is handled as
+    ``on_cancel`` says, once ``ignore_cancels`` cancels went unanswered: None: no reply (a frozen
+    P); "error": ERROR at once (what upstream's ``_sender_worker`` answers a payload that is not a
+    pull); "ack": as the hardened P's ``_on_cancel`` (every pending pull naming a cancelled
+    transfer is answered FINISH err_reqs at once, then ``{"cancelled": [transfer ids]}``). It counts
+    pulls, blocks asked for, cancels, and records times (counts and times only)."""
+
+    def __init__(self, scripts, on_cancel: str | None = None, ignore_cancels: int = 0):
+        assert on_cancel in (None, "error", "ack")
         self.engine_id = f"stand-in-p-{uuid.uuid4().hex[:8]}"
         KEEP.append(self)
         self.server = MooncakeBootstrapServer("127.0.0.1", 0)
@@ -198,11 +223,20 @@ class FakePrefill:
         self.bootstrap_addr = f"http://127.0.0.1:{self.server.port}"
         self.ctx = zmq.Context()
         self.stop = threading.Event()
+        self.on_cancel, self.ignore_cancels = on_cancel, ignore_cancels
         n = len(scripts)
         self.replied = [threading.Event() for _ in range(n)]
-        self.reply_at: list[float | None] = [None] * n
+        self.reply_at: list[float | None] = [None] * n  # last reply sent by the script
         self.pulls = [0] * n
         self.asked_blocks: list[list[int]] = [[] for _ in range(n)]
+        self.cancels = [0] * n  # cancel messages received
+        self.cancel_at: list[list[float]] = [[] for _ in range(n)]
+        self.cancel_answered_at: list[float | None] = [None] * n  # first cancel answered (error/ack)
+        self.cancel_answered_pulls = [0] * n  # pulls answered because of a cancel
+        self.dropped_replies = [0] * n  # script replies for a pull already answered
+        self.closing = [threading.Event() for _ in range(n)]
+        self.closed_at: list[float | None] = [None] * n
+        self._closed = [threading.Event() for _ in range(n)]
         for rank, script in enumerate(scripts):
             ready: list = []
             bound = threading.Event()
@@ -217,6 +251,27 @@ class FakePrefill:
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
                 "remote_bootstrap_addr": self.bootstrap_addr, "transfer_id": transfer_id}
 
+    def close_rank(self, rank: int) -> float:
+        """Close rank ``rank``'s ROUTER (the P process is gone: its port refuses); when it closed."""
+        self.closing[rank].set()
+        if not self._closed[rank].wait(5):
+            raise RuntimeError("stand-in P: ROUTER did not close")
+        return self.closed_at[rank]
+
+    def _run(self, rank, script, asked, pull_no, outbox) -> None:
+        give_up = time.monotonic() + 30  # a gate never opened ends the script, never the process
+        for item in script(asked):
+            if isinstance(item, float):
+                time.sleep(item)
+            elif isinstance(item, tuple):
+                self.replied[item[1]].wait(10)
+            elif isinstance(item, threading.Event):
+                while not item.wait(0.05) and not self.stop.is_set() and time.monotonic() < give_up:
+                    pass
+            else:
+                outbox.put(("send", pull_no, item))
+        outbox.put(("done", pull_no, None))
+
     def _serve(self, rank, script, ready, bound) -> None:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -228,35 +283,79 @@ class FakePrefill:
         bound.set()
         enc = msgspec.msgpack.Encoder()
         dec = msgspec.msgpack.Decoder(mc.MooncakeXferMetadata)
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        pulls: list[dict] = []  # identity, {d_req_id: transfer id}, answered
+        sent_by_script: set[int] = set()
         try:
-            while not self.stop.is_set():
-                if not sock.poll(50):
+            while not self.stop.is_set() and not self.closing[rank].is_set():
+                while True:
+                    try:
+                        kind, pull_no, resp = outbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    pull = pulls[pull_no]
+                    if kind == "done":
+                        if pull_no in sent_by_script:
+                            self.reply_at[rank] = time.monotonic()
+                        self.replied[rank].set()
+                    elif pull["answered"]:
+                        self.dropped_replies[rank] += 1
+                    else:
+                        sock.send_multipart([pull["identity"], enc.encode(resp)])
+                        sent_by_script.add(pull_no)
+                        pull["answered"] = resp.status in (Status.FINISH, Status.ERROR)
+                if not sock.poll(10):
                     continue
                 frames = sock.recv_multipart()
+                try:
+                    msg = msgspec.msgpack.decode(frames[-1])
+                except Exception:  # noqa: BLE001 - not msgpack: the pull decoder below says why
+                    msg = None
+                if isinstance(msg, dict) and CANCEL_KEY in msg:
+                    self._cancel(rank, sock, enc, frames[0], msg[CANCEL_KEY], pulls)
+                    continue
                 meta = dec.decode(frames[-1])
                 asked = list(meta.req_blocks)
                 self.pulls[rank] += 1
                 self.asked_blocks[rank].extend(sum(len(g) for g in blocks) for _, blocks in meta.req_blocks.values())
-                sent = False
-                for item in script(asked):
-                    if isinstance(item, float):
-                        time.sleep(item)
-                    elif isinstance(item, tuple):
-                        self.replied[item[1]].wait(10)
-                    else:
-                        sock.send_multipart([frames[0], enc.encode(item)])
-                        sent = True
-                if sent:
-                    self.reply_at[rank] = time.monotonic()
-                self.replied[rank].set()
+                pulls.append({"identity": frames[0], "reqs": {d: t for d, (t, _) in meta.req_blocks.items()},
+                              "answered": False})
+                threading.Thread(target=self._run, args=(rank, script, asked, len(pulls) - 1, outbox),
+                                 daemon=True).start()
         finally:
             sock.close(linger=0)
+            self.closed_at[rank] = time.monotonic()
+            self._closed[rank].set()
+
+    def _cancel(self, rank, sock, enc, identity, tids, pulls) -> None:
+        self.cancels[rank] += 1
+        self.cancel_at[rank].append(time.monotonic())
+        if self.on_cancel is None or self.cancels[rank] <= self.ignore_cancels:
+            return
+        if self.cancel_answered_at[rank] is None:
+            self.cancel_answered_at[rank] = time.monotonic()
+        if self.on_cancel == "error":
+            sock.send_multipart([identity, enc.encode(Response(status=Status.ERROR, err_msg="stand-in P: not a pull"))])
+            return
+        tids = [t for t in tids if isinstance(t, str)]
+        for pull in pulls:
+            hit = [d for d, t in pull["reqs"].items() if t in tids]
+            if hit and not pull["answered"]:
+                rest = len(pull["reqs"]) > len(hit)
+                resp = Response(status=Status.CONTINUE if rest else Status.FINISH, err_reqs=hit,
+                                err_msg=STAND_IN_ABORTED)
+                sock.send_multipart([pull["identity"], enc.encode(resp)])
+                pull["answered"] = not rest
+                self.cancel_answered_pulls[rank] += 1
+        sock.send_multipart([identity, enc.encode({"cancelled": tids})])
 
     def facts(self) -> dict:
         order = [r for r, _ in sorted(((r, t) for r, t in enumerate(self.reply_at) if t is not None),
                                       key=lambda x: x[1])]
         return {"pulls": list(self.pulls), "asked_blocks": [sorted(b) for b in self.asked_blocks],
-                "reply_order": order}
+                "reply_order": order, "cancels": list(self.cancels),
+                "cancel_answered_pulls": list(self.cancel_answered_pulls),
+                "dropped_replies": list(self.dropped_replies)}
 
     def close(self) -> None:
         self.stop.set()
@@ -291,6 +390,15 @@ class DNode:
         self.trace: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # status, scheduled, computed
         self.reports: dict[str, list[str]] = defaultdict(list)
         self.report_at: dict[str, list[float]] = defaultdict(list)
+        self.released_at: dict[str, list[float]] = defaultdict(list)  # finished_sending: blocks freed
+        self.first_sched_at: dict[str, float] = {}  # when a request was first given tokens to compute
+        self.finish_at: dict[str, float] = {}  # when the client got the request's final output
+        self.freed_at: dict[str, float] = {}  # when vLLM freed its blocks (the request left the scheduler)
+        self._present: set[str] = set()
+        # called (kind, rid): "recv" / "release" as a report reaches the scheduler, "freed" after the
+        # step in which the request's blocks went back to the pool
+        self.on_report = None
+        self.on_sched = None  # called (rid) when a request is first given tokens to compute
         self.finish_reasons: dict[str, str] = {}
         self.failed_recvs = 0
         self.stray_invalid_blocks = 0
@@ -330,6 +438,10 @@ class DNode:
                 if rid in self.sched.requests:
                     self.trace[rid].append((req.status.name, so.num_scheduled_tokens.get(rid, 0),
                                             req.num_computed_tokens))
+                    if so.num_scheduled_tokens.get(rid, 0) and rid not in self.first_sched_at:
+                        self.first_sched_at[rid] = time.monotonic()
+                        if self.on_sched is not None:
+                            self.on_sched(rid)
                     if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in self.blocks:
                         self.blocks[rid] = {b for g in self.sched.kv_cache_manager.get_block_ids(rid) for b in g}
             kv_transfer_state._KV_CONNECTOR_AGENT = self.worker  # this D's worker-side connector
@@ -342,10 +454,18 @@ class DNode:
                     mro.kv_connector_output = kvo
             self._record(mro)
             outs = self.sched.update_from_output(so, mro)
+            now = time.monotonic()
             for eco in outs.values():
                 for o in eco.outputs:
                     if o.finish_reason is not None:
                         self.finish_reasons[o.request_id] = o.finish_reason.name
+                        self.finish_at.setdefault(o.request_id, now)
+            present = {r for r in self.reqs if r in self.sched.requests}
+            for r in self._present - present:
+                self.freed_at.setdefault(r, now)
+                if self.on_report is not None:
+                    self.on_report("freed", r)
+            self._present = present
             self.steps += 1
         except Exception as e:  # noqa: BLE001 - a scheduler assertion is a finding of the case
             self.error = f"{type(e).__name__}: {str(e)[:200]}"
@@ -378,7 +498,24 @@ class DNode:
             attributed |= blocks
             self.reports[rid].append("failed" if failed else "ok")
             self.report_at[rid].append(now)
-        self.stray_invalid_blocks += len(set(kvo.invalid_block_ids or ()) - attributed)
+            if self.on_report is not None:
+                self.on_report("recv", rid)
+        # invalid blocks without finished_recving: vLLM's _handle_invalid_blocks still fails a
+        # request waiting for remote KV that holds them; any other invalid id is stray
+        invalid = set(kvo.invalid_block_ids or ()) - attributed
+        for rid, req in self.reqs.items():
+            blocks = self.blocks.get(rid, set())
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and blocks & invalid:
+                invalid -= blocks
+                self.reports[rid].append("failed")
+                self.report_at[rid].append(now)
+                if self.on_report is not None:
+                    self.on_report("recv", rid)
+        for rid in kvo.finished_sending or ():
+            self.released_at[rid].append(now)
+            if self.on_report is not None:
+                self.on_report("release", rid)
+        self.stray_invalid_blocks += len(invalid)
         stats = kvo.kv_connector_stats
         if stats is not None:
             self.failed_recvs += len(stats.data.get("num_failed_recvs", []))
@@ -423,6 +560,7 @@ class DNode:
                 "statuses": runs,
                 "final_status": self.status(rid),
                 "reports": list(self.reports.get(rid, [])),
+                "releases": len(self.released_at.get(rid, ())),
                 "finish_reason": self.finish_reasons.get(rid),
                 "blocks": len(self.blocks.get(rid, ())),
                 "prompt_tokens": self.reqs[rid].num_prompt_tokens}
@@ -434,6 +572,7 @@ class DNode:
                 "failures": self.worker_failures(), "scheduler_failures": self.scheduler_failures(),
                 "failed_recvs": self.failed_recvs,
                 "stray_invalid_blocks": self.stray_invalid_blocks,
+                "bound_s": getattr(self.worker.connector_worker, "bound_s", None),
                 "worker_class": type(self.worker.connector_worker).__name__,
                 "scheduler_connector_class": type(self.sched.connector.connector_scheduler).__name__}
 
@@ -601,45 +740,67 @@ def case_bad_params() -> dict:
 
 
 def case_deadline() -> dict:
-    """7. kv_load_timeout_ms=300 and a P that takes the pull and never answers."""
+    """7. kv_load_timeout_ms=300 and a P that takes the pull and never answers it (a hardened P whose
+    prefill has not ended: it answers only D's cancel, at once)."""
     node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS)
-    p = FakePrefill([SILENT])
+    p = FakePrefill([SILENT], on_cancel="ack")
     r = rid("deadline")
     node.add(r, prompt(80), p.params("x-" + r))
     t0 = time.monotonic()
     node.step()  # schedule() -> WAITING_FOR_REMOTE_KVS; start_load_kv() starts the load's clock
     node.run_until(lambda: bool(node.reports[r]), 10)
     reported_after = node.report_at[r][0] - t0 if node.report_at[r] else None
+    node.run_until(lambda: node.finished(r) and node.free_blocks() == node.free0, 5)
+    released_after = node.released_at[r][0] - t0 if node.released_at[r] else None
     # past the receiver's own end of the pull (deadline + 0.25 s): no second report
-    node.run_until(lambda: node.finished(r), 5)
-    node.settle(max(0.0, t0 + DEADLINE_MS / 1000 + 0.25 + 0.6 - time.monotonic()))
+    node.settle(max(0.3, t0 + DEADLINE_MS / 1000 + 0.25 + 0.6 - time.monotonic()))
     out = {"node": node.facts(), "deadline_s": DEADLINE_MS / 1000,
            "reported_after_s": None if reported_after is None else round(reported_after, 3),
+           "released_after_s": None if released_after is None else round(released_after, 3),
+           "cancel_answered_after_s": (None if p.cancel_answered_at[0] is None
+                                       else round(p.cancel_answered_at[0] - t0, 3)),
            "req": node.req_facts(r), "p": p.facts()}
     p.close()
     return out
 
 
 def case_abort_while_waiting() -> dict:
-    """(beyond the list) the client aborts while D waits for a P that never answers: vLLM's
-    Scheduler keeps the request's blocks until the connector reports the load, so they come back
-    at the load deadline (upstream: at its DEALER's 540 s receive timeout)."""
-    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS)
-    p = FakePrefill([SILENT])
-    r = rid("abort-waiting")
-    node.add(r, prompt(80), p.params("x-" + r))
-    t0 = time.monotonic()
+    """(beyond the list) the client aborts while D waits (kv_load_timeout_ms 20 s) for a P that
+    does not answer the pull: vLLM's Scheduler keeps an aborted WAITING_FOR_REMOTE_KVS request's
+    blocks until the connector reports it in finished_recving. One P answers D's cancel as a hardened
+    P does (the blocks come back at once); the other answers it ERROR (as upstream) and then its
+    port closes (they come back once D sees it refused)."""
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS)
+    p_ack = FakePrefill([SILENT], on_cancel="ack")
+    p_gone = FakePrefill([SILENT], on_cancel="error")
+    a, b = rid("abort-ack"), rid("abort-refused")
+    node.add(a, prompt(80), p_ack.params("x-" + a))
+    node.add(b, prompt(80), p_gone.params("x-" + b))
     node.step()
-    node.run_until(lambda: p.pulls[0] > 0, 5)
-    node.sched.finish_requests([r], RequestStatus.FINISHED_ABORTED)
-    held = {"status_after_abort": node.status(r), "free_blocks_after_abort": node.free_blocks(),
-            "in_scheduler_after_abort": r in node.sched.requests}
-    node.run_until(lambda: bool(node.reports[r]) and r not in node.sched.requests, 10)
-    freed_after = time.monotonic() - t0
-    node.settle(max(0.0, t0 + DEADLINE_MS / 1000 + 0.25 + 0.6 - time.monotonic()))
-    out = {"node": node.facts(), **held, "deadline_s": DEADLINE_MS / 1000,
-           "freed_after_s": round(freed_after, 3), "req": node.req_facts(r), "p": p.facts()}
-    p.close()
+    node.run_until(lambda: p_ack.pulls[0] > 0 and p_gone.pulls[0] > 0, 5)
+    t_abort = time.monotonic()
+    node.sched.finish_requests([a, b], RequestStatus.FINISHED_ABORTED)
+    held = {"statuses_after_abort": [node.status(a), node.status(b)],
+            "free_blocks_after_abort": node.free_blocks(),
+            "in_scheduler_after_abort": [a in node.sched.requests, b in node.sched.requests]}
+    node.run_until(lambda: bool(node.reports[a]) and a not in node.sched.requests, 10)
+    # the other P got D's cancel (answered ERROR); its blocks are still held; then P goes away
+    node.run_until(lambda: p_gone.cancels[0] > 0, 10)
+    b_held_before_close = {"reports": len(node.reports[b]), "in_scheduler": b in node.sched.requests}
+    t_close = p_gone.close_rank(0)
+    node.run_until(lambda: bool(node.reports[b]) and b not in node.sched.requests, 10)
+    node.settle(0.5)
+
+    def since(times, t):
+        return round(times[0] - t, 3) if times else None
+
+    out = {"node": node.facts(), **held, "deadline_s": LONG_MS / 1000,
+           "ack": {"req": node.req_facts(a), "freed_after_abort_s": since(node.report_at[a], t_abort),
+                   "p": p_ack.facts()},
+           "refused": {"req": node.req_facts(b), "held_before_close": b_held_before_close,
+                       "freed_after_abort_s": since(node.report_at[b], t_abort),
+                       "freed_after_close_s": since(node.report_at[b], t_close), "p": p_gone.facts()}}
+    p_ack.close(), p_gone.close()
     return out
 
 
@@ -663,70 +824,272 @@ def case_unreachable() -> dict:
     return out
 
 
-def case_late_write_after_deadline() -> dict:
-    """(beyond the list) P is slow, not dead: D's load deadline fails the load and frees its
-    blocks, vLLM gives them to the next request, then P's prefill completes and P writes the
-    prompt's KV into those blocks. Both sides are the REAL hardened connector (P: kv_producer worker,
-    its own sender listener, TransferEngine write over tcp); only P's scheduler is replaced by the
-    metadata it would send its worker (reqs_to_send: first without blocks, as update_state_after_alloc
-    gives it; then with blocks, as request_finished gives it)."""
-    bootstrap = MooncakeBootstrapServer("127.0.0.1", 0)
-    bootstrap.start()
-    KEEP.append(bootstrap)
-    pvc = make_config("HardenedMooncakeConnector", "fail", LONG_MS, role="kv_producer", num_blocks=8,
-                      extra={"bootstrap_server_address": f"127.0.0.1:{bootstrap.port}"})
-    pkcc = make_kv_cache_config(8)
-    with set_current_vllm_config(pvc):
-        p = KVConnectorFactory.create_connector(config=pvc, role=KVConnectorRole.WORKER, kv_cache_config=pkcc)
-        p_kv = {name: torch.full((8, 2, BLOCK, HEADS, HEAD_SIZE), 3.0, dtype=torch.float16) for name in LAYERS}
-        p.register_kv_caches(p_kv)  # starts P's side channel and registers it with the bootstrap server
-    KEEP.append((p, p_kv))
-    p_worker = p.connector_worker
+HOLD_S = 2.0  # how long past the deadline a load an upstream-like P leaves open is watched
 
-    # D: 3 usable blocks (+ vLLM's null block): the next request must reuse the failed load's blocks
+
+def case_upstream_p_holds_blocks() -> dict:
+    """(beyond the list) loads failed at their deadline (300 ms) against P engines that behave as
+    upstream's: they answer neither the pull (P's prefill is slow) nor D's cancel (one answers it
+    ERROR, as upstream's _sender_worker does with a payload that is not a pull; the other sends
+    nothing). Such a P may still write, so D keeps the blocks (a third request waits for them)
+    while watched HOLD_S past the deadline (the bound, abort timeout + 60 s, is far later); each
+    P's late answer (FINISH err_reqs, at the end of its prefill) settles its pull and frees them."""
+    # 6 usable blocks (+ vLLM's null block): the two failed loads hold them all, Y needs 3
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS, num_blocks=7)
+    node.kv_marker = 1.0
+    gates = {"error": threading.Event(), "mute": threading.Event()}
+    ps = {"error": FakePrefill([gated(gates["error"], FINISH_ERR)], on_cancel="error"),
+          "mute": FakePrefill([gated(gates["mute"], FINISH_ERR)], on_cancel=None)}
+    xs = {k: rid("upstream-" + k) for k in ps}
+    y = rid("upstream-y")
+    for k, x in xs.items():
+        node.add(x, prompt(80), ps[k].params("x-" + x))
+    t0 = time.monotonic()
+    node.step()
+    node.add(y, prompt(80), None, max_tokens=4)
+    node.run_until(lambda: all(node.finished(x) for x in xs.values()), 5)  # the clients' errors
+    failed_at = {k: round(node.finish_at[x] - t0, 3) if x in node.finish_at else None for k, x in xs.items()}
+    # watched HOLD_S past the deadline: nothing freed, Y never scheduled
+    watch_end = t0 + DEADLINE_MS / 1000 + HOLD_S
+    free_seen, y_statuses, in_sched = set(), set(), True
+    while time.monotonic() < watch_end and not node.error:
+        node.step()
+        free_seen.add(node.free_blocks())
+        y_statuses.add(node.status(y))
+        in_sched = in_sched and all(x in node.sched.requests for x in xs.values())
+        time.sleep(0.005)
+    held = {"watched_past_deadline_s": round(time.monotonic() - t0 - DEADLINE_MS / 1000, 3),
+            "free_blocks_seen": sorted(free_seen), "y_statuses": sorted(y_statuses),
+            "x_in_scheduler": in_sched, "releases": {k: len(node.released_at[x]) for k, x in xs.items()},
+            "y_scheduled": y in node.first_sched_at}
+    cancels_while_held = {k: p.cancels[0] for k, p in ps.items()}
+    x_blocks = {k: sorted(node.blocks.get(x, ())) for k, x in xs.items()}
+    t_gate, released_after, y_blocks = {}, {}, []
+    for k in ("error", "mute"):  # P's prefill ends: its pull's late answer settles it
+        t_gate[k] = time.monotonic()
+        gates[k].set()
+        node.run_until(lambda: xs[k] not in node.sched.requests, 3)
+        freed = node.freed_at.get(xs[k])
+        released_after[k] = None if freed is None else round(freed - t_gate[k], 3)
+        if k == "error":  # Y gets the first freed blocks
+            node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 3)
+            if y in node.sched.requests:
+                y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+    y_first = node.first_sched_at.get(y)
+    node.run_until(lambda: node.finished(y), 10)
+    node.settle(0.3)
+    answered = {k: p.reply_at[0] is not None and p.reply_at[0] >= t_gate[k] for k, p in ps.items()}
+    out = {"node": node.facts(), "deadline_s": DEADLINE_MS / 1000, "hold_s": HOLD_S, "failed_at_s": failed_at,
+           "held": held, "cancels_while_held": cancels_while_held,
+           "x": {k: node.req_facts(x) for k, x in xs.items()}, "y": node.req_facts(y),
+           "late_answer_sent": answered, "freed_after_answer_s": released_after,
+           "y_scheduled_after_release": (y_first is not None and xs["error"] in node.freed_at
+                                         and y_first >= node.freed_at[xs["error"]]),
+           "y_reuses_x_blocks": {k: len(set(b) & set(y_blocks)) for k, b in x_blocks.items()},
+           "y_blocks": len(y_blocks), "p": {k: p.facts() for k, p in ps.items()}}
+    for p in ps.values():
+        p.close()
+    return out
+
+
+def case_recompute_settles() -> dict:
+    """(beyond the list) policy recompute (the failed blocks are refilled in place): a load failed at
+    its deadline (300 ms) is reported only once P cannot write any more. P takes the pull, never
+    answers it, ignores D's first cancel and acknowledges the second (2 s later): the request stays
+    in WAITING_FOR_REMOTE_KVS, unreported, until then, then recomputes its whole prompt."""
+    node = DNode("HardenedMooncakeConnector", "recompute", timeout_ms=DEADLINE_MS)
+    node.kv_marker = 1.0
+    p = FakePrefill([SILENT], on_cancel="ack", ignore_cancels=1)
+    r = rid("recompute-settles")
+    node.add(r, prompt(80), p.params("x-" + r))
+    t0 = time.monotonic()
+    node.step()
+    seen = {"in_report": None}
+
+    def on_report(kind, rq):  # what P had done when the failure reached the scheduler
+        if kind == "recv" and rq == r and seen["in_report"] is None:
+            seen["in_report"] = {"cancels": p.cancels[0], "cancel_answered": p.cancel_answered_at[0] is not None}
+
+    node.on_report = on_report
+    node.run_until(lambda: bool(node.reports[r]), 15)
+    n_before = len(node.trace[r])
+    node.step()  # the next schedule(): the request leaves WAITING_FOR_REMOTE_KVS
+    nxt = node.trace[r][n_before] if len(node.trace[r]) > n_before else None
+    blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(r) for b in g)
+    refilled = _intact(node, blocks, 1.0)
+    node.run_until(lambda: node.finished(r), 10)
+    node.settle(0.3)
+
+    def rel(t):
+        return None if t is None else round(t - t0, 3)
+
+    out = {"node": node.facts(), "deadline_s": DEADLINE_MS / 1000, "req": node.req_facts(r), "p": p.facts(),
+           "reported_after_s": rel(node.report_at[r][0] if node.report_at[r] else None),
+           "cancel_at_s": [rel(t) for t in p.cancel_at[0]], "cancel_answered_after_s": rel(p.cancel_answered_at[0]),
+           "at_report": seen["in_report"], "next": {"status": nxt[0], "scheduled": nxt[1]} if nxt else None,
+           "blocks": len(blocks), "blocks_refilled": refilled}
+    p.close()
+    return out
+
+
+class RealPrefill:
+    """A REAL hardened P worker (kv_producer: its own side channel, TransferEngine, sender loop)
+    registered with vLLM's MooncakeBootstrapServer; only P's scheduler is replaced by the metadata
+    it would hand its worker (reqs_to_send: first without blocks, as update_state_after_alloc gives
+    it; then with blocks, as request_finished gives it), bound and started as P's model runner does."""
+
+    def __init__(self):
+        self.bootstrap = MooncakeBootstrapServer("127.0.0.1", 0)
+        self.bootstrap.start()
+        self.vc = make_config("HardenedMooncakeConnector", "fail", LONG_MS, role="kv_producer", num_blocks=8,
+                              extra={"bootstrap_server_address": f"127.0.0.1:{self.bootstrap.port}"})
+        kcc = make_kv_cache_config(8)
+        with set_current_vllm_config(self.vc):
+            self.conn = KVConnectorFactory.create_connector(config=self.vc, role=KVConnectorRole.WORKER,
+                                                            kv_cache_config=kcc)
+            self.kv = {name: torch.full((8, 2, BLOCK, HEADS, HEAD_SIZE), 3.0, dtype=torch.float16)
+                       for name in LAYERS}
+            self.conn.register_kv_caches(self.kv)  # starts P's side channel, registers it
+        self.worker = self.conn.connector_worker
+        KEEP.append(self)
+
+    def params(self, transfer_id: str) -> dict:
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": self.vc.kv_transfer_config.engine_id,
+                "remote_bootstrap_addr": f"http://127.0.0.1:{self.bootstrap.port}", "transfer_id": transfer_id}
+
+    def metadata(self, p_req_id: str, tid: str, blocks: list) -> None:
+        meta = mc.MooncakeConnectorMetadata()
+        meta.reqs_to_send[p_req_id] = (tid, blocks)
+        self.conn.bind_connector_metadata(meta)
+        self.conn.start_load_kv(None)
+
+    def cancelled(self, tid: str) -> bool:
+        return self.worker.terminal.lookup(tid, time.monotonic()) == "cancelled"
+
+    def may_write(self, tid: str) -> bool:
+        """P still has the transfer and has not recorded it as never to be sent."""
+        return tid in self.worker.reqs_need_send and self.worker.terminal.lookup(tid, time.monotonic()) is None
+
+    def after_prefill(self, p_req_id: str, tid: str, wait_s: float = 5.0) -> dict:
+        """P's prefill ends (request_finished hands the worker the blocks): step P's worker as its
+        model runner does until it frees the request's blocks, a transfer is counted, or wait_s;
+        then 0.3 s more. Counts only."""
+        self.metadata(p_req_id, tid, [[1, 2, 3]])
+        sent = {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": False}
+
+        def poll() -> None:
+            st = self.conn.get_kv_connector_stats()
+            if st is not None:
+                sent["bytes"] += int(sum(st.data.get("bytes_transferred", [])))
+                sent["transfers"] += len(st.data.get("transfer_duration", []))
+                sent["failed"] += len(st.data.get("num_failed_transfers", []))
+            res = self.conn.get_transfer_results(set())
+            sent["p_freed"] = sent["p_freed"] or p_req_id in (res.finished_sending or ())
+
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end and not (sent["p_freed"] or sent["transfers"] or sent["failed"]):
+            poll()
+            time.sleep(0.05)
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            poll()
+            time.sleep(0.05)
+        return sent
+
+
+def _intact(node: "DNode", blocks, value: float) -> int:
+    return sum(all(bool(torch.all(t[b] == value)) for t in node.kv_caches.values()) for b in blocks)
+
+
+def case_late_write_after_deadline() -> dict:
+    """(beyond the list) P is slow, not dead: D's load deadline (300 ms) fails the load while P
+    still waits for its own prefill, after which it would write the prompt's KV into D's blocks.
+    Both sides are the REAL hardened connector (RealPrefill). Policy fail: the client's error comes
+    at the deadline, X's blocks stay held (Y, needing them, waits) until P acknowledged D's cancel,
+    then Y gets them; P's prefill then ends and P writes nothing. Policy recompute (a second D, the
+    same P): the failure is reported once P acknowledged, the prompt is recomputed in place, and
+    P's prefill ending writes nothing over it."""
+    p = RealPrefill()
+    # ---- policy fail. D: 3 usable blocks (+ vLLM's null block): Y needs exactly X's blocks
     node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS, num_blocks=4)
     node.kv_marker = 1.0
     x, y = rid("late-x"), rid("late-y")
     tid = "x-" + x
-    node.add(x, prompt(80), {"do_remote_prefill": True, "do_remote_decode": False,
-                             "remote_engine_id": pvc.kv_transfer_config.engine_id,
-                             "remote_bootstrap_addr": f"http://127.0.0.1:{bootstrap.port}", "transfer_id": tid})
-    p_meta = mc.MooncakeConnectorMetadata()
-    p_meta.reqs_to_send["p-" + x] = (tid, [])  # P scheduled the prefill (update_state_after_alloc)
-    p.bind_connector_metadata(p_meta)
-    p.start_load_kv(None)  # as P's model runner does with its scheduler's metadata
-    node.run_until(lambda: node.finished(x), 10)  # D's deadline fails the load; the blocks go back
-    x_blocks = sorted(node.blocks.get(x, ()))
-    node.add(y, prompt(80), None, max_tokens=8)
-    node.run_until(lambda: y in node.sched.requests and node.status(y) == "RUNNING"
-                   and node.reqs[y].num_output_tokens >= 1, 10)
-    y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
-    intact_before = sum(all(bool(torch.all(t[b] == 1.0)) for t in node.kv_caches.values()) for b in y_blocks)
+    node.add(x, prompt(80), p.params(tid))
+    p.metadata("p-" + x, tid, [])  # P scheduled the prefill (update_state_after_alloc)
+    seen: dict = {}
 
-    p_meta2 = mc.MooncakeConnectorMetadata()
-    p_meta2.reqs_to_send["p-" + x] = (tid, [[1, 2, 3]])  # P's prefill ends (request_finished): P sends
-    p.bind_connector_metadata(p_meta2)
-    p.start_load_kv(None)
-    sent = {"bytes": 0, "transfers": 0}
-    end = time.monotonic() + 5
-    while time.monotonic() < end:
-        st = p_worker.get_kv_connector_stats()
-        if st is not None:
-            sent["bytes"] += int(sum(st.data.get("bytes_transferred", [])))
-            sent["transfers"] += len(st.data.get("transfer_duration", []))
-            sent["failed"] = sent.get("failed", 0) + len(st.data.get("num_failed_transfers", []))
-        if sent["transfers"] or sent.get("failed"):
-            break
-        time.sleep(0.05)
-    time.sleep(0.2)
-    intact_after = sum(all(bool(torch.all(t[b] == 1.0)) for t in node.kv_caches.values()) for b in y_blocks)
-    overwritten_by_p = sum(all(bool(torch.all(t[b] == 3.0)) for t in node.kv_caches.values()) for b in y_blocks)
-    return {"node": node.facts(), "x": node.req_facts(x), "y_status": node.status(y),
+    def on_report(kind, rq):  # P's state when X's report reaches D's scheduler / X's blocks are freed
+        if rq == x:
+            seen.setdefault(kind, {"p_may_write": p.may_write(tid), "p_cancelled": p.cancelled(tid),
+                                   "free_blocks": node.free_blocks()})
+
+    def on_sched(rq):  # P's state when Y is first given tokens (it runs on X's blocks)
+        if rq == y:
+            seen.setdefault("y_scheduled", {"p_may_write": p.may_write(tid), "p_cancelled": p.cancelled(tid)})
+
+    node.on_report, node.on_sched = on_report, on_sched
+    t0 = time.monotonic()
+    node.step()
+    node.add(y, prompt(80), None, max_tokens=8)
+    node.run_until(lambda: node.finished(x), 5)  # D's deadline fails the load: the client's error
+    x_blocks = sorted(node.blocks.get(x, ()))
+    at_failure = {"free_blocks": node.free_blocks(), "x_in_scheduler": x in node.sched.requests,
+                  "y_status": node.status(y)}
+    # Y runs once it has blocks: X's, the only ones (after X's release, if they are held)
+    node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+    y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+    intact_before = _intact(node, y_blocks, 1.0)
+    sent = p.after_prefill("p-" + x, tid)  # P's prefill ends now: a P not cancelled writes X's KV
+    intact_after, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
+    node.run_until(lambda: node.finished(y), 10)
+    node.settle(0.3)
+
+    def rel(t):
+        return None if t is None else round(t - t0, 3)
+
+    fail = {"node": node.facts(), "deadline_s": DEADLINE_MS / 1000, "x": node.req_facts(x), "y": node.req_facts(y),
+            "x_error_after_s": rel(node.finish_at.get(x)),
+            "x_freed_after_s": rel(node.freed_at.get(x)),
+            "x_released_after_s": rel(node.released_at[x][0] if node.released_at[x] else None),
+            "y_first_scheduled_after_s": rel(node.first_sched_at.get(y)), "at_failure": at_failure,
+            "at_report": seen.get("recv"), "at_release": seen.get("release"), "at_freed": seen.get("freed"),
+            "at_y_scheduled": seen.get("y_scheduled"),
             "x_blocks": len(x_blocks), "y_blocks": len(y_blocks),
             "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)),
-            "y_blocks_intact_before_p_write": intact_before, "y_blocks_intact_after": intact_after,
-            "y_blocks_overwritten_by_p": overwritten_by_p, "p_sent": sent,
-            "p_failures": dict(p_worker.failures.totals)}
+            "y_blocks_intact_before_p_prefill_end": intact_before, "y_blocks_intact_after": intact_after,
+            "y_blocks_overwritten_by_p": overwritten, "p_sent": sent,
+            "p_failures": dict(p.worker.failures.totals)}
+
+    # ---- policy recompute, the same P
+    p_failures_before = dict(p.worker.failures.totals)
+    node2 = DNode("HardenedMooncakeConnector", "recompute", timeout_ms=DEADLINE_MS, num_blocks=4)
+    node2.kv_marker = 1.0
+    z = rid("late-z")
+    tid2 = "x-" + z
+    node2.add(z, prompt(80), p.params(tid2), max_tokens=8)
+    p.metadata("p-" + z, tid2, [])
+    seen2: dict = {}
+    node2.on_report = lambda kind, rq: seen2.setdefault(kind, {"p_may_write": p.may_write(tid2),
+                                                                "p_cancelled": p.cancelled(tid2)})
+    t0 = time.monotonic()
+    node2.step()
+    node2.run_until(lambda: bool(node2.reports[z]), 10)
+    node2.run_until(lambda: node2.status(z) == "RUNNING" and node2.reqs[z].num_output_tokens >= 1, 10)
+    z_blocks = sorted(b for g in node2.sched.kv_cache_manager.get_block_ids(z) for b in g)
+    refilled = _intact(node2, z_blocks, 1.0)
+    sent2 = p.after_prefill("p-" + z, tid2)
+    z_intact, z_overwritten = _intact(node2, z_blocks, 1.0), _intact(node2, z_blocks, 3.0)
+    node2.run_until(lambda: node2.finished(z), 10)
+    node2.settle(0.3)
+    recompute = {"node": node2.facts(), "z": node2.req_facts(z),
+                 "z_reported_after_s": rel(node2.report_at[z][0] if node2.report_at[z] else None),
+                 "at_report": seen2.get("recv"), "z_blocks": len(z_blocks), "z_blocks_refilled": refilled,
+                 "z_blocks_intact_after": z_intact, "z_blocks_overwritten_by_p": z_overwritten, "p_sent": sent2,
+                 "p_failures": {k: v - p_failures_before.get(k, 0) for k, v in p.worker.failures.totals.items()
+                                if v - p_failures_before.get(k, 0)}}
+    return {"fail": fail, "recompute": recompute}
 
 
 CASES = {
@@ -739,6 +1102,8 @@ CASES = {
     "deadline": case_deadline,
     "abort_while_waiting": case_abort_while_waiting,
     "unreachable": case_unreachable,
+    "upstream_p_holds_blocks": case_upstream_p_holds_blocks,
+    "recompute_settles": case_recompute_settles,
     "late_write_after_deadline": case_late_write_after_deadline,
 }
 

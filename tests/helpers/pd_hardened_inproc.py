@@ -4,7 +4,10 @@ P worker). Run by tests/test_pd_hardened_inproc.py with the P/D node env's pytho
 Mooncake live there, not in the harness's env).
 
 argv: REPO. Prints many vLLM log lines, then one line ``PDCHAOS-INPROC-RESULT {json}``: for each
-case, statuses, counts and times only (never prompt text, token ids or block lists).
+case, statuses, counts and times only (never prompt text, token ids or block lists). What each
+step's KVConnectorOutput carried for a request is recorded as one of ``REPORT_KINDS`` (a failure, a
+failure with its release, a release alone, an OK load), with what vLLM did with the request's
+blocks in that step (still held, or all given back: counted from vLLM's block pool).
 ``PD_INPROC_CASES=a,b`` runs only those cases.
 
 Real here: vLLM 0.32.0's ``Scheduler`` (with its KV cache manager and block pool), the scheduler-side
@@ -102,6 +105,17 @@ HEADS, HEAD_SIZE = 12, 64  # as the config.json below (OPT-125m-like)
 LONG_MS = 20000  # the outcome comes from P (its answer, its refused port, D's cancel), never from the deadline
 DEADLINE_MS = 300  # case 7 and the cases of a P that may still write after D's deadline
 STAND_IN_TOKEN = 7
+# How D's scheduler sees a request in one step's KVConnectorOutput (DNode._record / _resolve):
+#   "failed"           its invalid blocks (or failed_recving) without finished_recving: the load
+#                      failed; with policy fail vLLM fails the request and keeps its blocks
+#   "failed+released"  both in one output, and vLLM finished the request (policy fail): the
+#                      client's error and its blocks back in one step
+#   "failed+recv"      both in one output, the request goes on (policy recompute)
+#   "released"         finished_recving alone for a request already finished (failed or aborted):
+#                      vLLM gives its blocks back
+#   "ok"               finished_recving alone for a request still waiting: its load succeeded
+REPORT_KINDS = ("failed", "failed+released", "failed+recv", "released", "ok")
+RELEASES = ("failed+released", "released")
 Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
 
@@ -227,6 +241,7 @@ class FakePrefill:
         n = len(scripts)
         self.replied = [threading.Event() for _ in range(n)]
         self.reply_at: list[float | None] = [None] * n  # last reply sent by the script
+        self.sent_at: list[float | None] = [None] * n  # when its last reply went out (just before the send)
         self.pulls = [0] * n
         self.asked_blocks: list[list[int]] = [[] for _ in range(n)]
         self.cancels = [0] * n  # cancel messages received
@@ -301,6 +316,7 @@ class FakePrefill:
                     elif pull["answered"]:
                         self.dropped_replies[rank] += 1
                     else:
+                        self.sent_at[rank] = time.monotonic()
                         sock.send_multipart([pull["identity"], enc.encode(resp)])
                         sent_by_script.add(pull_no)
                         pull["answered"] = resp.status in (Status.FINISH, Status.ERROR)
@@ -349,6 +365,11 @@ class FakePrefill:
                 self.cancel_answered_pulls[rank] += 1
         sock.send_multipart([identity, enc.encode({"cancelled": tids})])
 
+    def last_word_at(self) -> float | None:
+        """When the last script reply of any rank went out (P's last word on D's pulls)."""
+        times = [t for t in self.sent_at if t is not None]
+        return max(times) if times else None
+
     def facts(self) -> dict:
         order = [r for r, _ in sorted(((r, t) for r, t in enumerate(self.reply_at) if t is not None),
                                       key=lambda x: x[1])]
@@ -388,15 +409,20 @@ class DNode:
         self.reqs: dict[str, Request] = {}
         self.blocks: dict[str, set[int]] = {}
         self.trace: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # status, scheduled, computed
+        # what the connector reported for a request, one label per step output naming it (REPORT_KINDS)
         self.reports: dict[str, list[str]] = defaultdict(list)
         self.report_at: dict[str, list[float]] = defaultdict(list)
-        self.released_at: dict[str, list[float]] = defaultdict(list)  # finished_sending: blocks freed
+        # per report: what vLLM did with the request's blocks in that step (held or given back)
+        self.report_effects: dict[str, list[dict]] = defaultdict(list)
+        self.released_at: dict[str, list[float]] = defaultdict(list)  # release reports (blocks given back)
+        self.finished_sending = 0  # finished_sending on D: none any more (D never delay-frees)
         self.first_sched_at: dict[str, float] = {}  # when a request was first given tokens to compute
         self.finish_at: dict[str, float] = {}  # when the client got the request's final output
         self.freed_at: dict[str, float] = {}  # when vLLM freed its blocks (the request left the scheduler)
         self._present: set[str] = set()
-        # called (kind, rid): "recv" / "release" as a report reaches the scheduler, "freed" after the
-        # step in which the request's blocks went back to the pool
+        # called (kind, rid): "recv" as a report carrying a load's outcome (failed, or finished for a
+        # request still waiting) reaches the scheduler, "release" after the step of a release report,
+        # "freed" after the step in which the request left the scheduler
         self.on_report = None
         self.on_sched = None  # called (rid) when a request is first given tokens to compute
         self.finish_reasons: dict[str, str] = {}
@@ -452,9 +478,12 @@ class DNode:
                     with KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kvo:
                         mro = self._stand_in_forward(so)
                     mro.kv_connector_output = kvo
-            self._record(mro)
+            pending = self._record(mro)
+            held_before = {r: self._block_ids(r) for r in self.sched.requests}
+            free_before = self.free_blocks()
             outs = self.sched.update_from_output(so, mro)
-            now = time.monotonic()
+            now = time.monotonic()  # the step's end: releases and freed requests share it
+            self._resolve(pending, held_before, free_before, now)
             for eco in outs.values():
                 for o in eco.outputs:
                     if o.finish_reason is not None:
@@ -486,39 +515,73 @@ class DNode:
         return ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
                                  sampled_token_ids=sampled)
 
-    def _record(self, mro: ModelRunnerOutput) -> None:
+    def _record(self, mro: ModelRunnerOutput) -> list[tuple[str, str, bool]]:
+        """The reports of this step's output, before the scheduler applies it: (request, what the
+        output carries for it, whether the request was already finished). What the output
+        carries: "failed" (its invalid blocks, or failed_recving, without finished_recving),
+        "failed+recv" (both), "recv" (finished_recving alone). :meth:`_resolve` names them."""
         kvo = mro.kv_connector_output
         if kvo is None:
-            return
+            return []
         now = time.monotonic()
+        invalid = set(kvo.invalid_block_ids or ())
+        failed_recving = set(kvo.failed_recving or ())
+        recving = set(kvo.finished_recving or ())
+        self.finished_sending += len(kvo.finished_sending or ())
+        pending: list[tuple[str, str, bool]] = []
         attributed: set[int] = set()
-        for rid in kvo.finished_recving or ():
-            blocks = self.blocks.get(rid, set())
-            failed = rid in (kvo.failed_recving or ()) or bool(blocks & set(kvo.invalid_block_ids or ()))
-            attributed |= blocks
-            self.reports[rid].append("failed" if failed else "ok")
-            self.report_at[rid].append(now)
-            if self.on_report is not None:
-                self.on_report("recv", rid)
-        # invalid blocks without finished_recving: vLLM's _handle_invalid_blocks still fails a
-        # request waiting for remote KV that holds them; any other invalid id is stray
-        invalid = set(kvo.invalid_block_ids or ()) - attributed
         for rid, req in self.reqs.items():
             blocks = self.blocks.get(rid, set())
-            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and blocks & invalid:
-                invalid -= blocks
-                self.reports[rid].append("failed")
-                self.report_at[rid].append(now)
-                if self.on_report is not None:
-                    self.on_report("recv", rid)
-        for rid in kvo.finished_sending or ():
-            self.released_at[rid].append(now)
-            if self.on_report is not None:
-                self.on_report("release", rid)
-        self.stray_invalid_blocks += len(invalid)
+            # invalid blocks fail a request waiting for remote KV that holds them (vLLM's
+            # _handle_invalid_blocks); any other invalid id is stray
+            failed = rid in failed_recving or (req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                                               and bool(blocks & invalid))
+            if failed:
+                attributed |= blocks
+            if not failed and rid not in recving:
+                continue
+            content = "failed+recv" if failed and rid in recving else "failed" if failed else "recv"
+            was_finished = RequestStatus.is_finished(req.status)
+            pending.append((rid, content, was_finished))
+            self.report_at[rid].append(now)
+            if self.on_report is not None and not (content == "recv" and was_finished):
+                self.on_report("recv", rid)
+        self.stray_invalid_blocks += len(invalid - attributed)
         stats = kvo.kv_connector_stats
         if stats is not None:
             self.failed_recvs += len(stats.data.get("num_failed_recvs", []))
+        return pending
+
+    def _resolve(self, pending, held_before: dict, free_before: int, now: float) -> None:
+        """Name each report of this step by what vLLM made of it (REPORT_KINDS) and record what
+        happened to the request's blocks in the step: still held, or given back to the pool
+        (``own_freed``: the free blocks gained, less those of other requests that left in the
+        same step)."""
+        if not pending:
+            return
+        present = set(self.sched.requests)
+        still = set().union(*(self._block_ids(r) for r in present))
+        gained = self.free_blocks() - free_before
+        for rid, content, was_finished in pending:
+            if content == "failed+recv":
+                label = "failed+released" if self.finished(rid) else "failed+recv"
+            elif content == "recv":
+                label = "released" if was_finished else "ok"
+            else:
+                label = "failed"
+            own = held_before.get(rid, set())
+            others = set().union(*(b for r, b in held_before.items() if r not in present and r != rid))
+            others_freed = len(others - still - own)
+            self.reports[rid].append(label)
+            self.report_effects[rid].append({"report": label, "in_scheduler_after": rid in present,
+                                             "own_blocks": len(own), "own_freed": gained - others_freed})
+            if label in RELEASES:
+                self.released_at[rid].append(now)
+                if self.on_report is not None:
+                    self.on_report("release", rid)
+
+    def _block_ids(self, rid: str) -> set[int]:
+        return {b for g in self.sched.kv_cache_manager.get_block_ids(rid) for b in g}
 
     def run_until(self, pred, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -547,6 +610,19 @@ class DNode:
         s = self.sched.connector.connector_scheduler
         return dict(getattr(getattr(s, "failures", None), "totals", {}) or {})
 
+    def reports_against_blocks(self) -> int:
+        """Reports whose step did not do with the request's blocks what the report means: a
+        failure alone ("failed") must leave them held (P may still write), a release must give all
+        of them back in that step. 0 when every report did."""
+        bad = 0
+        for effects in self.report_effects.values():
+            for e in effects:
+                if e["report"] == "failed":
+                    bad += (not e["in_scheduler_after"]) or e["own_freed"] != 0
+                elif e["report"] in RELEASES:
+                    bad += e["in_scheduler_after"] or e["own_blocks"] == 0 or e["own_freed"] != e["own_blocks"]
+        return bad
+
     def req_facts(self, rid: str) -> dict:
         tr = self.trace.get(rid, [])
         runs: list[list] = []  # [status, steps in a row]
@@ -560,7 +636,7 @@ class DNode:
                 "statuses": runs,
                 "final_status": self.status(rid),
                 "reports": list(self.reports.get(rid, [])),
-                "releases": len(self.released_at.get(rid, ())),
+                "report_effects": list(self.report_effects.get(rid, [])),
                 "finish_reason": self.finish_reasons.get(rid),
                 "blocks": len(self.blocks.get(rid, ())),
                 "prompt_tokens": self.reqs[rid].num_prompt_tokens}
@@ -572,6 +648,8 @@ class DNode:
                 "failures": self.worker_failures(), "scheduler_failures": self.scheduler_failures(),
                 "failed_recvs": self.failed_recvs,
                 "stray_invalid_blocks": self.stray_invalid_blocks,
+                "finished_sending": self.finished_sending,
+                "reports_against_blocks": self.reports_against_blocks(),
                 "bound_s": getattr(self.worker.connector_worker, "bound_s", None),
                 "worker_class": type(self.worker.connector_worker).__name__,
                 "scheduler_connector_class": type(self.sched.connector.connector_scheduler).__name__}
@@ -602,6 +680,8 @@ def case_fail_policy() -> dict:
     node.settle(0.5)
     out = {"node": node.facts(), **held, "elapsed_s": round(elapsed, 3),
            "reqs": {"error": node.req_facts(a), "unnamed": node.req_facts(b)},
+           "released_after_last_word_s": {"error": _release_after_last_word(node, a, p_err),
+                                          "unnamed": _release_after_last_word(node, b, p_nothing)},
            "p": {"error": p_err.facts(), "unnamed": p_nothing.facts()}}
     p_err.close(), p_nothing.close()
     return out
@@ -639,19 +719,54 @@ def case_recompute_policy() -> dict:
     return out
 
 
+def _release_after_last_word(node: "DNode", r: str, p: "FakePrefill") -> float | None:
+    """Seconds from P's last word on the pulls (its last reply sent) to the request's first
+    release report (negative: released before P had said it)."""
+    t = p.last_word_at()
+    return None if t is None or not node.released_at[r] else round(node.released_at[r][0] - t, 3)
+
+
+def _step_opening_gates(node: "DNode", gates: dict, ids: dict, done, timeout_s: float) -> None:
+    """Step ``node`` until ``done()`` or ``timeout_s``; the gate ``gates[k]`` opens (P's next word
+    on request ``ids[k]`` goes out) once the scheduler got the request's first report."""
+    end = time.monotonic() + timeout_s
+    while not node.error and time.monotonic() < end and not done():
+        for k, g in gates.items():
+            if node.reports[ids[k]] and not g.is_set():
+                g.set()
+        node.step()
+        if node.sched.get_num_unfinished_requests() == 0:
+            time.sleep(0.005)
+
+
+def _last_word_after_failure(node: "DNode", r: str, p: "FakePrefill") -> float | None:
+    """Seconds from the request's first report to P's last word on its pulls (positive: P could
+    still write when the failure was reported)."""
+    t = p.last_word_at()
+    return None if t is None or not node.report_at[r] else round(t - node.report_at[r][0], 3)
+
+
 def case_multi_p() -> dict:
     """3. a load from 2 P workers (P TP 2 -> pull_tasks_count 2): rank 0 fails, then rank 1 says
-    OK (and, for the other request, rank 0 says OK, then rank 1 fails)."""
+    OK once D's scheduler got the failure (and, for the other request, rank 0 says OK, then 0.3 s
+    later rank 1 fails). Stepped until both requests left the scheduler (their blocks given back),
+    then 0.6 s more."""
     node = DNode("HardenedMooncakeConnector", "fail")
-    p_fail_first = FakePrefill([ERROR, after(0, 0.3, OK)])
+    gate = threading.Event()
+    p_fail_first = FakePrefill([ERROR, gated(gate, OK)])
     p_ok_first = FakePrefill([OK, after(0, 0.3, ERROR)])
     a, b = rid("multi-fail-then-ok"), rid("multi-ok-then-fail")
     node.add(a, prompt(80), p_fail_first.params("x-" + a))
     node.add(b, prompt(80), p_ok_first.params("x-" + b))
-    node.run_until(lambda: (node.finished(a) and node.finished(b) and p_fail_first.replied[1].is_set()
-                            and p_ok_first.replied[1].is_set()), 20)
+    _step_opening_gates(node, {"a": gate}, {"a": a}, lambda: (
+        node.finished(a) and node.finished(b) and p_fail_first.replied[1].is_set()
+        and p_ok_first.replied[1].is_set() and a not in node.sched.requests and b not in node.sched.requests), 20)
     node.settle(0.6)
     out = {"node": node.facts(), "reqs": {"fail_then_ok": node.req_facts(a), "ok_then_fail": node.req_facts(b)},
+           "last_word_after_failure_s": {"fail_then_ok": _last_word_after_failure(node, a, p_fail_first),
+                                         "ok_then_fail": _last_word_after_failure(node, b, p_ok_first)},
+           "released_after_last_word_s": {"fail_then_ok": _release_after_last_word(node, a, p_fail_first),
+                                          "ok_then_fail": _release_after_last_word(node, b, p_ok_first)},
            "p": {"fail_then_ok": p_fail_first.facts(), "ok_then_fail": p_ok_first.facts()}}
     p_fail_first.close(), p_ok_first.close()
     return out
@@ -683,25 +798,31 @@ def case_empty_pull() -> dict:
 
 
 def case_duplicates() -> dict:
-    """5. one failure arriving twice: err_reqs in a CONTINUE then again in the FINISH; err_reqs then
-    ERROR; both P workers of one load answering ERROR."""
+    """5. one failure arriving twice: err_reqs in a CONTINUE then again in the FINISH; err_reqs in
+    a CONTINUE then ERROR; both P workers of one load answering ERROR. P's second word goes out
+    once D's scheduler got the first (P could still write then). Stepped until every request left
+    the scheduler, then 0.6 s more."""
     node = DNode("HardenedMooncakeConnector", "fail")
 
     def cont_err(asked):
         return [Response(status=Status.CONTINUE, err_reqs=list(asked), err_msg="stand-in P: failed")]
 
-    p_twice = FakePrefill([lambda asked: cont_err(asked) + FINISH_ERR(asked)])
-    p_then_error = FakePrefill([lambda asked: cont_err(asked) + [0.05] + ERROR(asked)])
-    p_both = FakePrefill([ERROR, after(0, 0.1, ERROR)])
+    gates = {k: threading.Event() for k in ("err_reqs_twice", "err_reqs_then_error", "both_workers_error")}
+    p_twice = FakePrefill([lambda asked: cont_err(asked) + [gates["err_reqs_twice"]] + FINISH_ERR(asked)])
+    p_then_error = FakePrefill([lambda asked: cont_err(asked) + [gates["err_reqs_then_error"]] + ERROR(asked)])
+    p_both = FakePrefill([ERROR, gated(gates["both_workers_error"], ERROR)])
     ids = {"err_reqs_twice": rid("dup-twice"), "err_reqs_then_error": rid("dup-then-error"),
            "both_workers_error": rid("dup-both")}
     ps = {"err_reqs_twice": p_twice, "err_reqs_then_error": p_then_error, "both_workers_error": p_both}
     for k, r in ids.items():
         node.add(r, prompt(80), ps[k].params("x-" + r))
-    node.run_until(lambda: all(node.finished(r) for r in ids.values())
-                   and all(e.is_set() for p in ps.values() for e in p.replied), 20)
+    _step_opening_gates(node, gates, ids, lambda: (
+        all(node.finished(r) and r not in node.sched.requests for r in ids.values())
+        and all(e.is_set() for p in ps.values() for e in p.replied)), 20)
     node.settle(0.6)
     out = {"node": node.facts(), "reqs": {k: node.req_facts(r) for k, r in ids.items()},
+           "last_word_after_failure_s": {k: _last_word_after_failure(node, r, ps[k]) for k, r in ids.items()},
+           "released_after_last_word_s": {k: _release_after_last_word(node, r, ps[k]) for k, r in ids.items()},
            "p": {k: p.facts() for k, p in ps.items()}}
     for p in ps.values():
         p.close()
@@ -741,7 +862,8 @@ def case_bad_params() -> dict:
 
 def case_deadline() -> dict:
     """7. kv_load_timeout_ms=300 and a P that takes the pull and never answers it (a hardened P whose
-    prefill has not ended: it answers only D's cancel, at once)."""
+    prefill has not ended: it answers only D's cancel, at once). The failure at the deadline, the
+    release once P acknowledged D's cancel."""
     node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS)
     p = FakePrefill([SILENT], on_cancel="ack")
     r = rid("deadline")

@@ -20,12 +20,13 @@ def test_defaults_when_nothing_is_set() -> None:
     assert (s.kv_load_timeout_ms, s.idle_wait_ms, s.heartbeat_ms) == (30000, DEFAULT_IDLE_WAIT_MS, 500)
     assert s.heartbeat_timeout_ms == 1500
     assert Settings.from_extra(None) == s
+    assert s.idle_wait_ms == 0 and Settings.from_extra({"idle_wait_ms": 50}).idle_wait_ms == 50  # 0: off
 
 
 @pytest.mark.parametrize("key,value", [("kv_load_timeout_ms", 0), ("kv_load_timeout_ms", -5),
                                        ("kv_load_timeout_ms", "2000"), ("kv_load_timeout_ms", 2.5),
-                                       ("kv_load_timeout_ms", True), ("idle_wait_ms", 0),
-                                       ("idle_wait_ms", 5000), ("heartbeat_ms", None)])
+                                       ("kv_load_timeout_ms", True), ("idle_wait_ms", -1),
+                                       ("idle_wait_ms", 5000), ("heartbeat_ms", None), ("heartbeat_ms", 0)])
 def test_a_bad_setting_is_refused_naming_its_key(key, value) -> None:
     with pytest.raises(ValueError) as e:
         Settings.from_extra({key: value})

@@ -5,10 +5,10 @@
 - :func:`remote_prefill_problem` tells whether D can use a request's ``kv_transfer_params`` for a
   remote prefill; upstream logs "Got invalid KVTransferParams" and leaves such a request in
   WAITING_FOR_REMOTE_KVS forever (measured: pd-bad-transfer-params).
-- :func:`idle_sleep_s`: how long an engine step with nothing scheduled may sleep. Upstream's engine
-  loop steps back to back while a request waits for KV or P keeps blocks for D (0.9-2.3 cores
-  measured with nothing running); sleeping a tenth of the time already spent idle (capped) keeps a
-  short wait's added latency small and a long wait's CPU low.
+- :func:`idle_sleep_s`: how long an engine step with nothing scheduled may sleep (opt-in,
+  ``idle_wait_ms`` > 0). Upstream's engine loop steps back to back while a request waits for KV or
+  P keeps blocks for D (0.9-2.3 cores measured with nothing running); sleeping a tenth of the time
+  already spent idle (capped) keeps a short wait's added latency small and a long wait's CPU low.
 - :class:`FailureLog`: failure counts by code, logged at most once per interval (counts and codes
   only: never request ids, block lists, prompts or addresses).
 """
@@ -21,15 +21,17 @@ from typing import Any, Mapping
 
 from .ledger import DEFAULT_KV_LOAD_TIMEOUT_MS, validate_kv_load_timeout_ms
 
-DEFAULT_IDLE_WAIT_MS = 50
+DEFAULT_IDLE_WAIT_MS = 0  # off: see HardenedMooncakeConnectorWorker._idle_wait
 DEFAULT_HEARTBEAT_MS = 500
 MAX_IDLE_WAIT_MS = 1000
 
 
-def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | None = None) -> int:
+def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | None = None,
+                 zero_ok: bool = False) -> int:
     value = extra.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"kv_connector_extra_config.{key} must be a positive int (milliseconds), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
+        kind = "a non-negative int (milliseconds; 0: off)" if zero_ok else "a positive int (milliseconds)"
+        raise ValueError(f"kv_connector_extra_config.{key} must be {kind}, got {value!r}")
     if upper is not None and value > upper:
         raise ValueError(f"kv_connector_extra_config.{key} must be at most {upper} ms, got {value}")
     return value
@@ -49,7 +51,8 @@ class Settings:
         timeout = validate_kv_load_timeout_ms(extra.get("kv_load_timeout_ms", DEFAULT_KV_LOAD_TIMEOUT_MS),
                                               "kv_connector_extra_config.kv_load_timeout_ms")
         return cls(kv_load_timeout_ms=timeout,
-                   idle_wait_ms=_positive_ms(extra, "idle_wait_ms", DEFAULT_IDLE_WAIT_MS, MAX_IDLE_WAIT_MS),
+                   idle_wait_ms=_positive_ms(extra, "idle_wait_ms", DEFAULT_IDLE_WAIT_MS, MAX_IDLE_WAIT_MS,
+                                             zero_ok=True),
                    heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000))
 
     @property

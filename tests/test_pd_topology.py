@@ -119,3 +119,15 @@ def test_vllm_node_rejects_bad_engine_ids(tmp_path: Path, bad: list[str], messag
             "--bootstrap-port", "18002", "--server-log", str(tmp_path / "s.log"), *bad]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--n", "5"], "--n: at least 20"),
+    (["--block", "0"], "--block must be >= 1"),
+    (["--kv-load-timeout-ms", "50"], "--kv-load-timeout-ms: at least 100"),
+    (["--save", "/nonexistent-dir/x.json"], "--save: folder"),
+])
+def test_bench_pd_refuses_bad_options_before_starting_anything(bad: list[str], message: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "pd", *bad], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -6,8 +6,10 @@ the project's proxy): ``upstream`` (vLLM's MooncakeConnector) and ``hardened``
 (connector_patch's HardenedMooncakeConnector). Node logs go to ``--workdir``.
 
 **Normal path**: ``--n`` prompts (unique, ~200 tokens, greedy, 16 output tokens: the baseline
-workload's), each sent to both pairs' proxies one at a time, in a random order per prompt (A/B or
-B/A), after ``--warmup`` unmeasured ones. One sample is the wall time of one completion through
+workload's), sent one at a time in blocks of ``--block``: each block to both pairs' proxies, in a
+random order per block (A/B or B/A), after ``--warmup`` unmeasured ones per pair. Before each block
+the bench waits ``--pause-s`` (vLLM's engine and worker busy-loop for 1 s after their last step, so
+two pairs served back to back on 2 cores would slow each other). One sample is the wall time of one completion through
 the proxy (P's prefill, D's pull, D's decode). Every answer must be HTTP 200 with the reference
 text (D alone, greedy): anything else makes the exit code 1. Reported: p50/p99 per target and
 the ratios hardened/upstream, with the targets p50 <= 1.02 and p99 <= 1.05 (``target_met``; a
@@ -16,7 +18,7 @@ the ratio of the two halves of upstream's own samples (even vs odd prompts).
 
 **Failure path**: a ``pd-fake-prefill`` peer in mode ``silent`` (takes D's pull, never answers:
 a P that hangs after the handshake). ``--failures`` requests are sent straight to each target's D
-with ``kv_transfer_params`` naming that peer, all at once; one sample is the time from sending
+with ``kv_transfer_params`` naming that peer, all at once, one target after the other; one sample is the time from sending
 to the HTTP error. The hardened target must answer within ``kv_load_timeout_ms`` + 500 ms (p99);
 upstream waits its DEALER's receive timeout, abort timeout + 60 s (``--abort-timeout-s`` 10:
 70 s; vLLM's default 480 s gives 540 s, measured by scenarios/pd-long/), so it gets
@@ -51,6 +53,9 @@ BASELINE = Path(__file__).resolve().parents[3] / "scenarios" / "pd" / "baseline.
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=60, help="measured prompts per target (>= 20, default 60)")
     p.add_argument("--warmup", type=int, default=4, help="unmeasured prompts per target first (default 4)")
+    p.add_argument("--block", type=int, default=10, help="prompts per A/B block (default 10)")
+    p.add_argument("--pause-s", type=float, default=1.5,
+                   help="quiet time before each block, so the other pair's engines stop spinning (default 1.5)")
     p.add_argument("--failures", type=int, default=5, help="failure-path requests to the hardened D (default 5)")
     p.add_argument("--upstream-failures", type=int, default=2,
                    help="failure-path requests to the upstream D, which waits abort timeout + 60 s (default 2)")
@@ -65,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     if args.n < 20:
         raise UsageError("--n: at least 20 prompts per target")
+    if args.block < 1 or args.pause_s < 0:
+        raise UsageError("--block must be >= 1 and --pause-s >= 0")
     if args.warmup < 0 or args.failures < 0 or args.upstream_failures < 0:
         raise UsageError("--warmup, --failures and --upstream-failures must be >= 0")
     if args.kv_load_timeout_ms < 100:
@@ -182,23 +189,27 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
     up, hard = topos["upstream"], topos["hardened"]
     wl = {"decode_url": up.url("decode:0"), "model": model, "prompt_tokens": 200, "output_tokens": 16,
           "seed": args.seed, "duration_s": args.n + args.warmup, "rate": 1.0, "concurrency": 0,
-          "prompts_path": str(workdir / "prompts.json"), "prepare_timeout_s": 600}
+          "prompts_path": str(workdir / "prompts.json"), "prepare_timeout_s": 600, "request_timeout_s": 60}
     items, _ = prepare(wl)
     rng = random.Random(args.seed)
     lat: dict[str, list[float]] = {t: [] for t in TARGETS}
     wrong: dict[str, int] = {t: 0 for t in TARGETS}
     urls = {t: topos[t].url("proxy") + "/v1/completions" for t in TARGETS}
-    for i, item in enumerate(items[: args.warmup + args.n]):
+    for t in TARGETS:  # warm-up, unmeasured
+        for item in items[: args.warmup]:
+            _complete(urls[t], model, item["prompt"], 16, 60.0)
+    measured = items[args.warmup: args.warmup + args.n]
+    for b in range(0, len(measured), args.block):
         order = list(TARGETS)
-        rng.shuffle(order)
+        rng.shuffle(order)  # A/B or B/A per block: drift hits both alike
         for t in order:
-            status, text, us = _complete(urls[t], model, item["prompt"], 16, 60.0)
-            if i < args.warmup:
-                continue
-            if status != 200 or text != item["expected"]:
-                wrong[t] += 1
-            else:
-                lat[t].append(us)
+            time.sleep(args.pause_s)  # vLLM's engine and worker spin for 1 s after their last step
+            for item in measured[b: b + args.block]:
+                status, text, us = _complete(urls[t], model, item["prompt"], 16, 60.0)
+                if status != 200 or text != item["expected"]:
+                    wrong[t] += 1
+                else:
+                    lat[t].append(us)
     s = {t: _stats(v) for t, v in lat.items()}
     ratio = {k: round(s["hardened"][k] / s["upstream"][k], 3) if lat["hardened"] and lat["upstream"] else None
              for k in ("p50", "p99")}
@@ -249,10 +260,11 @@ def _failure_path(args: argparse.Namespace, topos: dict, items: list[dict], mode
         raise HarnessError("bench pd: the fake prefill peer did not name its engine")
     out: dict = {}
     results: dict[str, list] = {t: [] for t in TARGETS}
-    threads = []
     wait_s = {"hardened": args.kv_load_timeout_ms / 1000.0 + 30.0, "upstream": args.abort_timeout_s + 90.0}
     k = 0
-    for t in TARGETS:
+    for t in ("hardened", "upstream"):  # one target at a time: upstream's D spins while it waits
+        threads = []
+        time.sleep(args.pause_s)
         for _ in range(counts[t]):
             item = items[-1 - k]
             k += 1
@@ -266,8 +278,8 @@ def _failure_path(args: argparse.Namespace, topos: dict, items: list[dict], mode
             th = threading.Thread(target=one, daemon=True)
             th.start()
             threads.append(th)
-    for th in threads:
-        th.join(max(wait_s.values()) + 10.0)
+        for th in threads:
+            th.join(wait_s[t] + 10.0)
     for t in TARGETS:
         r = results[t]
         if not r:

@@ -404,7 +404,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         connected, refused = False, 0
                         code = code or "peer_gone"
                 if sock in ready and not settled:
-                    got = self._on_reply(await sock.recv(), req_ids, named, pull_metas)
+                    got = self._on_reply(await sock.recv(), req_ids, named, pull_metas, worker_addr)
                     if got is not None:  # P's last word: FINISH ("") or a failure it reported
                         code = code or got or None
                         settled = True
@@ -430,7 +430,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 self._forget_peer(engine_id)
         self._log_due()
 
-    def _on_reply(self, raw: bytes, req_ids: set, named: set, pull_metas) -> str | None:
+    def _on_reply(self, raw: bytes, req_ids: set, named: set, pull_metas, addr: str = "") -> str | None:
         """Apply one reply of P. Returns None to keep reading, "" when the pull is over, or a
         failure code for the asked requests not answered yet."""
         try:
@@ -457,11 +457,13 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         if errs:
             named.update(errs)
             aborted = (resp.err_msg or "").startswith("pdchaos-aborted")
+            self._settled(errs, addr)  # P's last word for them: settled before the failure is reported
             self._fail(pull_metas, errs, "aborted" if aborted else "peer_error")
         if resp.status == Status.FINISH:
             unnamed = req_ids - named
             if unnamed:  # upstream: these wait forever
                 named.update(unnamed)
+                self._settled(unnamed, addr)
                 self._fail(pull_metas, unnamed, "unanswered")
             return ""
         return None

@@ -236,11 +236,17 @@ def test_duplicate_failures_of_one_load_are_reported_once(inproc) -> None:
     _node_clean(c["node"])
     assert set(c["reqs"]) == {"err_reqs_twice", "err_reqs_then_error", "both_workers_error"}
     for name, req in c["reqs"].items():
-        # P's second word (the same failure again) came after the scheduler had the first, while
-        # P could still write: one failure report, then the release alone, after P's last word
-        _failed_once(req, RELEASED_LATER)
-        assert c["last_word_after_failure_s"][name] > 0, c["last_word_after_failure_s"]
-        assert 0 <= c["released_after_last_word_s"][name] < 3.0, c["released_after_last_word_s"]
+        if name == "both_workers_error":
+            # one P worker's ERROR fails the load while the other P worker could still write: one
+            # failure report, then the release alone, after the second worker's last word
+            _failed_once(req, RELEASED_LATER)
+            assert c["last_word_after_failure_s"][name] > 0, c["last_word_after_failure_s"]
+            assert 0 <= c["released_after_last_word_s"][name] < 3.0, c["released_after_last_word_s"]
+        else:
+            # err_reqs naming the request is P's last word for it (P never writes a request it
+            # reported failed): settled with the failure, released in the same output; the
+            # repeated failure afterwards changes nothing
+            _failed_once(req, SETTLED_AT_ONCE)
     assert c["p"]["both_workers_error"]["pulls"] == [1, 1]
     assert c["node"]["failures"] == {"peer_error": 3} and c["node"]["failed_recvs"] == 3
 

@@ -34,7 +34,7 @@ from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
-from connector_patch.pd.settle import Settlements, unsettled_codes
+from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch.pd.settings import FailureLog, Settings, idle_sleep_s, remote_prefill_problem, summary
 from connector_patch.pd.terminal import TerminalRecords
 
@@ -48,7 +48,6 @@ Response = mc.MooncakeXferResponse
 _MON_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
 _REFUSED_LIMIT = 2  # connection refused this many times before ever connecting: nobody listens there
 _PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P's cached address after these
-_UNSETTLED = frozenset(unsettled_codes())  # P may still write after these: the pull keeps listening
 BOUND_MARGIN_S = 60.0  # upstream D's receive timeout is abort timeout + 60 s: P never writes later
 CANCEL_KEY = "pdchaos_cancel"  # D -> P side channel: {"pdchaos_cancel": [transfer ids]}
 CANCEL_WAIT_MS = 1000  # a cancel round waits this long for P's acknowledgement

@@ -100,6 +100,5 @@ class Settlements:
             return len(self._open) + len(self._settled)
 
 
-def unsettled_codes() -> Iterable[str]:
-    """Failure codes after which P may still write: the pull goes on listening for P's last word."""
-    return ("timeout", "peer_gone", "transfer_error")
+# failure codes after which P may still write: the pull goes on listening for P's last word
+UNSETTLED_CODES = frozenset({"timeout", "peer_gone", "transfer_error"})

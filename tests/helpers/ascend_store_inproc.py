@@ -703,6 +703,9 @@ def close_children() -> dict:
                 text = fh.read()
             run["close_returned"] = "pdchaos: close() returned" in text
             run["thread_alive_after"] = ("alive=1" in text) if "alive=" in text else None
+            # libzmq's own assertion line, e.g. "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)"
+            asserts = [ln.strip() for ln in text.splitlines() if ln.startswith("Assertion failed:")]
+            run["zmq_assertion"] = asserts[0][:120] if asserts else None
             run["signaler_assertion"] = "signaler.cpp" in text
             run["seconds"] = round(time.monotonic() - t0, 3)
             runs.append(run)

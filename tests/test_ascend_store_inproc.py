@@ -288,8 +288,8 @@ def test_close_while_waiting_in_recv_upstream_aborts_hardened_exits_clean(run):
     assert len(upstream) == len(hardened) == CLOSE_RUNS
     aborts = [r for r in upstream if r["exit"] == 134]
     print(f"upstream LookupKeyServer.close() aborted {len(aborts)} of {len(upstream)} runs:",
-          [(r["exit"], r["zmq_assertion"], "after close() returned" if r["close_returned"] else "in close()")
-           for r in upstream])
+          [(r["exit"], r["zmq_assertion"], "after close() returned" if r["close_returned"] else "in close()",
+            f"thread alive after: {r['thread_alive_after']}") for r in upstream])
     assert aborts, upstream
     for r in aborts:  # libzmq asserts: signaler.cpp:238 (pfd.revents & POLLIN) or own.cpp:153 (_term_acks > 0)
         assert r["signal"] == "SIGABRT", r

@@ -340,7 +340,8 @@ MALFORMED = {
 }
 
 PEER_CODE = r"""
-import sys, time
+import ctypes, signal, sys, time
+ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: stopped or not, it dies with the driver
 sys.path.insert(0, sys.argv[1])
 from connector_patch.lookup import LookupServer, MemoryBackend
 server = LookupServer(sys.argv[2], MemoryBackend(block_size=32)).start()

@@ -78,7 +78,6 @@ import vllm_ascend  # noqa: E402,F401
 
 pdchaos_npu_stubs.after_vllm_ascend()
 import msgpack  # noqa: E402
-import zmq  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig,
@@ -369,6 +368,9 @@ class PeerProcess:
     def freeze(self) -> None:
         os.kill(self.proc.pid, signal.SIGSTOP)
 
+    def thaw(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()  # SIGKILL ends a stopped process too
@@ -389,7 +391,8 @@ def make_server(kind: str, port: int) -> dict:
     if kind == "frozen_process":
         peer = PeerProcess(ep)
         peer.freeze()
-        return {"peer": "real hardened lookup server process, SIGSTOPped", "probe_before_freeze": peer.probe_outcome}
+        return {"peer": "real hardened lookup server process, SIGSTOPped", "probe_before_freeze": peer.probe_outcome,
+                "_process": peer}
     if kind.startswith("malformed_"):
         KEEP.append(RawRepPeer(ep, MALFORMED[kind[len("malformed_"):]]))
         return {"peer": "REP socket with a malformed reply"}
@@ -430,7 +433,12 @@ def hardened_faults() -> dict:
             eng.sched.add_request(make_request("r2"))
             case["step2"] = eng.step(["r1", "r2"])
             case["pool_calls"] = None if pool is None else pool.calls
+            peer = case.pop("_process", None)
+            if peer is not None:  # the frozen server wakes up: the next lookup is answered again
+                peer.thaw()
+                case["after_thaw"] = eng.matched(make_request("r3"))
         except Exception as e:  # noqa: BLE001
+            case.pop("_process", None)
             case["error"] = err(e)
             traceback.print_exc()
     return out
@@ -449,6 +457,7 @@ def upstream_stalls() -> dict:
         try:
             port = next_port()
             case.update(make_server(kind, port))
+            case.pop("_process", None)  # stays frozen: killed at the end
             eng = Engine(UPSTREAM, port)
             case["connector_class"] = type(eng.connector).__name__
             eng.sched.add_request(make_request("r1"))

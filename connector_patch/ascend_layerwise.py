@@ -1,0 +1,478 @@
+"""The hardened layerwise (decoder-first) connector: a plugin over vllm-ascend's real classes.
+
+``HardenedMooncakeLayerwiseConnector`` subclasses vllm-ascend 0.23.0.post1's
+``MooncakeLayerwiseConnector`` (``kv_p2p/mooncake_layerwise_connector.py``) and overrides only what
+its guarantees need; everything else (block bookkeeping, transfer planning, the NPU paths, the
+wire format) is upstream's own code. :func:`register` adds it to vLLM's ``KVConnectorFactory``
+under ``"HardenedMooncakeLayerwiseConnector"``; a deployment then names it in
+``kv_transfer_config.kv_connector``.
+
+Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layerwise`` family):
+
+1. **D's listener always answers.** A malformed frame, an undecodable payload, an unknown message
+   type or a message with missing fields gets a NACK at once (codes in
+   ``connector_patch.layerwise.rules``); upstream logs it and sends nothing, so the sender waits out
+   its retries.
+2. **A transfer error fails that request only.** An error of the transfer engine (raised or a
+   negative return) in P's sending thread marks the requests of that session failed; after the
+   last layer D is told FAILED for them; any other error of a layer task fails that task's requests
+   (FAILED after the last layer). The thread serves the next request.
+3. **A failed metadata query is reported.** P's query for D's metadata is one bounded attempt
+   (``layerwise_meta_timeout_s``, default 2 s) on a socket closed afterwards; once it failed, the
+   request's later layers skip it without asking again, and after the last layer D is told FAILED
+   (off the forward pass). Upstream retries the query ~3.3 s on every layer and never tells D.
+4. **D never waits forever.** Every request D waits for has a deadline
+   (``layerwise_recv_timeout_s``, default 60 s). When it passes without DONE (from every sender)
+   or FAILED, D fails the request itself. A failed request (FAILED, deadline, failed POST) leaves
+   WAITING_FOR_REMOTE_KVS through ``finished_recving`` with its blocks reported by
+   ``get_block_ids_with_load_errors``; upstream reports the blocks but never the request. A late
+   completion of a request D already failed is ignored.
+5. **The metaserver POST is bounded and checked.** D's scheduler posts with a timeout
+   (``metaserver_timeout_s``, default 5 s, two tries) and treats a non-2xx answer as a failure;
+   a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
+   metaserver that never answers holds the thread forever), ignores the status, and only logs.
+
+Options live in ``kv_transfer_config.kv_connector_extra_config``. Logs carry counts, codes, phases
+and times only: never request ids, block ids, frames or addresses of KV memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import httpx
+import msgspec
+import zmq
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.utils.network_utils import make_zmq_path, make_zmq_socket
+from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up
+
+from connector_patch.layerwise.rules import (ACK, GET_META, NACK_MALFORMED, Message, RecvDeadlines, classify,
+                                             post_failure)
+
+logger = logging.getLogger(__name__)
+
+NAME = "HardenedMooncakeLayerwiseConnector"
+RECV_TIMEOUT_KEY, META_TIMEOUT_KEY, POST_TIMEOUT_KEY = ("layerwise_recv_timeout_s", "layerwise_meta_timeout_s",
+                                                        "metaserver_timeout_s")
+DEFAULTS = {RECV_TIMEOUT_KEY: 60.0, META_TIMEOUT_KEY: 2.0, POST_TIMEOUT_KEY: 5.0}
+POST_TRIES = 2
+POLL_MS = 100
+
+
+def option(vllm_config: Any, key: str) -> float:
+    extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
+    try:
+        value = float(extra.get(key, DEFAULTS[key]))
+    except (TypeError, ValueError):
+        raise ValueError(f"kv_connector_extra_config.{key}: expected a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"kv_connector_extra_config.{key}: must be positive")
+    return value
+
+
+# --------------------------------------------------------------------------- D: the listener
+
+
+class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
+    """D's listener (ROUTER): answers every message, and knows which requests D waits for."""
+
+    def __init__(self, *args: Any, recv_timeout_s: float = DEFAULTS[RECV_TIMEOUT_KEY], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.deadlines = RecvDeadlines(recv_timeout_s)
+        self.stop_event = threading.Event()
+        self._early: dict[str, tuple[float, int, str]] = {}  # DONE before D started waiting
+        self.counters = {"get_meta": 0, "done": 0, "failed": 0, "nacks": 0, "late": 0, "expired": 0,
+                         "reply_errors": 0}
+
+    # -- what the worker calls
+    def expect(self, req_id: str) -> None:
+        self.deadlines.expect(req_id)
+        with self.lock:
+            early = self._early.pop(req_id, None)
+        if early is not None:
+            self.update_done_task(req_id, early[1], early[2])
+
+    def fail(self, req_id: str) -> bool:
+        """D fails a request it waits for (a failed POST, a deadline); False: it was not waiting."""
+        if not self.deadlines.settle(req_id):
+            return False
+        up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
+        return True
+
+    def expire(self) -> int:
+        gone = self.deadlines.expired()
+        for req_id in gone:
+            up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
+        if gone:
+            self.counters["expired"] += len(gone)
+            logger.warning("layerwise recv: %d request(s) heard no DONE/FAILED within %.1f s: failed by D",
+                           len(gone), self.deadlines.timeout_s)
+        return len(gone)
+
+    # -- what a message does
+    def update_done_task(self, req_id: str, trans_count: int, side_channel_path: str) -> None:
+        if not self.deadlines.waiting(req_id):
+            with self.lock:
+                if len(self._early) < 4096:
+                    self._early[req_id] = (time.monotonic(), trans_count, side_channel_path)
+            self.counters["late"] += 1
+            return
+        super().update_done_task(req_id, trans_count, side_channel_path)
+        with self.lock:
+            done = req_id in self.done_requests
+        if done:
+            self.deadlines.settle(req_id)
+
+    def update_failed_task(self, req_id: str) -> None:
+        if not self.fail(req_id):
+            self.counters["late"] += 1
+
+    def answer(self, frames: list[bytes], decoder: Any, metadata: bytes) -> bytes:
+        payload = [f for f in frames[1:] if f != b""]
+        if len(payload) != 1:
+            return NACK_MALFORMED
+        try:
+            msg = decoder.decode(payload[0])
+        except Exception:  # msgspec raises its own DecodeError / ValidationError
+            return NACK_MALFORMED
+        m = classify(msg)
+        if not isinstance(m, Message):
+            return m
+        if m.kind == "get_meta":
+            self.counters["get_meta"] += 1
+            return metadata
+        if m.kind == "done":
+            self.counters["done"] += 1
+            self.update_done_task(m.req_id, m.count, m.sender)
+        else:
+            self.counters["failed"] += 1
+            self.update_failed_task(m.req_id)
+        return ACK
+
+    def run(self) -> None:
+        path = make_zmq_path("tcp", self.side_channel_host, self.side_channel_port + self.tp_rank)
+        metadata = msgspec.msgpack.Encoder().encode(self.metadata)
+        decoder = msgspec.msgpack.Decoder(type=tuple)
+        ctx = zmq.Context()
+        sock = make_zmq_socket(ctx=ctx, path=path, socket_type=zmq.ROUTER, bind=True)
+        logger.info("layerwise recv: listening (tp_rank %d, deadline %.1f s)", self.tp_rank,
+                    self.deadlines.timeout_s)
+        try:
+            self.ready_event.set()
+            while not self.stop_event.is_set():
+                if not sock.poll(POLL_MS):
+                    continue
+                frames = sock.recv_multipart()
+                try:
+                    reply = self.answer(frames, decoder, metadata)
+                except Exception as exc:  # a bug here must not end the listener
+                    logger.error("layerwise recv: message handling failed (%s)", type(exc).__name__)
+                    reply = NACK_MALFORMED
+                if reply not in (ACK,) and reply is not metadata:
+                    self.counters["nacks"] += 1
+                    logger.warning("layerwise recv: bad message answered %s", reply.decode())
+                try:
+                    sock.send_multipart((frames[0], b"", reply), flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    self.counters["reply_errors"] += 1
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self.stop_event.set()
+        if self.is_alive():
+            self.join(timeout_s)
+
+
+# --------------------------------------------------------------------------- P: the sending thread
+
+
+class _GuardedEngine:
+    """The transfer engine as P's sending thread sees it: a failed write (raised or negative)
+    marks every request of that session failed, and becomes the engine's error code."""
+
+    def __init__(self, inner: Any, owner: "HardenedSendingLayerThread"):
+        self._inner, self._owner = inner, owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def batch_transfer_sync_write(self, session_id: str, src: list, dst: list, length: list) -> int:
+        try:
+            ret = self._inner.batch_transfer_sync_write(session_id, src, dst, length)
+        except Exception as exc:
+            logger.error("layerwise send: transfer engine raised %s", type(exc).__name__)
+            ret = -1
+        if ret < 0:
+            self._owner.counters["transfer_errors"] += 1
+            self._owner.failed_reqs.update(self._owner.sessions.get(session_id, ()))
+        return ret
+
+
+class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
+    """P's per-layer sender: a failing layer fails its requests (D told FAILED), never the thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.engine = _GuardedEngine(self.engine, self)
+        self.sessions: dict[str, list[str]] = {}
+        self.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0}
+        self._signalled: set[str] = set()
+        inner = self.callback_func
+
+        def signal(req_id: str, req_meta: Any, group_idx: int, trans_flag: bool = True) -> None:
+            self._signalled.add(req_id)
+            if not trans_flag:
+                self.counters["failed_signals"] += 1
+            inner(req_id, req_meta, group_idx, trans_flag=trans_flag)
+
+        self.callback_func = signal
+
+    def _handle_request(self, send_task: Any) -> None:
+        self.sessions = {}
+        for req_id, meta in send_task.send_request.items():
+            self.sessions.setdefault(f"{meta.remote_host}:{meta.remote_te_rpc_port}", []).append(req_id)
+        self._signalled = set()
+        self.counters["layers"] += 1
+        try:
+            self._transfer_kv_cache(send_task)
+        except Exception as exc:
+            self.counters["task_errors"] += 1
+            logger.error("layerwise send: layer %d failed (%s): its %d request(s) fail", send_task.layer_idx,
+                         type(exc).__name__, len(send_task.send_request))
+            self.failed_reqs.update(send_task.send_request)
+            if send_task.layer_idx != self.total_layers - 1:
+                return
+            try:
+                group = self.layer_metadata[send_task.layer_name].tensor_group_idx[0]
+            except Exception:
+                group = 0
+            for req_id, meta in send_task.send_request.items():
+                if meta.chunk_finish and req_id not in self._signalled:
+                    self.failed_reqs.discard(req_id)
+                    try:
+                        self.callback_func(req_id, meta, group, trans_flag=False)
+                    except Exception as sig_exc:
+                        logger.error("layerwise send: FAILED signal raised %s", type(sig_exc).__name__)
+
+
+# --------------------------------------------------------------------------- worker
+
+
+@contextlib.contextmanager
+def _hardened_threads(worker: "HardenedLayerwiseWorker") -> Iterator[None]:
+    """While upstream's ``register_kv_caches`` starts the two threads, it builds the hardened ones
+    (it names the classes through its module: the only way in without copying the method)."""
+    with _SWAP_LOCK:
+        saved = up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread
+        timeout = worker.recv_timeout_s
+
+        def recv_thread(*args: Any, **kwargs: Any) -> HardenedRecvingLayerThread:
+            return HardenedRecvingLayerThread(*args, recv_timeout_s=timeout, **kwargs)
+
+        up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread = HardenedSendingLayerThread, recv_thread
+        try:
+            yield
+        finally:
+            up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread = saved
+
+
+_SWAP_LOCK = threading.Lock()
+
+
+class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, engine_id: str):
+        super().__init__(vllm_config, kv_cache_config, engine_id)
+        self.recv_timeout_s = option(vllm_config, RECV_TIMEOUT_KEY)
+        self.meta_timeout_s = option(vllm_config, META_TIMEOUT_KEY)
+        self._meta_failed: dict[str, float] = {}
+        self._signals = ThreadPoolExecutor(2, thread_name_prefix="layerwise-failed-signal")
+        self.counters = {"meta_queries": 0, "meta_failures": 0, "meta_skips": 0, "recv_failed": 0, "recv_done": 0}
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        with _hardened_threads(self):
+            super().register_kv_caches(kv_caches)
+
+    # -- D
+    def start_load_kv(self, metadata: Any) -> None:
+        super().start_load_kv(metadata)
+        thread = self.kv_recv_layer_thread
+        if not self.vllm_config.kv_transfer_config.is_kv_consumer or thread is None:
+            return
+        for req_id, meta in metadata.requests.items():
+            if not meta.do_virtual:
+                thread.expect(up.get_external_request_id(req_id))
+        for external_id in getattr(metadata, "failed_posts", ()) or ():
+            thread.fail(external_id)
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        thread = self.kv_recv_layer_thread
+        if not self.vllm_config.kv_transfer_config.is_kv_consumer or thread is None:
+            return super().get_finished()
+        thread.expire()
+        done_ext = thread.get_and_clear_done_requests()
+        failed_ext = thread.get_and_clear_failed_requests()
+        done = {self.request_map[s] for s in done_ext if s in self.request_map}
+        failed = {self.request_map[s] for s in failed_ext if s in self.request_map}
+        done -= failed
+        done |= self.virtual_request
+        self.virtual_request = set()
+        for req_id in failed:
+            meta = self._recving_metadata.get(req_id)
+            if meta is not None:
+                self._invalid_block_ids.update(b for group in meta.local_block_ids for b in group)
+        for req_id in done | failed:
+            self.request_map.pop(up.get_external_request_id(req_id), None)
+            self._recving_metadata.pop(req_id, None)
+        self.counters["recv_done"] += len(done)
+        self.counters["recv_failed"] += len(failed)
+        if failed:
+            logger.warning("layerwise recv: %d request(s) finished as failed loads", len(failed))
+        # a failed request leaves WAITING_FOR_REMOTE_KVS too: its blocks are the load errors
+        return set(), done | failed
+
+    # -- P
+    def update_decoder_info(self, req_id: str, req_meta: Any) -> Any:
+        engine, port = req_meta.remote_engine_id, req_meta.remote_port
+        if engine not in self.remote_layer_metadata or port not in self.remote_layer_metadata[engine]:
+            if req_id in self._meta_failed:
+                self.counters["meta_skips"] += 1
+                raise RuntimeError("metadata query failed earlier for this request")
+            try:
+                agent_meta = self._query_metadata(req_id, req_meta)
+            except Exception as exc:
+                self._meta_failed[req_id] = time.monotonic()
+                while len(self._meta_failed) > 4096:
+                    self._meta_failed.pop(next(iter(self._meta_failed)))
+                self.counters["meta_failures"] += 1
+                logger.error("layerwise send: metadata query failed (%s) within %.1f s: the request fails",
+                             type(exc).__name__, self.meta_timeout_s)
+                raise
+            if engine == self.engine_id:
+                raise RuntimeError("remote engine id equals the local one")
+            self.remote_layer_metadata[engine][port] = agent_meta.layer_metadata
+            self.remote_te_port[engine][port] = agent_meta.te_rpc_port
+            if self.pd_head_ratio > 1:  # as upstream: pre-create the link before resharded writes
+                first = next(iter(self.layer_metadata.keys()))
+                ret = self.engine.batch_transfer_sync_write(
+                    f"{req_meta.remote_host}:{agent_meta.te_rpc_port}",
+                    [self.layer_metadata[first].kv_caches_base_addr[0]],
+                    [agent_meta.layer_metadata[first].kv_caches_base_addr[0]], [128])
+                if ret < 0:
+                    logger.error("layerwise send: link pre-creation failed (ret %d)", ret)
+        req_meta.remote_te_rpc_port = self.remote_te_port[engine][port]
+        req_meta.remote_layer_metadata = self.remote_layer_metadata[engine][port]
+        return req_meta
+
+    def _query_metadata(self, req_id: str, req_meta: Any) -> Any:
+        """One GET_META round trip bounded by ``meta_timeout_s``, on a socket closed afterwards."""
+        self.counters["meta_queries"] += 1
+        ms = max(1, int(self.meta_timeout_s * 1000))
+        ctx = zmq.Context()
+        try:
+            sock = make_zmq_socket(ctx=ctx, path=make_zmq_path("tcp", req_meta.remote_host, req_meta.remote_port),
+                                   socket_type=zmq.REQ, bind=False)
+            sock.setsockopt(zmq.SNDTIMEO, ms)
+            sock.setsockopt(zmq.LINGER, 0)
+            t_end = time.monotonic() + self.meta_timeout_s
+            sock.send(self.encoder.encode((GET_META, up.get_external_request_id(req_id))))
+            left = max(1, int((t_end - time.monotonic()) * 1000))
+            if not sock.poll(left, zmq.POLLIN):
+                raise TimeoutError("no metadata reply")
+            data = sock.recv()
+            return self.decoder.decode(data)
+        finally:
+            ctx.destroy(linger=0)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, connector_metadata: Any,
+                      **kwargs: Any) -> None:
+        super().save_kv_layer(layer_name, kv_layer, attn_metadata, connector_metadata, **kwargs)
+        if not (self.vllm_config.kv_transfer_config.is_kv_producer and connector_metadata.requests
+                and self.current_layer == self.total_layers):
+            return
+        for req_id, meta in connector_metadata.requests.items():
+            if req_id in self._meta_failed and meta.chunk_finish:
+                self._meta_failed.pop(req_id, None)
+                self._signals.submit(self._signal_failed, req_id, meta)
+
+    def _signal_failed(self, req_id: str, meta: Any) -> None:
+        try:
+            self.send_done_send_signal(req_id, meta, 0, trans_flag=False)
+        except Exception as exc:  # upstream's signal catches its own errors; this is belt and braces
+            logger.error("layerwise send: FAILED signal raised %s", type(exc).__name__)
+
+
+# --------------------------------------------------------------------------- scheduler (D's POST)
+
+
+class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, engine_id: str):
+        super().__init__(vllm_config, kv_cache_config, engine_id)
+        self.post_timeout_s = option(vllm_config, POST_TIMEOUT_KEY)
+        self.metaserver_client.close()
+        kwargs: dict[str, Any] = {"limits": httpx.Limits(max_connections=100000),
+                                  "timeout": httpx.Timeout(self.post_timeout_s)}
+        if self.ssl_enable:
+            kwargs.update(cert=self.cert_path, verify=self.ca_path)
+        self.metaserver_client = httpx.Client(**kwargs)
+        self._failed_posts: set[str] = set()
+        self._posts_lock = threading.Lock()
+        self.counters = {"posts": 0, "post_failures": 0}
+
+    def _access_metaserver(self, url: Any, message: dict) -> None:
+        self.counters["posts"] += 1
+        why = "not tried"
+        for attempt in range(1, POST_TRIES + 1):
+            try:
+                resp = self.metaserver_client.post(url, json=message)
+                why = post_failure(resp.status_code, None)
+            except Exception as exc:
+                why = post_failure(None, type(exc).__name__)
+            if why is None:
+                return
+            logger.warning("layerwise metaserver: POST failed (%s), try %d/%d", why, attempt, POST_TRIES)
+        self.counters["post_failures"] += 1
+        with self._posts_lock:
+            self._failed_posts.add(str(message.get("request_id", "")))
+        logger.error("layerwise metaserver: POST failed (%s): the request fails", why)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        with self._posts_lock:
+            meta.failed_posts, self._failed_posts = self._failed_posts, set()
+        return meta
+
+
+# --------------------------------------------------------------------------- the connector
+
+
+class HardenedMooncakeLayerwiseConnector(up.MooncakeLayerwiseConnector):
+    """vllm-ascend's layerwise connector with the hardened scheduler and worker sides."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
+        kv = vllm_config.kv_transfer_config
+        self._is_kv_producer = kv.is_kv_producer
+        self.engine_id = kv.engine_id
+        self._connector_metadata = up.MooncakeLayerwiseConnectorMetadata()
+        self.connector_scheduler: Any = None
+        self.connector_worker: Any = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = HardenedLayerwiseScheduler(vllm_config, kv_cache_config, str(self.engine_id))
+        elif role == KVConnectorRole.WORKER:
+            self.connector_worker = HardenedLayerwiseWorker(vllm_config, kv_cache_config, str(self.engine_id))
+
+
+def register() -> None:
+    """Register the hardened connector with vLLM's ``KVConnectorFactory`` (idempotent)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if NAME not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(NAME, __name__, NAME)

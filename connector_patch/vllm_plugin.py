@@ -1,16 +1,28 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``): registers the hardened
-Mooncake connector with vLLM's KV connector factory under ``HardenedMooncakeConnector``, lazily
-(nothing of vLLM's connector is imported until a server selects it by name in
-``--kv-transfer-config``). vLLM calls this in every process it starts; registering twice is a no-op.
+connectors with vLLM's KV connector factory, lazily (nothing of a connector is imported until a
+server selects it by name in ``--kv-transfer-config``). vLLM calls this in every process it starts;
+registering twice is a no-op.
+
+* ``HardenedMooncakeConnector`` (connector_patch/vllm_mooncake.py), always;
+* when vllm-ascend is installed: ``HardenedAscendStoreConnector`` (connector_patch/ascend_store.py,
+  the hardened lookup RPC inside vllm-ascend's AscendStoreConnector) and
+  ``HardenedMooncakeLayerwiseConnector`` (connector_patch/ascend_layerwise.py).
 """
 
 from __future__ import annotations
+
+import importlib.util
+
+CONNECTORS = (("HardenedMooncakeConnector", "connector_patch.vllm_mooncake", None),
+              ("HardenedAscendStoreConnector", "connector_patch.ascend_store", "vllm_ascend"),
+              ("HardenedMooncakeLayerwiseConnector", "connector_patch.ascend_layerwise", "vllm_ascend"))
 
 
 def register() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-    name = "HardenedMooncakeConnector"
-    if name in getattr(KVConnectorFactory, "_registry", {}):
-        return
-    KVConnectorFactory.register_connector(name, "connector_patch.vllm_mooncake", "HardenedMooncakeConnector")
+    registry = getattr(KVConnectorFactory, "_registry", {})
+    for name, module, needs in CONNECTORS:
+        if name in registry or (needs is not None and importlib.util.find_spec(needs) is None):
+            continue
+        KVConnectorFactory.register_connector(name, module, name)

@@ -74,6 +74,9 @@ class Family:
     name: ClassVar[str]
     description: ClassVar[str] = ""
     targets: ClassVar[tuple[str, ...]]
+    # The targets a scenario runs when it names none (default: every target). A target that needs
+    # an optional node stack can stay out of it, so older scenario files keep their meaning.
+    default_targets: ClassVar[tuple[str, ...] | None] = None
     # The target whose verdicts are the "before" in reports (today's upstream code, or a model of it).
     baseline_target: ClassVar[str | None] = None
     Topology: ClassVar[type[Spec]] = Spec

@@ -172,7 +172,7 @@ def scenario_model(family: str = DEFAULT_FAMILY):
         _MODELS[family] = create_model(
             f"Scenario_{family}", __base__=_ScenarioBase,
             family=(Literal[family], Field(family, description=fam.description)),  # type: ignore[valid-type]
-            targets=(list[targets], Field(default_factory=lambda: list(fam.targets), min_length=1)),
+            targets=(list[targets], Field(default_factory=lambda: list(fam.default_targets or fam.targets), min_length=1)),
             topology=(fam.Topology, Field(default_factory=fam.Topology)),
             workload=(fam.Workload, Field(default_factory=fam.Workload)),
             faults=(list[_fault_union(fam)], Field(default_factory=list)),

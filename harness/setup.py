@@ -220,9 +220,9 @@ def is_step(obj: Any) -> bool:
 
 def optional_steps() -> list[Any]:
     """Opt-in steps (run only when picked with ``--only NAME``), marked ``optional = True``."""
-    from .nodeenv import pd_steps
+    from .nodeenv import ascend_steps, pd_steps
 
-    steps = pd_steps()
+    steps = pd_steps() + ascend_steps()
     for step in steps:
         step.optional = True
     return steps

@@ -70,7 +70,7 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
                 problems.append(f"malformed requests: sent {ev.get('sent')}, answered {ev.get('answered')}, "
                                 f"unanswered {ev.get('unanswered')}, duplicates {ev.get('duplicates', 0)}, "
                                 f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
-    counted = [p for p in inp.probes if p.get("node") == "server" and p.get("kind") == "lookup-server"
+    counted = [p for p in inp.probes if p.get("node") == "server" and p.get("kind") in ("lookup-server", "ascend-lookup-server")
                and "replies" in (p.get("counters") or {})]
     killed = {e.get("pid") for e in inp.events if e.get("what") == "process_kill"}
     lost = 0
@@ -143,3 +143,20 @@ def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"injected faults left no failure of their category: {', '.join(missing)}")
     return _r(True, f"client counters match the history ({sum(tally.values())} ops) and every failure is "
                     f"explained by an injected fault")
+
+
+@check("clean_close")
+def clean_close(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Closing the lookup server (``server_close``) left its process running: the close returned,
+    and the node (vLLM's worker, in a real deployment) did not die with it."""
+    closes = [e for e in inp.events if e.get("what") == "server_close"]
+    if not closes:
+        return _r(False, "no server_close in the history: nothing shows a close is survived")
+    died = [e for e in closes if not e.get("survived")]
+    if died:
+        e = died[0]
+        how = f"exit code {e.get('exit_code')}" if e.get("exit_code") is not None else (e.get("error") or "no answer")
+        return _r(False, f"{len(died)} of {len(closes)} closes took the server process down ({how})",
+                  exit_codes=[x.get("exit_code") for x in died])
+    return _r(True, f"{len(closes)} closes returned in "
+                    f"{', '.join(str(e.get('close_ms')) for e in closes)} ms; the process kept running")

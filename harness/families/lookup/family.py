@@ -16,11 +16,14 @@ PKG = __name__.rsplit(".", 1)[0]
 class LookupFamily(Family):
     name = "lookup"
     description = "AscendStore lookup RPC: scheduler -> worker rank 0 over ZMQ REQ/REP"
-    targets = ("hardened", "legacy")
+    targets = ("hardened", "legacy", "upstream")
+    # ``upstream`` runs vllm-ascend's real code and needs the conformance env: named by a scenario
+    default_targets = ("hardened", "legacy")
     baseline_target = "legacy"
     Topology = LookupTopologySpec
     Workload = LookupWorkloadSpec
-    fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests")
+    fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests",
+                     f"{PKG}.fault_close")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("lookup",)
     node_kinds = NODE_KINDS
@@ -31,8 +34,20 @@ class LookupFamily(Family):
     log_pattern = r"[0-9a-fA-F]{32,}"
 
     def validate(self, scenario: Any) -> None:
-        if scenario.workload.reset_at is not None and "legacy" in scenario.targets:
-            raise ValueError("workload.reset_at: the legacy protocol has no reset; use targets: [hardened]")
+        if scenario.workload.reset_at is not None and {"legacy", "upstream"} & set(scenario.targets):
+            raise ValueError("workload.reset_at: today's protocol (legacy, upstream) has no reset; "
+                             "use targets: [hardened]")
+        if "upstream" in scenario.targets and scenario.topology.transport != "ipc":
+            raise ValueError("targets: upstream (vllm-ascend's lookup RPC) is ipc only: needs topology.transport: ipc")
+        from .topology import runs_ascend
+
+        if any(f.type == "server_close" for f in scenario.faults) and not all(
+                runs_ascend(scenario.topology, t) for t in scenario.targets):
+            raise ValueError("faults: server_close acts on vllm-ascend's real servers: needs targets that run it "
+                             "(upstream; hardened with topology.stack: vllm-ascend)")
+        if scenario.topology.stack == "vllm-ascend" and "legacy" in scenario.targets:
+            raise ValueError("targets: legacy is the standalone model of today's code; with topology.stack: "
+                             "vllm-ascend use upstream (the real code)")
         from .wire import NAMED_REWRITES
 
         for i, f in enumerate(scenario.faults):
@@ -55,14 +70,32 @@ class LookupFamily(Family):
             return "a partition fault needs topology.link: netns"
         return None
 
+    def unavailable(self, scenario: Any) -> str | None:
+        from .topology import runs_ascend
+
+        if any(runs_ascend(scenario.topology, t) for t in scenario.targets):
+            from harness.nodeenv.steps import ascend_unavailable
+
+            return ascend_unavailable()
+        return None
+
+    def setup_steps(self) -> list[Any]:
+        from harness.nodeenv import ascend_steps
+
+        return ascend_steps()
+
     def roles(self, scenario: Any) -> list[str]:
         return ["server"] + (["interposer"] if scenario.topology.link == "interposer" else [])
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
-        if target != "legacy":
-            return {}
-        why = "the legacy model keeps no counters"
-        out = {"metrics_match": "the legacy client keeps no failure counters"}
+        out: dict[str, str] = {}
+        if not any(f.type == "server_close" for f in scenario.faults):
+            out["clean_close"] = "no server_close fault is scheduled"
+        if target not in ("legacy", "upstream"):
+            return out
+        who = "the legacy model" if target == "legacy" else "vllm-ascend's code"
+        why = f"{who} keeps no counters"
+        out["metrics_match"] = f"{who}: its client keeps no failure counters"
         if not any(f.type == "malformed_requests" for f in scenario.faults):
             out["exactly_one_reply"] = f"{why}, and no malformed_requests fault counts replies itself"
         return out

@@ -5,4 +5,8 @@ NODE_KINDS: dict[str, tuple[str, str]] = {
     "legacy-server": (f"{__package__}.server_node", "a model of today's upstream lookup server"),
     "fake-peer": (f"{__package__}.fake_peer", "a misbehaving lookup peer: slow, silent, malformed, legacy"),
     "workload": (f"{__package__}.workload", "the scheduler side: runs lookups and records them"),
+    "ascend-lookup-server": (f"{__package__}.ascend_server",
+                             "worker rank 0's lookup server from real vllm-ascend code (conformance env)"),
+    "ascend-workload": (f"{__package__}.ascend_workload",
+                        "the workload with vllm-ascend's real scheduler-side client (conformance env)"),
 }

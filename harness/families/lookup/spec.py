@@ -17,11 +17,17 @@ class LookupTopologySpec(Spec):
     groups: int = Field(1, ge=1, le=16)
     preload_blocks: int = Field(64, ge=1, le=100_000)
     backend_timeout: Duration = Field(4.0, description="the hardened server's backend_timeout_ms")
+    stack: Literal["standalone", "vllm-ascend"] = Field(
+        "standalone", description="where the hardened target runs: connector_patch alone, or installed into "
+                                  "real vllm-ascend code by the plugin (conformance env; ipc only)")
 
     @model_validator(mode="after")
     def _links(self) -> "LookupTopologySpec":
         if self.link in ("toxiproxy", "netns") and self.transport != "tcp":
             raise ValueError(f"link {self.link!r} needs transport: tcp")
+        if self.stack == "vllm-ascend" and self.transport != "ipc":
+            raise ValueError("stack: vllm-ascend derives an ipc path (vllm-ascend's lookup RPC has no tcp): "
+                             "needs transport: ipc")
         return self
 
 

@@ -9,12 +9,23 @@ through a Toxiproxy proxy (tcp), or across two network namespaces (client in "a"
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
 SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
+# Targets that run vllm-ascend's real code in the conformance node env (harness/nodeenv/ascend_stack.py):
+# ``upstream`` always; ``hardened`` with ``stack: vllm-ascend`` (the plugin's server and client).
+ASCEND_SERVER, ASCEND_WORKLOAD = "ascend-lookup-server", "ascend-workload"
+ASCEND_READY_S = 180.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 2-core host
+SERVER_RPC_PORT, CLIENT_RPC_PORT = 5100, 5101  # vllm-ascend's lookup_rpc_port: a name in the ipc path
+
+
+def runs_ascend(topo: Any, target: str) -> bool:
+    """Whether this target's server and client are vllm-ascend's real code (conformance env)."""
+    return target == "upstream" or (target == "hardened" and getattr(topo, "stack", "standalone") == "vllm-ascend")
 GRACE_S = 1.0  # the workload's grace after its duration, on top of deadline + tolerance
 
 
@@ -31,7 +42,16 @@ class LookupTopology(BaseTopology):
         self.preload = preload_keys(scenario.seed, self.topo.preload_blocks)
         self.preload_path = run_dir / "preload.txt"
         self.preload_path.write_text("\n".join(self.preload) + "\n")
-        if self.topo.link == "netns":
+        self.ascend = runs_ascend(self.topo, target)
+        if self.ascend:
+            # vllm-ascend derives the path from VLLM_RPC_BASE_PATH and lookup_rpc_port (ipc only);
+            # the client's differs from the server's only when an interposer sits between them
+            from .ascend_server import lookup_path
+
+            self.server_endpoint = lookup_path(str(self.tmp), SERVER_RPC_PORT)
+            self.workload_kind = ASCEND_WORKLOAD
+            self.workload_ready_timeout_s = ASCEND_READY_S
+        elif self.topo.link == "netns":
             self.make_netns()
             self.server_endpoint = f"tcp://{self.netns.ip_b}:{free_tcp_port()}"
         elif self.topo.transport == "ipc":
@@ -45,6 +65,10 @@ class LookupTopology(BaseTopology):
         t = self.topo
         if role == "server":
             args = self._peer_args()
+            if self.ascend:
+                args += ["--impl", self.target, "--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
+                return NodeSpec(ASCEND_SERVER, args, endpoints={"lookup": self.server_endpoint},
+                                ready_timeout_s=ASCEND_READY_S)
             kind = SERVER_KIND[self.target]
             if kind == "lookup-server":
                 args += ["--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
@@ -56,15 +80,48 @@ class LookupTopology(BaseTopology):
         return super().node_spec(role)
 
     def start(self) -> None:
-        self.start_node("server")
+        if not self.ascend:  # vllm-ascend's server starts beside the workload (start_workload)
+            self.start_node("server")
         if self.topo.link == "interposer":
-            self._interposer_listen = (f"ipc://{self.tmp}/interposer.sock" if self.topo.transport == "ipc"
-                                       else f"tcp://127.0.0.1:{free_tcp_port()}")
+            if self.ascend:
+                from .ascend_server import lookup_path
+
+                self._interposer_listen = lookup_path(str(self.tmp), CLIENT_RPC_PORT)
+            else:
+                self._interposer_listen = (f"ipc://{self.tmp}/interposer.sock" if self.topo.transport == "ipc"
+                                           else f"tcp://127.0.0.1:{free_tcp_port()}")
             self.start_node("interposer")
             self.client_endpoint = self._interposer_listen
         elif self.topo.link == "toxiproxy":
             listen = self.toxiproxy_link("lookup", self.server_endpoint[len("tcp://"):])
             self.client_endpoint = f"tcp://{listen}"
+
+    def start_workload(self, journal_part: Path) -> Any:
+        """With vllm-ascend's code on both sides, the server and the workload each import torch,
+        vLLM and vllm-ascend (~10 s apiece here): they start side by side (ZMQ connects lazily, and
+        the workload sends nothing before the runner's start signal, which comes after both are
+        ready). The first failure is raised once both ended."""
+        if not self.ascend:
+            return super().start_workload(journal_part)
+        out: dict[str, Any] = {}
+
+        def server() -> None:
+            try:
+                self.start_node("server")
+            except BaseException as exc:  # noqa: BLE001 - raised below
+                out["error"] = exc
+
+        th = threading.Thread(target=server, name="start-server")
+        th.start()
+        try:
+            out["workload"] = super().start_workload(journal_part)
+        finally:
+            th.join()
+        if "error" in out:
+            if "workload" in out:
+                out["workload"].stop(2.0)
+            raise out["error"]
+        return out["workload"]
 
     def workload_config(self) -> dict:
         m, w = self.scenario, self.scenario.workload

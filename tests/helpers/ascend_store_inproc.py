@@ -448,7 +448,7 @@ def upstream_stalls() -> dict:
     """AscendStoreConnector against the same bad servers: one schedule() per case on its own
     thread, all started together, watched for STALL_S; a step still running then is a stall."""
     kinds = ["dead", "frozen_rep", "frozen_process", "malformed_not_msgpack", "malformed_hit_out_of_range",
-             "malformed_empty_frame"]
+             "malformed_empty_frame", "hardened_server"]
     out: dict = {}
     threads = {}
     for kind in kinds:
@@ -456,11 +456,19 @@ def upstream_stalls() -> dict:
         out[kind] = case
         try:
             port = next_port()
-            case.update(make_server(kind, port))
-            case.pop("_process", None)  # stays frozen: killed at the end
-            eng = Engine(UPSTREAM, port)
+            if kind == "hardened_server":  # a version-skewed pair: hardened worker, upstream scheduler
+                eng = Engine(UPSTREAM, port)
+                r1 = make_request("r1")
+                KEEP.append(HardenedLookupKeyServer(KnownSetPoolWorker(h.hex() for h in r1.block_hashes[:POOL_BLOCKS]),
+                                                    eng.vc))
+                case["peer"] = "HardenedLookupKeyServer over a pool holding 4 of the prompt's blocks"
+            else:
+                case.update(make_server(kind, port))
+                case.pop("_process", None)  # stays frozen: killed at the end
+                eng = Engine(UPSTREAM, port)
+                r1 = make_request("r1")
             case["connector_class"] = type(eng.connector).__name__
-            eng.sched.add_request(make_request("r1"))
+            eng.sched.add_request(r1)
         except Exception as e:  # noqa: BLE001
             case["error"] = err(e)
             traceback.print_exc()
@@ -476,6 +484,9 @@ def upstream_stalls() -> dict:
                 case["load_spec"] = None if spec is None else {"kvpool_cached": spec.kvpool_cached_tokens}
             except BaseException as e:  # noqa: BLE001 - what upstream does is the finding
                 case["raised"] = err(e)
+                tb = traceback.extract_tb(e.__traceback__)
+                case["raised_at"] = "/".join(tb[-1].filename.split("/")[-5:]) if tb else None
+                case["raised_line"] = (tb[-1].line or "")[:120] if tb else None
             case["step_s"] = round(time.monotonic() - t, 4)
 
         th = threading.Thread(target=run, name=f"upstream-{kind}", daemon=True)

@@ -1,0 +1,62 @@
+"""The layerwise family's checks.
+
+* ``left_waiting``: every request left WAITING_FOR_REMOTE_KVS through ``finished_recving`` within
+  its op's bound, and each one that failed had all its blocks reported as failed loads (a request
+  that never leaves the wait holds its blocks and its scheduler entry forever).
+* ``listener_answers``: every malformed or unexpected message sent to D's listener
+  (``listener_garbage``) was answered on its first try, within that try's timeout.
+"""
+
+from __future__ import annotations
+
+from harness.checks import CheckInput, CheckResult, _first, _r
+
+from .family import FAMILY
+
+check = FAMILY.checks.check
+
+
+@check("left_waiting")
+def left_waiting(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    ops = [o for o in inp.ops if o.get("phase") in ("ok", "fail", "info")]
+    if not ops:
+        return _r(False, "no request in the history: nothing shows that requests leave the wait")
+    waiting = [o for o in ops if o.get("value") == "waiting" or o.get("outcome") == "stalled"]
+    unreported = [o for o in ops if o.get("outcome") == "failed_load"
+                  and (o.get("blocks_reported") or 0) < (o.get("blocks") or 0)]
+    raised = [o for o in ops if o.get("outcome") == "raised"]
+    failed = [o for o in ops if o.get("outcome") == "failed_load"]
+    det = {"requests": len(ops), "failed": len(failed), "still_waiting": _first([o["id"] for o in waiting]),
+           "blocks_unreported": _first([o["id"] for o in unreported]), "unknown": _first([o["id"] for o in raised])}
+    if waiting:
+        rep = [o for o in waiting if (o.get("blocks_reported") or 0) > 0]
+        how = (f"; {len(rep)} of them with their blocks reported as failed loads but never finished"
+               if rep else "")
+        return _r(False, f"{len(waiting)} of {len(ops)} requests still in WAITING_FOR_REMOTE_KVS at their bound "
+                         f"(first: op {waiting[0]['id']}){how}", **det)
+    if unreported:
+        o = unreported[0]
+        return _r(False, f"{len(unreported)} failed requests left the wait with blocks unreported (op {o['id']}: "
+                         f"{o.get('blocks_reported')} of {o.get('blocks')})", **det)
+    if raised:
+        return _r(False, f"{len(raised)} requests of unknown fate (D did not answer): op {raised[0]['id']}", **det)
+    return _r(True, f"all {len(ops)} requests left the wait through finished_recving; {len(failed)} failed, "
+                    f"each with all its blocks reported", **det)
+
+
+@check("listener_answers")
+def listener_answers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    probes = [e for e in inp.events if e.get("what") == "listener_probe"]
+    if not probes:
+        return _r(False, "no listener_probe recorded: the listener_garbage fault sent nothing")
+    late = [e for e in probes if not e.get("answered") or (e.get("tries") or 0) > 1]
+    det = {"probes": len(probes), "answers": {e.get("probe"): e.get("reply") for e in probes},
+           "worst_ms": max((e.get("elapsed_ms") or 0) for e in probes)}
+    if late:
+        e = late[0]
+        how = (f"never answered after {e.get('tries')} tries ({e.get('elapsed_ms')} ms)" if not e.get("answered")
+               else f"answered only on try {e.get('tries')}")
+        return _r(False, f"{len(late)} of {len(probes)} bad messages not answered at once; {e.get('probe')}: {how}",
+                  **det)
+    return _r(True, f"all {len(probes)} bad messages answered on the first try (worst {det['worst_ms']} ms): "
+                    + ", ".join(f"{k}={v}" for k, v in det["answers"].items()), **det)

@@ -1,0 +1,66 @@
+"""The layerwise family's definition (see the package docstring)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.family import Family
+
+from .nodes import NODE_KINDS
+from .spec import LayerwiseTopologySpec, LayerwiseWorkloadSpec
+
+PKG = __name__.rsplit(".", 1)[0]
+
+
+class LayerwiseFamily(Family):
+    name = "layerwise"
+    description = ("vllm-ascend's layerwise (decoder-first) P/D connector, real code on CPU: D's listener, P's "
+                   "per-layer sender, D's metaserver POST")
+    targets = ("upstream", "hardened")
+    baseline_target = "upstream"
+    Topology = LayerwiseTopologySpec
+    Workload = LayerwiseWorkloadSpec
+    fault_modules = (f"{PKG}.faults",)
+    check_modules = (f"{PKG}.checks",)
+    primary_ops = ("transfer",)
+    node_kinds = NODE_KINDS
+
+    def requirements(self, scenario: Any) -> set[str]:
+        return {"toxiproxy"} if scenario.topology.link == "toxiproxy" else set()
+
+    def unmet(self, scenario: Any, needs: set[str]) -> str | None:
+        if "toxiproxy" in needs and scenario.topology.link != "toxiproxy":
+            return "a toxic fault needs topology.link: toxiproxy"
+        if needs - {"toxiproxy"}:
+            return f"the layerwise topology has no {', '.join(sorted(needs - {'toxiproxy'}))} link"
+        return None
+
+    def unavailable(self, scenario: Any) -> str | None:  # noqa: ARG002
+        from harness.nodeenv.steps import ascend_unavailable
+
+        return ascend_unavailable()
+
+    def setup_steps(self) -> list[Any]:
+        from harness.nodeenv import ascend_steps
+
+        return ascend_steps()
+
+    def roles(self, scenario: Any) -> list[str]:  # noqa: ARG002
+        return ["decode", "prefill", "metaserver"]
+
+    def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:  # noqa: ARG002
+        out = {"no_leaks": "vLLM's own threads grow on demand here (the scheduler's POST executor, up to 32; "
+                           "a socket per metadata query upstream): thread and fd counts measure no leak"}
+        if not any(f.type == "listener_garbage" for f in scenario.faults):
+            out["listener_answers"] = "no listener_garbage fault is scheduled"
+        return out
+
+    def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any]):
+        from .topology import LayerwiseTopology
+
+        return LayerwiseTopology(scenario, target, run_dir, record, services)
+
+
+FAMILY = LayerwiseFamily()

@@ -1,0 +1,114 @@
+"""The layerwise family's faults (``family = "layerwise"``); the link faults are the generic
+Toxiproxy ones (``down``, ``timeout``) with ``topology.link: toxiproxy``.
+
+* ``listener_garbage``: malformed and unexpected messages sent to D's listener the way P's signal
+  sender sends (a REQ socket, ``tries`` tries of ``try_timeout`` each, a new socket per try, the
+  messages at once); one ``listener_probe`` event per message: answered or not, with what, after
+  how many tries and how long. Never logs frames.
+* ``transfer_error``: P's transfer engine fails every write while the window lasts (``raise``: the
+  binding raises; ``ret``: it returns -1).
+* ``metaserver_fault``: the proxy's metaserver answers 500 (``error``), never answers (``hang``)
+  or closes the connection unanswered (``drop``) while the window lasts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Literal
+
+from pydantic import Field
+
+from faults.base import Duration, Fault, FaultParams, OnceFault, register
+
+# what each probe sends after the REQ envelope (never a real request id: "x")
+PROBES: dict[str, list[bytes]] = {
+    "not_msgpack": [b"\xc1\xc1"],
+    "not_a_tuple": [b"\x07"],  # msgpack 7
+    "unknown_type": [b"\x92\xc4\x09bogus_msg\xa1x"],  # (b"bogus_msg", "x")
+    "missing_fields": [b"\x92\xc4\x10done_sending_msg\xa1x"],  # (DONE, "x"): no count, no sender
+    "two_payloads": [b"\x92\xc4\x10done_sending_msg\xa1x", b"extra"],
+}
+
+
+@register
+class ListenerGarbage(OnceFault):
+    """Malformed and unexpected messages to D's listener; records whether and when each is answered."""
+
+    family = "layerwise"
+    name = "listener_garbage"
+
+    class Params(FaultParams):
+        tries: int = Field(3, ge=1, le=5, description="tries per message (upstream's sender: 3)")
+        try_timeout: Duration = Field(1.0, description="wait for an answer per try (upstream's sender: 1 s)")
+
+    def _probe(self, endpoint: str, kind: str, frames: list[bytes]) -> None:
+        import zmq
+
+        p = self.params
+        t0 = time.monotonic()
+        answer, tries = None, 0
+        for tries in range(1, p.tries + 1):
+            ctx = zmq.Context()
+            try:
+                sock = ctx.socket(zmq.REQ)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDTIMEO, int(p.try_timeout * 1000))
+                sock.connect(endpoint)
+                sock.send_multipart(frames)
+                if sock.poll(int(p.try_timeout * 1000), zmq.POLLIN):
+                    answer = sock.recv()
+                    break
+            except zmq.ZMQError:
+                pass
+            finally:
+                ctx.destroy(linger=0)
+            time.sleep(0.1)
+        code = None if answer is None else (answer.decode() if answer.startswith((b"NACK", b"ACK")) else "other")
+        self.ctx.event("listener_probe", probe=kind, answered=answer is not None, reply=code, tries=tries,
+                       elapsed_ms=round((time.monotonic() - t0) * 1000, 1))
+
+    def inject(self) -> None:
+        endpoint = self.ctx.node("decode").endpoints["listener"]
+        threads = [threading.Thread(target=self._probe, args=(endpoint, k, f), name=f"probe-{k}", daemon=True)
+                   for k, f in PROBES.items()]
+        for th in threads:
+            th.start()
+        bound = self.params.tries * (self.params.try_timeout + 0.2) + 2.0
+        for th in threads:
+            th.join(bound)
+
+
+@register
+class TransferError(Fault):
+    """P's transfer engine fails every write during the window."""
+
+    family = "layerwise"
+    name = "transfer_error"
+
+    class Params(FaultParams):
+        mode: Literal["raise", "ret"] = Field("raise", description="raise: the engine raises; ret: it returns -1")
+
+    def start(self) -> None:
+        self.ctx.control("prefill", "engine_fault", mode=self.params.mode)
+
+    def stop(self) -> None:
+        self.ctx.control("prefill", "engine_fault", mode="ok")
+
+
+@register
+class MetaserverFault(Fault):
+    """The proxy's metaserver fails D's POSTs during the window."""
+
+    family = "layerwise"
+    name = "metaserver_fault"
+
+    class Params(FaultParams):
+        mode: Literal["error", "hang", "drop"] = Field("hang", description="error: HTTP 500; hang: never answers; "
+                                                                           "drop: closes unanswered")
+
+    def start(self) -> None:
+        self.ctx.control("metaserver", "metaserver_fault", mode=self.params.mode)
+
+    def stop(self) -> None:
+        self.ctx.control("metaserver", "metaserver_fault", mode="ok")

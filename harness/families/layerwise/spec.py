@@ -1,0 +1,36 @@
+"""The layerwise family's ``topology:`` and ``workload:`` blocks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from faults.base import Duration
+from harness.family import Spec, WorkloadSpec
+
+
+class LayerwiseTopologySpec(Spec):
+    link: Literal["direct", "toxiproxy"] = Field(
+        "direct", description="how P reaches D's listener (metadata query, DONE/FAILED): directly or through a "
+                              "Toxiproxy proxy the toxic faults act on")
+    recv_timeout: Duration = Field(2.0, description="hardened: how long D waits for a request's DONE/FAILED "
+                                                    "(layerwise_recv_timeout_s)")
+    meta_timeout: Duration = Field(1.0, description="hardened: P's bound on one metadata query "
+                                                    "(layerwise_meta_timeout_s)")
+    post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
+                                                    "(metaserver_timeout_s)")
+
+
+class LayerwiseWorkloadSpec(WorkloadSpec):
+    concurrency: int = Field(2, ge=1, le=8, description="workers, each with one request in flight")
+    rate: float = Field(2.0, gt=0, le=50, description="requests/s over all workers")
+    tokens: int = Field(64, ge=16, le=256, description="prompt tokens per request (16 per block)")
+    wait: Duration = Field(4.5, description="how long an op watches its request before recording it stalled "
+                                            "(still in WAITING_FOR_REMOTE_KVS)")
+
+    def op_bound(self) -> float:
+        return float(self.wait)
+
+    def recovery_gap(self, within: int) -> float:
+        return within * self.concurrency / self.rate

@@ -1,0 +1,71 @@
+"""The layerwise family's topology: D, P, the metaserver, and the link P dials D through.
+
+Roles: ``decode`` (``layerwise-decode``), ``prefill`` (``layerwise-prefill``), ``metaserver``
+(``layerwise-metaserver``). D and P start together (each imports torch + vLLM + vllm-ascend);
+then, with ``link: toxiproxy``, a Toxiproxy proxy in front of D's listener, which the metaserver
+gives P as D's address (the toxic faults then act on P's metadata queries and DONE/FAILED
+signals); then the metaserver. The workload drives requests through D.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.topology import BaseTopology, NodeSpec, free_tcp_port
+
+from .node import READY_TIMEOUT_S
+
+METASERVER_PATH = "/v1/metaserver"
+GRACE_S = 2.0
+
+
+class LayerwiseTopology(BaseTopology):
+    workload_kind = "layerwise-workload"
+    workload_ready_timeout_s = 30.0
+    fault_bound_s = 15.0
+
+    def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
+                 services: dict[str, Any] | None = None):
+        super().__init__(scenario, target, run_dir, record, services)
+        self.topo = scenario.topology
+        self.kv_port = free_tcp_port()
+        self.ms_port = free_tcp_port()
+        self.dist_ports = {"decode": free_tcp_port(), "prefill": free_tcp_port()}
+        self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
+        self.decode_via = ""
+
+    def _connector_args(self, role: str) -> list[str]:
+        t = self.topo
+        return ["--impl", self.target, "--dist-port", str(self.dist_ports[role]),
+                "--recv-timeout", f"{t.recv_timeout:g}", "--meta-timeout", f"{t.meta_timeout:g}",
+                "--post-timeout", f"{t.post_timeout:g}"]
+
+    def node_spec(self, role: str) -> NodeSpec:
+        if role == "decode":
+            args = self._connector_args(role) + ["--kv-port", str(self.kv_port), "--metaserver",
+                                                 f"http://127.0.0.1:{self.ms_port}{METASERVER_PATH}"]
+            return NodeSpec("layerwise-decode", args, endpoints={"listener": self.decode_listener},
+                            ready_timeout_s=READY_TIMEOUT_S)
+        if role == "prefill":
+            args = self._connector_args(role) + ["--kv-port", str(free_tcp_port())]
+            return NodeSpec("layerwise-prefill", args, ready_timeout_s=READY_TIMEOUT_S)
+        if role == "metaserver":
+            args = ["--port", str(self.ms_port), "--prefill-control", self.control_endpoint("prefill")]
+            if self.decode_via:
+                args += ["--decode-via", self.decode_via]
+            return NodeSpec("layerwise-metaserver", args,
+                            endpoints={"metaserver": f"http://127.0.0.1:{self.ms_port}{METASERVER_PATH}"})
+        return super().node_spec(role)
+
+    def start(self) -> None:
+        self.start_nodes(["decode", "prefill"])
+        if self.topo.link == "toxiproxy":
+            self.decode_via = self.toxiproxy_link("layerwise", f"127.0.0.1:{self.kv_port}")
+        self.start_node("metaserver")
+
+    def workload_config(self) -> dict:
+        m, w = self.scenario, self.scenario.workload
+        return {"decode_control": self.control_endpoint("decode"), "target": self.target, "seed": m.seed,
+                "concurrency": w.concurrency, "rate": w.rate, "duration_s": w.duration, "tokens": w.tokens,
+                "wait_s": w.wait, "grace_s": w.wait + GRACE_S}

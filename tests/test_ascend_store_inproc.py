@@ -32,7 +32,7 @@ Reset: upstream ``AscendStoreConnector`` has no ``reset_cache`` (vLLM's base ret
 ``reset_prefix_cache(reset_connector=True)`` reports success and the pool keeps every block.
 ``LookupKeyServer.close()`` while its thread waits in recv aborts the process (SIGABRT, exit 134,
 a libzmq assertion: ``signaler.cpp:238`` or ``own.cpp:153``) on most runs, not all (measured in
-batches of 5 or 8: 2 of 5 to 12 of 12; 40 of 50 runs in all); on the others its thread stays blocked in recv.
+batches of 5 to 12: from 2 of 5 to 12 of 12; 57 of 82 runs in all); on the others its thread stays blocked in recv.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ DEADLINE_MS = 300  # lookup_rpc_timeout_ms of the fault cases
 DEADLINE_S = DEADLINE_MS / 1000.0
 TOLERANCE_S = 0.2  # scheduling noise on 2 shared cores, on top of the deadline
 STALL_S = 5.0  # how long an upstream step is watched before it counts as a stall
-CLOSE_RUNS = 8  # per server class; upstream aborted in 2 of 5 to 12 of 12 runs per batch (40 of 50 in all)
+CLOSE_RUNS = 8  # per server class; upstream aborted in 2 of 5 to 12 of 12 runs per batch (57 of 82 in all)
 PROMPT_LEN = 200  # the helper's prompt: 6 full blocks of 32; the lookup asks for 192 tokens
 HIT = 128  # the healthy pool holds 4 blocks of 32
 PENDING_STORE_S = 0.5  # the store pending in the worker's queue when the reset arrives
@@ -264,6 +264,19 @@ def test_reset_failures_return_false_bounded_never_raise(run):
             assert case[key] <= DEADLINE_S + TOLERANCE_S, (name, key, case[key])
 
 
+def test_reset_whose_drain_outlasts_the_client_deadline(run):
+    """Measured semantics: with a store pending longer than lookup_rpc_timeout_ms, reset_cache()
+    returns False at the deadline (not confirmed), and the worker still completes the reset after
+    it (the store lands, then the clear: the order holds; the pool ends empty). So False means "not
+    confirmed", not "not done". With the defaults (lookup_rpc_timeout_ms 1000, the server's drain
+    budget RESET_DRAIN_S 2 s) a reset that waits 1-2 s for stores is reported False and done."""
+    case = _case(run, "resets", "drain_outlasts_client_deadline")
+    assert case["result"] is False and case["raised"] is None
+    assert case["elapsed_s"] <= DEADLINE_S + TOLERANCE_S and case["pool_size_at_return"] == 4
+    assert case["events_later"] == ["store_landed", "clear"] and case["pool_size_later"] == 0
+    assert case["matched_later"]["result"] == [0, False] and case["matched_later"]["outcome"] == "ok"
+
+
 def test_reset_reaches_a_real_worker_role_connector_and_is_none_there(run):
     """A worker-role HardenedAscendStoreConnector built by vLLM's factory (vllm-ascend's real
     KVPoolWorker; its rank-0 HardenedLookupKeyServer): its own reset_cache() is None (the scheduler
@@ -302,9 +315,9 @@ def test_close_while_waiting_in_recv_upstream_aborts_hardened_exits_clean(run):
           [(r["exit"], r["zmq_assertion"], "after close() returned" if r["close_returned"] else "in close()",
             f"thread alive after: {r['thread_alive_after']}") for r in upstream])
     assert aborts, upstream
-    for r in aborts:  # libzmq asserts: signaler.cpp:238 (pfd.revents & POLLIN) or own.cpp:153 (_term_acks > 0)
+    for r in aborts:  # e.g. signaler.cpp:238 (pfd.revents & POLLIN), own.cpp:153 (_term_acks > 0)
         assert r["signal"] == "SIGABRT", r
-        assert r["zmq_assertion"] is not None and "(src/" in r["zmq_assertion"], r
+        assert r["zmq_assertion"] is not None and ".cpp:" in r["zmq_assertion"], r  # libzmq's, with its place
     for r in upstream:  # no run stops cleanly: without an abort its thread is left blocked in recv
         assert r in aborts or (r["exit"] == 0 and r["close_returned"] and r["thread_alive_after"] is True), r
     for r in hardened:

@@ -40,6 +40,7 @@ import json
 import os
 import queue
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -637,6 +638,22 @@ def resets() -> dict:
         case["error"] = err(e)
         traceback.print_exc()
 
+    # the drain outlasts the client's deadline: False at the deadline; the worker finishes anyway
+    case = {"error": None, "deadline_ms": DEADLINE_MS}
+    out["drain_outlasts_client_deadline"] = case
+    try:
+        eng, r1, pool = setup({"clear": "pool"}, timeout_ms=DEADLINE_MS)
+        pool.store_later(make_request("z").block_hashes[0].hex(), PENDING_STORE_S)
+        case["result"], case["raised"], case["elapsed_s"] = timed(eng.connector.reset_cache)
+        case["pool_size_at_return"] = pool.size()
+        time.sleep(PENDING_STORE_S + 0.5)
+        case["events_later"] = [n for n, _ in pool.events]
+        case["pool_size_later"] = pool.size()
+        case["matched_later"] = eng.matched(make_request_same(r1))
+    except Exception as e:  # noqa: BLE001
+        case["error"] = err(e)
+        traceback.print_exc()
+
     # nobody answers: nothing bound, a REP that never replies
     for name, server in (("dead", "dead"), ("frozen", "frozen")):
         case = {"error": None, "deadline_ms": DEADLINE_MS}
@@ -724,9 +741,12 @@ def close_children() -> dict:
                 text = fh.read()
             run["close_returned"] = "pdchaos: close() returned" in text
             run["thread_alive_after"] = ("alive=1" in text) if "alive=" in text else None
-            # libzmq's own assertion line, e.g. "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)"
-            asserts = [ln.strip() for ln in text.splitlines() if ln.startswith("Assertion failed:")]
+            # libzmq's own assertion line: "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)",
+            # or an errno assertion, "<strerror> (src/<file>.cpp:<line>)"
+            asserts = [ln.strip() for ln in text.splitlines() if re.search(r"\(src/[\w./-]+\.cpp:\d+\)", ln)]
             run["zmq_assertion"] = asserts[0][:120] if asserts else None
+            if run["exit"] != 0 and not asserts:  # what else it said (the pool is empty: no hash can be here)
+                run["stderr_tail"] = [ln[:160] for ln in text.strip().splitlines()[-3:]]
             run["signaler_assertion"] = "signaler.cpp" in text
             run["seconds"] = round(time.monotonic() - t0, 3)
             runs.append(run)

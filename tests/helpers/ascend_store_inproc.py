@@ -27,10 +27,11 @@ pool behind the lookup servers is ``KnownSetPoolWorker``, a small object with up
 ``KVPoolWorker``'s ``lookup_scheduler`` signature answering from a known set of block hashes, with a
 ``kv_send_thread.request_queue`` of pending stores and ``clear_pool()`` /
 ``m_store.store.remove_all(force=True)``; bad servers are raw ZMQ REP sockets (tests/rawpeers.py).
-``ASCEND_ENABLE_USE_FABRIC_MEM=1`` (an upstream setting, read by its MooncakeBackend) makes the
-scheduler-side Mooncake store client set up without a TransferEngine: the stub engine's
-``initialize()`` returns a MagicMock, which upstream's GlobalTE rejects (``!= 0``); that store client
-is used only in layerwise mode, never on the lookup path under test.
+``ASCEND_ENABLE_USE_FABRIC_MEM=1`` (an upstream setting, read only by its MooncakeBackend) makes the
+Mooncake store clients (the scheduler's, and the worker-role connector's KVPoolWorker's) set up
+without a TransferEngine: the stub engine's ``initialize()`` returns a MagicMock, which upstream's
+GlobalTE rejects (``!= 0``). The scheduler's store client is used only in layerwise mode
+(``batch_is_exist`` / ``batch_get_key_info``), never on the lookup path under test.
 """
 
 from __future__ import annotations

@@ -61,6 +61,8 @@ MALFORMED = {"malformed_not_msgpack": "BAD_REPLY", "malformed_empty_frame": "EMP
              "malformed_two_frames": "EXTRA_FRAMES", "malformed_hit_out_of_range": "HIT_OUT_OF_RANGE",
              "malformed_version_2": "UNSUPPORTED_VERSION"}
 LEGACY = ("legacy_raw", "legacy_upstream_server")
+# whichever test runs first (alone with -k, too) pays for the module fixture's subprocess
+pytestmark = pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 60)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +128,6 @@ def _went_local(case: dict) -> None:
     assert s1["load_specs_left"] == [] and s2["load_specs_left"] == []
 
 
-@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 60)  # the first test also pays for the module fixture
 def test_hardened_dead_and_frozen_servers_fail_open_at_the_deadline(run):
     """Nothing bound, a REP that reads and never replies, a REP that never reads, a real server
     process SIGSTOPped (healthy just before): ``get_num_new_matched_tokens`` returns (0, False) at

@@ -21,6 +21,8 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    (``layerwise_meta_timeout_s``, default 2 s) on a socket closed afterwards; once it failed, the
    request's later layers skip it without asking again, and after the last layer D is told FAILED
    (off the forward pass). Upstream retries the query ~3.3 s on every layer and never tells D.
+   DONE/FAILED go out off the sending thread, bounded (``layerwise_signal_timeout_s``, default
+   2 s); upstream's sender retries up to ~10 s on the sending thread when D is unreachable.
 4. **D never waits forever.** Every request D waits for has a deadline
    (``layerwise_recv_timeout_s``, default 60 s). When it passes without DONE (from every sender)
    or FAILED, D fails the request itself. A failed request (FAILED, deadline, failed POST) leaves
@@ -52,7 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.utils.network_utils import make_zmq_path, make_zmq_socket
 from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up
 
-from connector_patch.layerwise.rules import (ACK, GET_META, NACK_MALFORMED, Message, RecvDeadlines, classify,
+from connector_patch.layerwise.rules import (ACK, DONE, FAILED, GET_META, NACK_MALFORMED, Message, RecvDeadlines, classify,
                                              post_failure)
 
 logger = logging.getLogger(__name__)
@@ -60,7 +62,9 @@ logger = logging.getLogger(__name__)
 NAME = "HardenedMooncakeLayerwiseConnector"
 RECV_TIMEOUT_KEY, META_TIMEOUT_KEY, POST_TIMEOUT_KEY = ("layerwise_recv_timeout_s", "layerwise_meta_timeout_s",
                                                         "metaserver_timeout_s")
-DEFAULTS = {RECV_TIMEOUT_KEY: 60.0, META_TIMEOUT_KEY: 2.0, POST_TIMEOUT_KEY: 5.0}
+SIGNAL_TIMEOUT_KEY = "layerwise_signal_timeout_s"
+DEFAULTS = {RECV_TIMEOUT_KEY: 60.0, META_TIMEOUT_KEY: 2.0, POST_TIMEOUT_KEY: 5.0, SIGNAL_TIMEOUT_KEY: 2.0}
+SIGNAL_TRIES = 2
 POST_TRIES = 2
 POLL_MS = 100
 
@@ -292,9 +296,11 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
         super().__init__(vllm_config, kv_cache_config, engine_id)
         self.recv_timeout_s = option(vllm_config, RECV_TIMEOUT_KEY)
         self.meta_timeout_s = option(vllm_config, META_TIMEOUT_KEY)
+        self.signal_timeout_s = option(vllm_config, SIGNAL_TIMEOUT_KEY)
         self._meta_failed: dict[str, float] = {}
-        self._signals = ThreadPoolExecutor(2, thread_name_prefix="layerwise-failed-signal")
-        self.counters = {"meta_queries": 0, "meta_failures": 0, "meta_skips": 0, "recv_failed": 0, "recv_done": 0}
+        self._signals = ThreadPoolExecutor(2, thread_name_prefix="layerwise-signal")
+        self.counters = {"meta_queries": 0, "meta_failures": 0, "meta_skips": 0, "recv_failed": 0, "recv_done": 0,
+                         "signals": 0, "signal_failures": 0}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         with _hardened_threads(self):
@@ -400,13 +406,57 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
         for req_id, meta in connector_metadata.requests.items():
             if req_id in self._meta_failed and meta.chunk_finish:
                 self._meta_failed.pop(req_id, None)
-                self._signals.submit(self._signal_failed, req_id, meta)
+                self.send_done_send_signal(req_id, meta, 0, trans_flag=False)
 
-    def _signal_failed(self, req_id: str, meta: Any) -> None:
+    def send_done_send_signal(self, req_id: str, req_meta: Any, group_idx: int, trans_flag: bool = True) -> None:
+        """DONE/FAILED to D, off the sending thread and bounded (``layerwise_signal_timeout_s`` in
+        all, two tries): upstream sends it on the sending thread, 3 tries of up to ~2 s each, so an
+        unreachable D holds every later layer of every request. A signal that cannot get through is
+        counted; D's deadline then settles the request."""
+        self._signals.submit(self._signal, req_id, req_meta, group_idx, trans_flag)
+
+    def _signal(self, req_id: str, req_meta: Any, group_idx: int, trans_flag: bool) -> None:
+        self.counters["signals"] += 1
         try:
-            self.send_done_send_signal(req_id, meta, 0, trans_flag=False)
-        except Exception as exc:  # upstream's signal catches its own errors; this is belt and braces
-            logger.error("layerwise send: FAILED signal raised %s", type(exc).__name__)
+            count = req_meta.trans_count[group_idx] if req_meta.trans_count else 1
+            data = msgspec.msgpack.Encoder().encode((DONE if trans_flag else FAILED,
+                                                     up.get_external_request_id(req_id), count,
+                                                     f"{self.side_channel_host}:{self.handshake_port}"))
+            path = make_zmq_path("tcp", req_meta.remote_host, req_meta.remote_port)
+        except Exception as exc:
+            self.counters["signal_failures"] += 1
+            logger.error("layerwise send: cannot build the %s signal (%s)", "DONE" if trans_flag else "FAILED",
+                         type(exc).__name__)
+            return
+        t_end = time.monotonic() + self.signal_timeout_s
+        why = "no time left"
+        for _ in range(SIGNAL_TRIES):
+            left = t_end - time.monotonic()
+            if left <= 0:
+                break
+            per_try = max(1, int(left * 1000 / 2)) if _ == 0 else max(1, int(left * 1000))
+            ctx = zmq.Context()
+            try:
+                sock = ctx.socket(zmq.REQ)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDTIMEO, per_try)
+                sock.connect(path)
+                sock.send(data)
+                if not sock.poll(per_try, zmq.POLLIN):
+                    why = "no answer"
+                    continue
+                reply = sock.recv()
+                if reply == ACK:
+                    return
+                why = "answered " + (reply.decode(errors="replace") if reply.startswith(b"NACK") else "other")
+                break  # D refused it: trying again would not change that
+            except zmq.ZMQError as exc:
+                why = f"zmq errno {exc.errno}"
+            finally:
+                ctx.destroy(linger=0)
+        self.counters["signal_failures"] += 1
+        logger.error("layerwise send: %s signal not delivered (%s) within %.1f s; D's deadline settles the request",
+                     "DONE" if trans_flag else "FAILED", why, self.signal_timeout_s)
 
 
 # --------------------------------------------------------------------------- scheduler (D's POST)

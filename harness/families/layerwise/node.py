@@ -40,6 +40,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--recv-timeout", type=float, default=60.0, help="hardened: layerwise_recv_timeout_s")
     p.add_argument("--meta-timeout", type=float, default=2.0, help="hardened: layerwise_meta_timeout_s")
     p.add_argument("--post-timeout", type=float, default=5.0, help="hardened: metaserver_timeout_s")
+    p.add_argument("--signal-timeout", type=float, default=2.0, help="hardened: layerwise_signal_timeout_s")
     p.add_argument("--control", default=None)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(kind=kind)
@@ -49,6 +50,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out = [args.kind, "--impl", args.impl, "--kv-port", str(args.kv_port), "--dist-port", str(args.dist_port),
            "--engine-id", args.engine_id, "--metaserver", args.metaserver, "--recv-timeout", str(args.recv_timeout),
            "--meta-timeout", str(args.meta_timeout), "--post-timeout", str(args.post_timeout),
+           "--signal-timeout", str(args.signal_timeout),
            "--log-level", args.log_level]
     return out + (["--control", args.control] if args.control else [])
 
@@ -87,7 +89,7 @@ def _app(args: argparse.Namespace):
         def bind(self) -> None:
             folder = Path(tempfile.mkdtemp(prefix="pdc-lw-model-"))
             extra = {"layerwise_recv_timeout_s": args.recv_timeout, "layerwise_meta_timeout_s": args.meta_timeout,
-                     "metaserver_timeout_s": args.post_timeout}
+                     "metaserver_timeout_s": args.post_timeout, "layerwise_signal_timeout_s": args.signal_timeout}
             _, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
                                                    stack.write_model_dir(folder / "model"), args.dist_port,
                                                    self.engine, extra)

@@ -18,6 +18,8 @@ class LayerwiseTopologySpec(Spec):
                                                     "(layerwise_recv_timeout_s)")
     meta_timeout: Duration = Field(1.0, description="hardened: P's bound on one metadata query "
                                                     "(layerwise_meta_timeout_s)")
+    signal_timeout: Duration = Field(1.0, description="hardened: P's bound on one DONE/FAILED signal "
+                                                      "(layerwise_signal_timeout_s)")
     post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
                                                     "(metaserver_timeout_s)")
 
@@ -26,6 +28,8 @@ class LayerwiseWorkloadSpec(WorkloadSpec):
     concurrency: int = Field(2, ge=1, le=8, description="workers, each with one request in flight")
     rate: float = Field(2.0, gt=0, le=50, description="requests/s over all workers")
     tokens: int = Field(64, ge=16, le=256, description="prompt tokens per request (16 per block)")
+    start: Duration = Field(0.0, description="when the first request is issued (after a fault that must be in "
+                                             "place first)")
     wait: Duration = Field(4.5, description="how long an op watches its request before recording it stalled "
                                             "(still in WAITING_FOR_REMOTE_KVS)")
 

@@ -5,6 +5,12 @@ Roles: ``decode`` (``layerwise-decode``), ``prefill`` (``layerwise-prefill``), `
 then, with ``link: toxiproxy``, a Toxiproxy proxy in front of D's listener, which the metaserver
 gives P as D's address (the toxic faults then act on P's metadata queries and DONE/FAILED
 signals); then the metaserver. The workload drives requests through D.
+
+D and P are **reused** between scenarios of one target (harness/pool.py) when a run leaves them
+alive and drained: no request still waiting at D, nothing queued at P. A pooled D keeps its
+listener port and the metaserver port its scheduler POSTs to (the next run's metaserver binds that
+port); P's metadata cache of D is keyed by the address it dials, which a Toxiproxy link makes new
+per run.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 from .node import READY_TIMEOUT_S
 
 METASERVER_PATH = "/v1/metaserver"
+POOLED = ("decode", "prefill")
 GRACE_S = 2.0
 
 
@@ -39,7 +46,7 @@ class LayerwiseTopology(BaseTopology):
         t = self.topo
         return ["--impl", self.target, "--dist-port", str(self.dist_ports[role]),
                 "--recv-timeout", f"{t.recv_timeout:g}", "--meta-timeout", f"{t.meta_timeout:g}",
-                "--post-timeout", f"{t.post_timeout:g}"]
+                "--post-timeout", f"{t.post_timeout:g}", "--signal-timeout", f"{t.signal_timeout:g}"]
 
     def node_spec(self, role: str) -> NodeSpec:
         if role == "decode":
@@ -51,21 +58,54 @@ class LayerwiseTopology(BaseTopology):
             args = self._connector_args(role) + ["--kv-port", str(free_tcp_port())]
             return NodeSpec("layerwise-prefill", args, ready_timeout_s=READY_TIMEOUT_S)
         if role == "metaserver":
-            args = ["--port", str(self.ms_port), "--prefill-control", self.control_endpoint("prefill")]
+            args = ["--port", str(self.ms_port), "--prefill-control", self.nodes["prefill"].control_ep or ""]
             if self.decode_via:
                 args += ["--decode-via", self.decode_via]
             return NodeSpec("layerwise-metaserver", args,
                             endpoints={"metaserver": f"http://127.0.0.1:{self.ms_port}{METASERVER_PATH}"})
         return super().node_spec(role)
 
+    # ------------------------------------------------------------------ warm reuse
+    def pool_key(self, role: str) -> tuple | None:
+        if role not in POOLED:
+            return None
+        t = self.topo
+        return ("layerwise", role, self.target, t.recv_timeout, t.meta_timeout, t.post_timeout, t.signal_timeout)
+
+    def pool_extra(self, role: str) -> dict:
+        return {"kv_port": self.kv_port, "ms_port": self.ms_port} if role == "decode" else {}
+
+    def reusable(self, role: str, stats: dict) -> str | None:
+        if not stats.get("alive"):
+            return "not alive"
+        c = stats.get("counters") or {}
+        if role == "decode" and c.get("waiting"):
+            return f"{c['waiting']} requests still in WAITING_FOR_REMOTE_KVS"
+        if role == "prefill" and (c.get("queue") or c.get("send_queue")):
+            return "requests still queued"
+        return None
+
     def start(self) -> None:
-        self.start_nodes(["decode", "prefill"])
+        fresh = []
+        for role in POOLED:
+            pooled = self.take_pooled(role)
+            if pooled is not None:
+                if role == "decode":
+                    self.kv_port, self.ms_port = pooled.extra["kv_port"], pooled.extra["ms_port"]
+                    self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
+                if self.adopt(role, pooled) is not None:
+                    continue
+                if role == "decode":
+                    self.kv_port, self.ms_port = free_tcp_port(), free_tcp_port()
+                    self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
+            fresh.append(role)
+        self.start_nodes(fresh)
         if self.topo.link == "toxiproxy":
             self.decode_via = self.toxiproxy_link("layerwise", f"127.0.0.1:{self.kv_port}")
         self.start_node("metaserver")
 
     def workload_config(self) -> dict:
         m, w = self.scenario, self.scenario.workload
-        return {"decode_control": self.control_endpoint("decode"), "target": self.target, "seed": m.seed,
+        return {"decode_control": self.nodes["decode"].control_ep, "target": self.target, "seed": m.seed,
                 "concurrency": w.concurrency, "rate": w.rate, "duration_s": w.duration, "tokens": w.tokens,
-                "wait_s": w.wait, "grace_s": w.wait + GRACE_S}
+                "wait_s": w.wait, "grace_s": w.wait + GRACE_S, "start_s": w.start}

@@ -88,8 +88,9 @@ class Workload:
             for c in clients:
                 c.close()
             return 0
-        t_start = time.monotonic()
-        t_end = t_start + float(cfg["duration_s"])
+        t0 = time.monotonic()
+        t_start = t0 + float(cfg.get("start_s", 0.0))
+        t_end = t0 + float(cfg["duration_s"])
         interval = n / float(cfg["rate"])
 
         def work(i: int, first_at: float) -> None:

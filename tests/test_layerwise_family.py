@@ -1,0 +1,180 @@
+"""The layerwise family without the conformance env: its scenarios validate, its checks judge
+hand-made histories, its metaserver (a real HTTP server and control channel) behaves per mode, and
+bad input to its nodes is one clear error. tests/test_layerwise_env.py runs the real connector."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import checks as C
+from harness.family import get_family
+from harness.topology import free_tcp_port
+
+ROOT = Path(__file__).resolve().parent.parent
+FAM = get_family("layerwise")
+CHECKS = C.checks_for(FAM)
+T0 = 100.0
+SCENARIOS = sorted((ROOT / "scenarios" / "ascend-cpu").glob("layerwise-*.yaml"))
+
+
+def op(i: int, t: float, *, phase="ok", value="done", outcome="ok", elapsed_ms=50.0, blocks=4, reported=0) -> list:
+    return [{"type": "op", "id": i, "process": 0, "f": "transfer", "phase": "invoke", "t": T0 + t,
+             "expected": "done"},
+            {"type": "op", "id": i, "process": 0, "f": "transfer", "phase": phase, "t": T0 + t + elapsed_ms / 1000,
+             "value": value, "outcome": outcome, "elapsed_ms": elapsed_ms, "blocks": blocks,
+             "blocks_reported": reported}]
+
+
+def meta() -> dict:
+    return {"type": "meta", "family": "layerwise", "target": "hardened", "deadline_ms": 3000.0,
+            "tolerance_ms": 1000.0, "t0": T0, "primary_ops": ["transfer"]}
+
+
+def run(name: str, records: list) -> C.CheckResult:
+    return CHECKS[name](C.CheckInput([meta()] + records), {})
+
+
+def test_the_scenarios_validate():
+    assert len(SCENARIOS) >= 6
+    for path in SCENARIOS:
+        out = subprocess.run([sys.executable, "-m", "harness.cli", "validate", str(path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_left_waiting_passes_done_and_reported_failures():
+    r = run("left_waiting", op(1, 0) + op(2, 1, phase="fail", value="failed", outcome="failed_load", reported=4))
+    assert r.ok, r.message
+
+
+def test_left_waiting_fails_a_request_still_waiting_and_says_blocks_were_reported():
+    r = run("left_waiting", op(1, 0) + op(2, 1, phase="info", value="waiting", outcome="stalled", elapsed_ms=4500,
+                                          reported=4))
+    assert r.ok is False and "WAITING_FOR_REMOTE_KVS" in r.message and "blocks reported" in r.message
+
+
+def test_left_waiting_fails_a_failure_with_blocks_unreported():
+    r = run("left_waiting", op(1, 0, phase="fail", value="failed", outcome="failed_load", reported=1))
+    assert r.ok is False and "unreported" in r.message
+
+
+def test_left_waiting_fails_an_empty_history():
+    assert run("left_waiting", []).ok is False
+
+
+def probe(kind: str, answered: bool, tries: int, reply=None) -> dict:
+    return {"type": "event", "what": "listener_probe", "t": T0 + 1, "probe": kind, "answered": answered,
+            "tries": tries, "reply": reply, "elapsed_ms": 3.0 if answered else 3300.0}
+
+
+def test_listener_answers():
+    good = [probe("not_msgpack", True, 1, "NACK_MALFORMED"), probe("unknown_type", True, 1, "NACK_UNKNOWN_MSG")]
+    assert run("listener_answers", good).ok
+    bad = good + [probe("missing_fields", False, 3)]
+    r = run("listener_answers", bad)
+    assert r.ok is False and "missing_fields" in r.message and "never answered" in r.message
+    assert run("listener_answers", []).ok is False
+
+
+def test_no_leaks_is_not_applicable_and_listener_answers_only_with_its_fault():
+    from harness.schema import load_scenario
+
+    s = load_scenario(ROOT / "scenarios" / "ascend-cpu" / "layerwise-baseline.yaml")
+    na = FAM.not_applicable(s, "upstream")
+    assert "no_leaks" in na and "listener_answers" in na
+    g = load_scenario(ROOT / "scenarios" / "ascend-cpu" / "layerwise-listener-garbage.yaml")
+    assert "listener_answers" not in FAM.not_applicable(g, "hardened")
+
+
+def test_unavailable_names_the_setup_step_when_the_env_is_missing(monkeypatch):
+    from harness.nodeenv import steps
+
+    monkeypatch.setattr(steps.AscendStackStep, "check", lambda self: None)
+    why = FAM.unavailable(None)
+    assert why and "pdchaos setup" in why
+
+
+def node(kind: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PDCHAOS_FAMILY="layerwise")
+    return subprocess.run([sys.executable, "-m", "harness.cli", "node", kind, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("kind, args, what", [
+    ("layerwise-decode", ["--impl", "upstream", "--kv-port", "80", "--dist-port", "30000",
+                          "--metaserver", "http://127.0.0.1:1/x"], "--kv-port"),
+    ("layerwise-decode", ["--impl", "upstream", "--kv-port", "30000", "--dist-port", "30001",
+                          "--metaserver", "http://10.0.0.1:1/x"], "--metaserver"),
+    ("layerwise-metaserver", ["--port", "30000", "--prefill-control", "tcp://127.0.0.1:1"], "--prefill-control"),
+])
+def test_bad_node_input_is_one_clear_error(kind, args, what):
+    out = node(kind, *args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and what in lines[0], out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+class FakePrefill:
+    """P's control channel as the metaserver sees it: records what it is given (no real P here)."""
+
+    def __init__(self, endpoint: str):
+        from faults.control import ControlServer
+
+        self.got: list[dict] = []
+        self.server = ControlServer(endpoint, handlers={"submit": self.submit}).start()
+
+    def submit(self, m: dict) -> dict:
+        self.got.append(m["params"])
+        return {"queued": True}
+
+
+def post(port: int, body: dict, timeout: float = 3.0) -> tuple[int | None, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/metaserver", body=json.dumps(body), headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    except (TimeoutError, OSError, http.client.HTTPException) as exc:
+        return None, type(exc).__name__
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_metaserver_forwards_and_fails_per_mode(tmp_path):
+    from harness.families.layerwise.metaserver import Metaserver
+
+    fake = FakePrefill(f"ipc://{tmp_path}/p.sock")
+    port = free_tcp_port()
+    ms = Metaserver(port, f"ipc://{tmp_path}/p.sock", "127.0.0.1:4242")
+    ms.bind()
+    try:
+        assert post(port, {"request_id": "r1", "remote_port": 1})[0] == 200
+        assert fake.got == [{"request_id": "r1", "remote_port": 4242, "remote_host": "127.0.0.1"}]
+        ms.set_mode("error")
+        assert post(port, {"request_id": "r2"})[0] == 500
+        ms.set_mode("drop")
+        assert post(port, {"request_id": "r3"})[0] is None
+        ms.set_mode("hang")
+        t0 = time.monotonic()
+        assert post(port, {"request_id": "r4"}, timeout=0.5) == (None, "TimeoutError")
+        assert 0.4 < time.monotonic() - t0 < 2.0
+        healed = threading.Timer(0.3, ms.set_mode, args=("ok",))
+        healed.start()
+        assert post(port, {"request_id": "r5"}, timeout=3.0)[0] is None  # held, then closed unanswered
+        assert post(port, {"request_id": "r6"})[0] == 200
+        assert [p["request_id"] for p in fake.got] == ["r1", "r6"]
+        assert ms.counters["answered_500"] == 1 and ms.counters["hung"] == 2 and ms.counters["dropped"] == 1
+    finally:
+        ms.close()
+        fake.server.close()

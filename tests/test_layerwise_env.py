@@ -1,0 +1,93 @@
+"""vllm-ascend's real layerwise connector on CPU (conformance env): D's listener as released and
+with the plugin, then whole scenarios through the runner. Skipped, with the reason, only when the
+conformance env is not installed (CI installs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.topology import free_tcp_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _missing() -> str | None:
+    from harness.nodeenv.steps import ascend_unavailable
+
+    return ascend_unavailable()
+
+
+MISSING = _missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+# what the listener_garbage fault sends (after the REQ envelope)
+BAD = {"not_msgpack": [b"\xc1\xc1"], "unknown_type": [b"\x92\xc4\x09bogus_msg\xa1x"],
+       "missing_fields": [b"\x92\xc4\x10done_sending_msg\xa1x"]}
+
+
+def ask(endpoint: str, frames: list[bytes], wait_s: float) -> bytes | None:
+    import zmq
+
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send_multipart(frames)
+        return sock.recv() if sock.poll(int(wait_s * 1000), zmq.POLLIN) else None
+    finally:
+        ctx.destroy(linger=0)
+
+
+def start_decode(impl: str, tmp: Path):
+    from harness.procs import node_command, start_process
+
+    kv = free_tcp_port()
+    args = ["--impl", impl, "--kv-port", str(kv), "--dist-port", str(free_tcp_port()),
+            "--metaserver", f"http://127.0.0.1:{free_tcp_port()}/v1/metaserver", "--recv-timeout", "2"]
+    proc = start_process(node_command("layerwise-decode", args), name=f"decode {impl}",
+                         log_path=str(tmp / f"decode-{impl}.log"), ready_timeout_s=240,
+                         env=dict(os.environ, PDCHAOS_FAMILY="layerwise"))
+    return proc, f"tcp://127.0.0.1:{kv}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("impl", ["upstream", "hardened"])
+def test_listener_on_bad_messages(impl, tmp_path):
+    proc, endpoint = start_decode(impl, tmp_path)
+    try:
+        for kind, frames in BAD.items():
+            t0 = time.monotonic()
+            reply = ask(endpoint, frames, 1.0)
+            ms = (time.monotonic() - t0) * 1000
+            if impl == "upstream":
+                assert reply is None, f"{kind}: vllm-ascend's listener answered {reply!r}"
+            else:
+                assert reply is not None and reply.startswith(b"NACK"), f"{kind}: {reply!r}"
+                assert ms < 500, f"{kind}: answered after {ms:.0f} ms"
+        # the listener still serves a well-formed message after the bad ones
+        import msgpack
+
+        meta = ask(endpoint, [msgpack.packb((b"get_meta_msg", "x"), use_bin_type=True)], 2.0)
+        assert meta and msgpack.unpackb(meta, raw=False)["te_rpc_port"] == 17002
+        assert proc.alive
+        log = (tmp_path / f"decode-{impl}.log").read_text()
+        assert "Traceback" not in log
+    finally:
+        proc.stop(10)
+
+
+@pytest.mark.timeout(420)
+def test_transfer_error_scenario_runs_as_expected(tmp_path):
+    """One whole scenario on both targets through the runner (upstream stalls, hardened passes)."""
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run",
+                          str(ROOT / "scenarios" / "ascend-cpu" / "layerwise-transfer-error.yaml"), "--strict",
+                          "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2 as expected" in out.stdout

@@ -79,6 +79,7 @@ def test_unknown_require_is_bad_input():
     res = doctor("--require", "kubernetes")
     assert res.returncode == 2
     assert res.stderr.strip().startswith("error: --require: unknown check 'kubernetes'; known: "
-                                         + ", ".join(CHECK_NAMES) + ", pd-node-stack/")
+                                         + ", ".join(CHECK_NAMES) + ", ")
+    assert ", pd-node-stack/" in res.stderr and ", ascend-conf-stack/" in res.stderr  # the families' pieces
     assert res.stderr.strip().count("\n") == 0  # one line
     assert "Traceback" not in res.stderr and res.stdout == ""

@@ -360,9 +360,10 @@ def no_families(monkeypatch):
 def test_pd_steps_follow_the_core_steps_and_are_optional(no_families, monkeypatch):
     steps, problems = S.all_steps()
     names = [s.name for s in steps]
-    assert names == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model"]
+    assert names == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model", "ascend-conf-stack"]
     assert not problems and all(S.is_step(s) for s in steps)
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-node-stack", "pd-tiny-model"]
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-node-stack", "pd-tiny-model",
+                                                                        "ascend-conf-stack"]
 
     class Fam(Family):  # a family that needs the stack makes its step a default one
         name = "nodeenv-test-family"
@@ -376,7 +377,7 @@ def test_pd_steps_follow_the_core_steps_and_are_optional(no_families, monkeypatc
     monkeypatch.setattr("harness.family.all_families", lambda: [Fam()])
     steps, problems = S.all_steps()
     assert not problems and [s.name for s in steps].count("pd-node-stack") == 1
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-tiny-model"]
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-tiny-model", "ascend-conf-stack"]
 
 
 def test_optional_steps_run_only_when_picked():

@@ -91,3 +91,21 @@ def test_transfer_error_scenario_runs_as_expected(tmp_path):
                           "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "2 as expected" in out.stdout
+
+
+@pytest.mark.timeout(240)
+def test_register_puts_the_hardened_connector_into_vllms_factory():
+    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from harness.nodeenv.exec_node import env_for
+
+    code = ("import pdchaos_npu_stubs; pdchaos_npu_stubs.install(); import vllm_ascend; "
+            "pdchaos_npu_stubs.after_vllm_ascend(); "
+            "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F; "
+            "from connector_patch.ascend_layerwise import register, HardenedMooncakeLayerwiseConnector as H; "
+            "from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import "
+            "MooncakeLayerwiseConnector as U; "
+            "register(); register(); c = F.get_connector_class_by_name('HardenedMooncakeLayerwiseConnector'); "
+            "assert c is H and issubclass(c, U); print('OK')")
+    out = subprocess.run([str(ascend_conf_env().python), "-c", code], cwd=ROOT, env=env_for({"VLLM_PLUGINS": ""}),
+                         capture_output=True, text=True, timeout=220)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-2000:]

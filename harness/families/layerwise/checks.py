@@ -3,6 +3,9 @@
 * ``left_waiting``: every request left WAITING_FOR_REMOTE_KVS through ``finished_recving`` within
   its op's bound, and each one that failed had all its blocks reported as failed loads (a request
   that never leaves the wait holds its blocks and its scheduler entry forever).
+* ``layers_complete``: P never handed a request to its sending thread for the last layer (after
+  which upstream's sender signals DONE) when an earlier layer of it was skipped: D would complete
+  that request with layers never written (P's ``partial_sends``, final minus baseline probe).
 * ``listener_answers``: every malformed or unexpected message sent to D's listener
   (``listener_garbage``) was answered on its first try, within that try's timeout.
 """
@@ -60,3 +63,19 @@ def listener_answers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG00
                   **det)
     return _r(True, f"all {len(probes)} bad messages answered on the first try (worst {det['worst_ms']} ms): "
                     + ", ".join(f"{k}={v}" for k, v in det["answers"].items()), **det)
+
+
+@check("layers_complete")
+def layers_complete(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    base = {p.get("pid"): p for p in inp.probes if p.get("node") == "prefill" and p.get("when") == "baseline"}
+    final = [p for p in inp.probes if p.get("node") == "prefill" and p.get("when") == "final"]
+    if not final:
+        return _r(False, "no final probe of P: its sends cannot be judged")
+    n = 0
+    for p in final:
+        b = base.get(p.get("pid"), {})
+        n += int((p.get("counters") or {}).get("partial_sends", 0)) - int((b.get("counters") or {}).get("partial_sends", 0))
+    if n:
+        return _r(False, f"{n} request(s) went out for their last layer (DONE follows) after an earlier layer was "
+                         f"skipped: D completes them with layers never written", partial_sends=n)
+    return _r(True, "no request was signalled after a skipped layer", partial_sends=0)

@@ -168,7 +168,9 @@ class PrefillEngine:
         self.blocks = _Blocks(stack.NUM_BLOCKS)
         self.q: "queue.Queue[dict]" = queue.Queue(maxsize=256)
         self.counters = {"received": 0, "forwards": 0, "forward_ms_max": 0.0, "forward_errors": 0,
-                         "refused": 0}
+                         "refused": 0, "partial_sends": 0}
+        self._layers: dict[str, set[int]] = {}
+        self._watch_send_queue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
 
@@ -187,6 +189,20 @@ class PrefillEngine:
             return {"queued": False}
         self.counters["received"] += 1
         return {"queued": True}
+
+    def _watch_send_queue(self) -> None:
+        """Observe (never change) which layers of which request P's connector hands its sending
+        thread: a request in the last layer's task gets DONE from upstream's sender whatever
+        layers it missed before (``partial_sends``: D then completes it with layers never written)."""
+        thread = self.worker.connector_worker.kv_send_layer_thread
+        put = thread.send_queue.put
+
+        def observed(task, *args, **kwargs):
+            for rid in task.send_request:
+                self._layers.setdefault(rid, set()).add(int(task.layer_idx))
+            return put(task, *args, **kwargs)
+
+        thread.send_queue.put = observed
 
     def _forward(self, params: dict) -> None:
         from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import (
@@ -216,6 +232,11 @@ class PrefillEngine:
         finally:
             self.worker.clear_connector_metadata()
             self.blocks.give(ids)
+        layers = self._layers.pop(internal, set())
+        if stack.NUM_LAYERS - 1 in layers and len(layers) < stack.NUM_LAYERS:
+            self.counters["partial_sends"] += 1
+            log.error("prefill: a request went to the sending thread for its last layer after %d of %d layers "
+                      "were skipped", stack.NUM_LAYERS - len(layers), stack.NUM_LAYERS)
         ms = (time.monotonic() - t0) * 1000
         self.counters["forwards"] += 1
         self.counters["forward_ms_max"] = round(max(self.counters["forward_ms_max"], ms), 1)

@@ -47,9 +47,13 @@ logger = logging.getLogger(__name__)
 
 TIMEOUT_KEY = "lookup_rpc_timeout_ms"
 BACKEND_TIMEOUT_KEY = "lookup_backend_timeout_ms"
+RESET_TIMEOUT_KEY = "lookup_reset_timeout_ms"
 DEFAULT_TIMEOUT_MS = 1000
 DEFAULT_BACKEND_TIMEOUT_MS = 4000
 RESET_DRAIN_S = 2.0
+# The admin reset waits for the worker's drain (up to RESET_DRAIN_S) and clear: its own deadline,
+# longer than the drain budget, so that the worker's answer (done, or RESET_FAILED) reaches the caller.
+DEFAULT_RESET_TIMEOUT_MS = 3000
 
 
 def _extra(vllm_config: Any) -> dict:
@@ -65,12 +69,19 @@ def settings(vllm_config: Any) -> tuple[int, int]:
     return timeout, backend
 
 
+def reset_timeout_ms(vllm_config: Any) -> int:
+    """The admin reset's deadline (``lookup_reset_timeout_ms``, default 3000)."""
+    return validate_timeout_ms(_extra(vllm_config).get(RESET_TIMEOUT_KEY, DEFAULT_RESET_TIMEOUT_MS), RESET_TIMEOUT_KEY)
+
+
 class HardenedLookupKeyClient:
     """Upstream ``LookupKeyClient``'s interface over :class:`connector_patch.lookup.LookupClient`."""
 
-    def __init__(self, vllm_config: Any, timeout_ms: int | None = None):
+    def __init__(self, vllm_config: Any, timeout_ms: int | None = None, reset_ms: int | None = None):
         self.endpoint = get_zmq_rpc_path_lookup(vllm_config)
         self.client = LookupClient(self.endpoint, timeout_ms if timeout_ms is not None else settings(vllm_config)[0])
+        self.reset_ms = reset_ms if reset_ms is not None else reset_timeout_ms(vllm_config)
+        self._admin: LookupClient | None = None  # made on the first reset: its own socket and deadline
 
     @property
     def last_outcome(self) -> str:
@@ -89,10 +100,17 @@ class HardenedLookupKeyClient:
         return self.client.lookup(token_len, list(block_hashes), tuple(kv_cache_group_ids or [0]), hbm_hit_tokens)
 
     def reset(self) -> bool:
-        return self.client.reset()
+        """The tagged admin reset, within ``lookup_reset_timeout_ms``: True once the worker drained
+        and cleared; False on any failure (never raises). A False after the deadline means "not
+        confirmed": the worker may still finish it."""
+        if self._admin is None:
+            self._admin = LookupClient(self.endpoint, self.reset_ms)
+        return self._admin.reset()
 
     def close(self) -> None:
         self.client.close()
+        if self._admin is not None:
+            self._admin.close()
 
 
 class PoolWorkerBackend(Backend):
@@ -176,6 +194,7 @@ class HardenedAscendStoreConnector(AscendStoreConnector):
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
         timeout_ms, backend_ms = settings(vllm_config)  # a bad setting fails here, naming the key
+        reset_ms = reset_timeout_ms(vllm_config)
         KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = _extra(vllm_config)
         self.kv_role = vllm_config.kv_transfer_config.kv_role
@@ -193,7 +212,7 @@ class HardenedAscendStoreConnector(AscendStoreConnector):
             self.connector_scheduler = KVPoolScheduler(vllm_config, self.use_layerwise, kv_cache_config,
                                                        page_size_bytes=page_size_bytes)
             if not self.use_layerwise:
-                self.connector_scheduler.client = HardenedLookupKeyClient(vllm_config, timeout_ms)
+                self.connector_scheduler.client = HardenedLookupKeyClient(vllm_config, timeout_ms, reset_ms)
         else:
             self.connector_worker = KVPoolWorker(vllm_config, self.use_layerwise, kv_cache_config)
             if not self.use_layerwise and vllm_config.parallel_config.rank == 0:

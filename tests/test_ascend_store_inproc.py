@@ -269,13 +269,23 @@ def test_reset_whose_drain_outlasts_the_client_deadline(run):
     """Measured semantics: with a store pending longer than lookup_rpc_timeout_ms, reset_cache()
     returns False at the deadline (not confirmed), and the worker still completes the reset after
     it (the store lands, then the clear: the order holds; the pool ends empty). So False means "not
-    confirmed", not "not done". With the defaults (lookup_rpc_timeout_ms 1000, the server's drain
-    budget RESET_DRAIN_S 2 s) a reset that waits 1-2 s for stores is reported False and done."""
+    confirmed", not "not done". (Here the reset deadline is set to the lookup one, 300 ms; the
+    plugin's default reset deadline, 3 s, outlasts the server's 2 s drain budget.)"""
     case = _case(run, "resets", "drain_outlasts_client_deadline")
     assert case["result"] is False and case["raised"] is None
     assert case["elapsed_s"] <= DEADLINE_S + TOLERANCE_S and case["pool_size_at_return"] == 4
     assert case["events_later"] == ["store_landed", "clear"] and case["pool_size_later"] == 0
     assert case["matched_later"]["result"] == [0, False] and case["matched_later"]["outcome"] == "ok"
+
+
+def test_default_reset_deadline_waits_for_the_drain(run):
+    """With the plugin's default lookup_reset_timeout_ms (3000, above the server's 2 s drain
+    budget), a store pending 1.5 s (far beyond the 300 ms lookup deadline) is waited for: the
+    reset is confirmed (True) once the store landed and the pool was cleared."""
+    case = _case(run, "resets", "drain_within_default_reset_deadline")
+    assert case["result"] is True and case["raised"] is None, case
+    assert 1.4 <= case["elapsed_s"] <= 2.5, case["elapsed_s"]
+    assert case["events"] == ["store_landed", "clear"] and case["pool_size_after"] == 0
 
 
 def test_reset_reaches_a_real_worker_role_connector_and_is_none_there(run):

@@ -121,6 +121,7 @@ STALL_S = float(os.environ.get("ASCEND_INPROC_STALL_S", "5"))
 CLOSE_RUNS = int(os.environ.get("ASCEND_INPROC_CLOSE_RUNS", "5"))
 RESET_DEADLINE_MS = 2000  # the scheduler's deadline in the reset cases: above the 0.5 s pending store
 PENDING_STORE_S = 0.5
+DEFAULT_RESET_PENDING_S = 1.5  # above the lookup deadline, below the server's 2 s drain budget
 STAND_IN_TOKEN = 7
 
 RNG = random.Random(20261201)
@@ -147,10 +148,13 @@ def endpoint(port: int) -> str:
     return f"ipc://{RPC_DIR}/lookup_rpc_port_{port}_dp_rank0"
 
 
-def make_config(connector: str, port: int, timeout_ms: int = DEADLINE_MS) -> VllmConfig:
-    kv = KVTransferConfig(kv_connector=connector, kv_role="kv_both",
-                          kv_connector_extra_config={"backend": "mooncake", "lookup_rpc_port": port,
-                                                     "lookup_rpc_timeout_ms": timeout_ms})
+def make_config(connector: str, port: int, timeout_ms: int = DEADLINE_MS, reset_ms: int | None = None) -> VllmConfig:
+    """``reset_ms``: the admin reset's deadline (None: the same as ``timeout_ms``; 0: the plugin's
+    default, lookup_reset_timeout_ms left out)."""
+    extra = {"backend": "mooncake", "lookup_rpc_port": port, "lookup_rpc_timeout_ms": timeout_ms}
+    if reset_ms != 0:
+        extra["lookup_reset_timeout_ms"] = timeout_ms if reset_ms is None else reset_ms
+    kv = KVTransferConfig(kv_connector=connector, kv_role="kv_both", kv_connector_extra_config=extra)
     vc = VllmConfig(
         model_config=ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=1024, dtype="float16",
                                  seed=0),
@@ -269,8 +273,8 @@ class Engine:
     """vLLM's Scheduler with the connector it builds from ``kv_transfer_config``, stepped with a
     stand-in forward (no model)."""
 
-    def __init__(self, connector: str, port: int, timeout_ms: int = DEADLINE_MS):
-        self.vc = make_config(connector, port, timeout_ms)
+    def __init__(self, connector: str, port: int, timeout_ms: int = DEADLINE_MS, reset_ms: int | None = None):
+        self.vc = make_config(connector, port, timeout_ms, reset_ms)
         self.sched = Scheduler(vllm_config=self.vc, kv_cache_config=make_kv_cache_config(),
                                structured_output_manager=StructuredOutputManager(self.vc), block_size=BLOCK,
                                log_stats=True)
@@ -569,9 +573,9 @@ def resets() -> dict:
     out = {}
 
     def setup(pool_kwargs: dict | None, connector: str = HARDENED, timeout_ms: int = RESET_DEADLINE_MS,
-              server: str = "hardened"):
+              server: str = "hardened", reset_ms: int | None = None):
         port = next_port()
-        eng = Engine(connector, port, timeout_ms)
+        eng = Engine(connector, port, timeout_ms, reset_ms)
         r1 = make_request("r1")
         pool = None
         if pool_kwargs is not None:
@@ -651,6 +655,20 @@ def resets() -> dict:
         case["events_later"] = [n for n, _ in pool.events]
         case["pool_size_later"] = pool.size()
         case["matched_later"] = eng.matched(make_request_same(r1))
+    except Exception as e:  # noqa: BLE001
+        case["error"] = err(e)
+        traceback.print_exc()
+
+    # the plugin's default reset deadline (lookup_reset_timeout_ms 3000) outlasts the server's drain
+    # budget: a store pending longer than the lookup deadline is waited for, and the reset confirmed
+    case = {"error": None, "deadline_ms": DEADLINE_MS}
+    out["drain_within_default_reset_deadline"] = case
+    try:
+        eng, r1, pool = setup({"clear": "pool"}, timeout_ms=DEADLINE_MS, reset_ms=0)
+        pool.store_later(make_request("w").block_hashes[0].hex(), DEFAULT_RESET_PENDING_S)
+        case["result"], case["raised"], case["elapsed_s"] = timed(eng.connector.reset_cache)
+        case["events"] = [n for n, _ in pool.events]
+        case["pool_size_after"] = pool.size()
     except Exception as e:  # noqa: BLE001
         case["error"] = err(e)
         traceback.print_exc()

@@ -91,7 +91,7 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         self.deadlines = RecvDeadlines(recv_timeout_s)
         self.stop_event = threading.Event()
         self._early: dict[str, tuple[float, int, str]] = {}  # DONE before D started waiting
-        self.counters = {"get_meta": 0, "done": 0, "failed": 0, "nacks": 0, "late": 0, "expired": 0,
+        self.counters = {"get_meta": 0, "done": 0, "failed": 0, "nacks": 0, "late": 0, "early": 0, "expired": 0,
                          "reply_errors": 0}
 
     # -- what the worker calls
@@ -122,10 +122,16 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
     # -- what a message does
     def update_done_task(self, req_id: str, trans_count: int, side_channel_path: str) -> None:
         if not self.deadlines.waiting(req_id):
-            with self.lock:
+            if self.deadlines.gone(req_id):  # D already settled or failed it: never completes it again
+                self.counters["late"] += 1
+                return
+            now = time.monotonic()
+            with self.lock:  # before the worker started waiting (kept for a deadline's length)
+                for rid in [r for r, e in self._early.items() if now - e[0] > self.deadlines.timeout_s]:
+                    del self._early[rid]
                 if len(self._early) < 4096:
-                    self._early[req_id] = (time.monotonic(), trans_count, side_channel_path)
-            self.counters["late"] += 1
+                    self._early[req_id] = (now, trans_count, side_channel_path)
+            self.counters["early"] += 1
             return
         super().update_done_task(req_id, trans_count, side_channel_path)
         with self.lock:

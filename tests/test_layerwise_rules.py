@@ -103,3 +103,14 @@ def test_rules_import_neither_vllm_nor_torch_nor_zmq():
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not names & {"vllm", "vllm_ascend", "torch", "zmq", "msgspec", "httpx"}, path.name
+
+
+def test_deadlines_know_what_is_gone():
+    d = RecvDeadlines(1.0)
+    assert not d.gone("a")
+    d.expect("a")
+    assert not d.gone("a")
+    d.settle("a")
+    assert d.gone("a")
+    d.expect("a")  # expected again (a retried request): no longer gone
+    assert not d.gone("a") and d.waiting("a")

@@ -110,6 +110,11 @@ class RecvDeadlines:
                 self._forget(r)
             return out
 
+    def gone(self, req_id: str) -> bool:
+        """Whether D settled or expired this request recently (a completion for it is late)."""
+        with self._lock:
+            return req_id in self._gone
+
     def pending(self) -> int:
         with self._lock:
             return len(self._due)

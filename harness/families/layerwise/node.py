@@ -90,9 +90,17 @@ def _app(args: argparse.Namespace):
             folder = Path(tempfile.mkdtemp(prefix="pdc-lw-model-"))
             extra = {"layerwise_recv_timeout_s": args.recv_timeout, "layerwise_meta_timeout_s": args.meta_timeout,
                      "metaserver_timeout_s": args.post_timeout, "layerwise_signal_timeout_s": args.signal_timeout}
-            _, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
-                                                   stack.write_model_dir(folder / "model"), args.dist_port,
-                                                   self.engine, extra)
+            import zmq
+
+            try:
+                _, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
+                                                       stack.write_model_dir(folder / "model"), args.dist_port,
+                                                       self.engine, extra)
+            except zmq.ZMQError:
+                raise
+            except Exception as exc:  # a port taken (gloo's store), a config vLLM refuses: one line, no traceback
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise zmq.ZMQError(getattr(exc, "errno", None) or 22, f"{type(exc).__name__}: {first}") from None
             self.side = (DecodeEngine(worker, sched, args.metaserver) if role == "kv_consumer"
                          else PrefillEngine(worker, caches))
             self.side.start()

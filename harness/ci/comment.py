@@ -1,0 +1,150 @@
+"""The pull-request comment, in two halves that never share a trust level.
+
+``python3 -m harness.ci.comment body --compare compare.json --out DIR ...`` runs in the pull-request
+job (no secrets, read-only token): it writes ``DIR/comment.md`` (the comparison from ``pdchaos
+compare --json-out``: verdict changes first, then latency ratios with the noise floor, with links
+to the run and its artifact and the plot files in it; under 60 KB, GitHub's limit being 64 KB) and
+``DIR/pr.json`` (the pull request's number and head commit), uploaded as the ``pr-comment`` artifact.
+
+``python3 -m harness.ci.comment check --dir DIR --expect-sha SHA`` runs in the ``workflow_run``
+follow-up, which may write comments: the artifact came from code of the pull request, so it is data
+only: ``pr.json`` must hold a positive integer and the head commit the follow-up was started for,
+and ``comment.md`` must be UTF-8 under 64 KB without the sticky marker of another tool. It sets the
+outputs ``number`` and ``path``. Exit 1 when any of that does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from reports.compare import COMMENT_LIMIT, DEFAULT_MAX_BYTES, format_markdown
+
+from .gha import set_output
+
+MARKER = "<!-- pd-chaos latency comparison -->"
+
+
+def plot_files(runs: list[Path], root: Path) -> list[str]:
+    out = []
+    for r in runs:
+        if r.is_dir():
+            out += sorted(str(p.relative_to(root)) for p in r.rglob("plots/*.png"))
+    return out
+
+
+def body(doc: dict, *, head_sha: str = "", base_sha: str = "", run_url: str = "", artifact_url: str = "",
+         plots: list[str] | None = None, suites: str = "", max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    header = [MARKER, "## pd-chaos: latency and verdicts, base vs head", ""]
+    ctx = []
+    if base_sha or head_sha:
+        ctx.append(f"base `{base_sha[:12] or '?'}` → head `{head_sha[:12] or '?'}`")
+    if suites:
+        ctx.append(f"suites `{suites}`")
+    if ctx:
+        header += ["; ".join(ctx) + ".", ""]
+    footer = [""]
+    links = []
+    if run_url:
+        links.append(f"[workflow run]({run_url})")
+    if artifact_url:
+        links.append(f"[artifact: run folders, plots, compare.txt]({artifact_url})")
+    if links:
+        footer.append(" · ".join(links))
+    if plots:
+        shown = plots[:40]
+        footer.append("")
+        footer.append("<details><summary>Plots in the artifact (" + str(len(plots)) + ")</summary>")
+        footer.append("")
+        footer += [f"- `{p}`" for p in shown]
+        if len(plots) > len(shown):
+            footer.append(f"- … and {len(plots) - len(shown)} more")
+        footer += ["", "</details>"]
+    return format_markdown(doc, max_bytes=max_bytes, header="\n".join(header), footer="\n".join(footer))
+
+
+def _body_cmd(args: argparse.Namespace) -> int:
+    doc = json.loads(Path(args.compare).read_text(encoding="utf-8"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    root = Path(args.plots_root)
+    plots = plot_files([Path(p) for p in args.runs], root)
+    text = body(doc, head_sha=args.head_sha, base_sha=args.base_sha, run_url=args.run_url,
+                artifact_url=args.artifact_url, plots=plots, suites=args.suites)
+    (out / "comment.md").write_text(text, encoding="utf-8")
+    if not re.fullmatch(r"[1-9][0-9]{0,9}", args.pr or ""):
+        print(f"error: --pr {args.pr!r}: expected the pull request's number", file=sys.stderr)
+        return 2
+    (out / "pr.json").write_text(json.dumps({"number": int(args.pr), "head_sha": args.head_sha}) + "\n",
+                                 encoding="utf-8")
+    set_output("path", str(out / "comment.md"))
+    set_output("bytes", len(text.encode("utf-8")))
+    print(f"comment: {len(text.encode('utf-8'))} bytes -> {out / 'comment.md'}")
+    return 0
+
+
+def check(d: Path, expect_sha: str = "") -> tuple[int, Path]:
+    """(pull request number, comment path) from an untrusted ``pr-comment`` artifact; ValueError."""
+    try:
+        meta = json.loads((d / "pr.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"pr.json: {exc}") from None
+    number = meta.get("number") if isinstance(meta, dict) else None
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 10**10:
+        raise ValueError(f"pr.json: \"number\": expected a positive integer, got {number!r}")
+    sha = meta.get("head_sha")
+    if expect_sha and sha != expect_sha:
+        raise ValueError(f"pr.json: head_sha {sha!r} is not the commit this follow-up runs for ({expect_sha})")
+    path = d / "comment.md"
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"comment.md: {exc}") from None
+    if len(text) >= COMMENT_LIMIT or len(raw) >= COMMENT_LIMIT:
+        raise ValueError(f"comment.md: {len(raw)} bytes, over GitHub's {COMMENT_LIMIT}")
+    if not text.startswith(MARKER):
+        raise ValueError("comment.md: does not start with the pd-chaos marker")
+    if "<!-- Sticky Pull Request Comment" in text:
+        raise ValueError("comment.md: holds another comment's sticky marker")
+    return number, path
+
+
+def _check_cmd(args: argparse.Namespace) -> int:
+    try:
+        number, path = check(Path(args.dir), args.expect_sha)
+    except ValueError as exc:
+        print(f"error: the pr-comment artifact is not usable: {exc}", file=sys.stderr)
+        return 1
+    set_output("number", number)
+    set_output("path", str(path))
+    print(f"pull request #{number}: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m harness.ci.comment")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("body", help="write comment.md and pr.json (the pull-request job)")
+    b.add_argument("--compare", required=True, help="the JSON `pdchaos compare --json-out` wrote")
+    b.add_argument("--out", required=True, help="folder for comment.md and pr.json")
+    b.add_argument("--pr", required=True, help="the pull request's number")
+    b.add_argument("--head-sha", default="")
+    b.add_argument("--base-sha", default="")
+    b.add_argument("--run-url", default="")
+    b.add_argument("--artifact-url", default="")
+    b.add_argument("--suites", default="")
+    b.add_argument("--runs", nargs="*", default=[], help="run folders whose plots the artifact holds")
+    b.add_argument("--plots-root", default=".", help="plot paths are shown relative to this (the artifact's root)")
+    c = sub.add_parser("check", help="check the pr-comment artifact (the workflow_run follow-up)")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--expect-sha", default="")
+    args = p.parse_args(argv)
+    return _body_cmd(args) if args.cmd == "body" else _check_cmd(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

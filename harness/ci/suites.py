@@ -1,0 +1,94 @@
+"""Which scenario suites a workflow runs: ``python3 -m harness.ci.suites --filter "$FILTER" --profile P``.
+
+A filter is a comma- or space-separated list of suite names (``lookup``, ``pd``...), each optionally
+with ``:TEXT`` to keep only the scenarios whose name contains TEXT (``pdchaos run -k``); empty or
+``all`` is the profile's default suites. Writes the step outputs ``matrix`` (JSON, for
+``strategy.matrix``: ``{"include": [{"suite", "path", "k", "args", "runner", "timeout"}...]}``),
+``paths`` (the suite folders, space-separated) and ``count``. Exit 2 on an unknown suite or a suite
+folder missing from the checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from .gha import set_output
+
+# name -> where, which targets, on which runner, how long, in which profile's default set.
+# cpu: the pull-request comparison (CPU runners); ascend: the nightly (NPU runners).
+SUITES: dict[str, dict] = {
+    "lookup": {"path": "scenarios/lookup/", "args": ["--target", "hardened", "--target", "legacy"],
+               "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
+               "timeout": 30, "default": ("cpu", "ascend")},
+    "network": {"path": "scenarios/network/", "args": ["--target", "hardened", "--target", "legacy"],
+                "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
+                "timeout": 30, "default": ("cpu",)},
+    "ascend-cpu": {"path": "scenarios/ascend-cpu/", "args": [],
+                   "runner": {"cpu": "linux-amd64-cpu-8-hk", "ascend": "linux-aarch64-a2b3-0"},
+                   "timeout": 60, "default": ("ascend",)},
+    "pd": {"path": "scenarios/pd/", "args": [],
+           "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"},
+           "timeout": 120, "default": ("ascend",)},
+    "pd-long": {"path": "scenarios/pd-long/", "args": [],
+                "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"},
+                "timeout": 180, "default": ()},
+}
+PROFILES = ("cpu", "ascend")
+_TOKEN = re.compile(r"^([a-z0-9][a-z0-9-]*)(?::([A-Za-z0-9_.-]+))?$")
+
+
+class SelectError(ValueError):
+    pass
+
+
+def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]:
+    if profile not in PROFILES:
+        raise SelectError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    tokens = [t for t in re.split(r"[,\s]+", filter_text or "") if t]
+    if not tokens or tokens == ["all"]:
+        tokens = [n for n, s in SUITES.items() if profile in s["default"]]
+    out: list[dict] = []
+    for tok in tokens:
+        m = _TOKEN.match(tok)
+        if not m:
+            raise SelectError(f"filter {tok!r}: expected SUITE or SUITE:TEXT (suites: {', '.join(SUITES)})")
+        name, k = m.group(1), m.group(2) or ""
+        if name not in SUITES:
+            raise SelectError(f"filter {tok!r}: unknown suite {name!r}; suites: {', '.join(SUITES)}")
+        s = SUITES[name]
+        if not (root / s["path"]).is_dir():
+            raise SelectError(f"suite {name!r}: {s['path']} is not in this checkout")
+        if any(o["suite"] == name and o["k"] == k for o in out):
+            continue
+        args = list(s["args"]) + (["-k", k] if k else [])
+        out.append({"suite": name, "path": s["path"], "k": k, "args": " ".join(args),
+                    "runner": s["runner"][profile], "timeout": s["timeout"],
+                    "id": name + (f"-{k}" if k else "")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m harness.ci.suites", description=__doc__.splitlines()[0])
+    p.add_argument("--filter", default="", help="suites, e.g. 'lookup,pd:baseline'; empty or 'all': the defaults")
+    p.add_argument("--profile", default="cpu", help=f"one of {', '.join(PROFILES)}")
+    p.add_argument("--root", default=".", help="the checkout (default: .)")
+    args = p.parse_args(argv)
+    try:
+        chosen = select(args.filter, args.profile, Path(args.root))
+    except SelectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    set_output("matrix", json.dumps({"include": chosen}, separators=(",", ":")))
+    set_output("paths", " ".join(dict.fromkeys(c["path"] for c in chosen)))
+    set_output("count", len(chosen))
+    for c in chosen:
+        print(f"selected {c['id']}: {c['path']} {c['args']} on {c['runner']} ({c['timeout']} min)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,8 +9,11 @@ to the run and its artifact and the plot files in it; under 60 KB, GitHub's limi
 ``python3 -m harness.ci.comment check --dir DIR --expect-sha SHA`` runs in the ``workflow_run``
 follow-up, which may write comments: the artifact came from code of the pull request, so it is data
 only: ``pr.json`` must hold a positive integer and the head commit the follow-up was started for,
-and ``comment.md`` must be UTF-8 under 64 KB without the sticky marker of another tool. It sets the
-outputs ``number`` and ``path``. Exit 1 when any of that does not hold.
+and ``comment.md`` must be UTF-8 under 64 KB without the sticky marker of another tool; with
+``--verify-api``, the pull request of that number must have that head commit, asked of the GitHub
+API (``$GITHUB_API_URL``, ``$GITHUB_REPOSITORY``, token in ``$GITHUB_TOKEN``): a fork cannot point
+the comment at another pull request. It sets the outputs ``number`` and ``path``. Exit 1 when any
+of that does not hold.
 """
 
 from __future__ import annotations
@@ -113,9 +116,37 @@ def check(d: Path, expect_sha: str = "") -> tuple[int, Path]:
     return number, path
 
 
+def pr_head_sha(number: int, api: str, repo: str, token: str, timeout: float = 20.0) -> str:
+    """The head commit of pull request ``number``, from the GitHub REST API."""
+    import urllib.request
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo or ""):
+        raise ValueError(f"GITHUB_REPOSITORY {repo!r}: expected OWNER/NAME")
+    req = urllib.request.Request(f"{api.rstrip('/')}/repos/{repo}/pulls/{number}",
+                                 headers={"Accept": "application/vnd.github+json",
+                                          "X-GitHub-Api-Version": "2022-11-28",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the API URL Actions gives
+            doc = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"pull request #{number}: the API did not answer: {exc}") from None
+    sha = (doc.get("head") or {}).get("sha") if isinstance(doc, dict) else None
+    if not isinstance(sha, str):
+        raise ValueError(f"pull request #{number}: no head commit in the API's answer")
+    return sha
+
+
 def _check_cmd(args: argparse.Namespace) -> int:
+    import os
+
     try:
         number, path = check(Path(args.dir), args.expect_sha)
+        if args.verify_api:
+            sha = pr_head_sha(number, os.environ.get("GITHUB_API_URL", "https://api.github.com"),
+                              os.environ.get("GITHUB_REPOSITORY", ""), os.environ.get("GITHUB_TOKEN", ""))
+            if sha != args.expect_sha:
+                raise ValueError(f"pull request #{number} is at {sha}, not at {args.expect_sha}: not its comment")
     except ValueError as exc:
         print(f"error: the pr-comment artifact is not usable: {exc}", file=sys.stderr)
         return 1
@@ -142,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="check the pr-comment artifact (the workflow_run follow-up)")
     c.add_argument("--dir", required=True)
     c.add_argument("--expect-sha", default="")
+    c.add_argument("--verify-api", action="store_true",
+                   help="check with the GitHub API that the pull request's head is --expect-sha")
     args = p.parse_args(argv)
     return _body_cmd(args) if args.cmd == "body" else _check_cmd(args)
 

@@ -3,8 +3,11 @@
 A filter is a comma- or space-separated list of suite names (``lookup``, ``pd``...), each optionally
 with ``:TEXT`` to keep only the scenarios whose name contains TEXT (``pdchaos run -k``); empty or
 ``all`` is the profile's default suites. Writes the step outputs ``matrix`` (JSON, for
-``strategy.matrix``: ``{"include": [{"suite", "path", "k", "args", "runner", "timeout"}...]}``),
-``paths`` (the suite folders, space-separated) and ``count``. Exit 2 on an unknown suite or a suite
+``strategy.matrix``: ``{"include": [{"suite", "id", "path", "k", "args", "setup", "runner", "npus", "timeout"}...]}``),
+``paths`` (the suite folders, space-separated), ``count``, and for one job that runs every selected
+suite in one ``pdchaos run`` (the pull-request comparison): ``run_args`` (paths, the targets when
+every suite limits them, ``-k`` when all share one) and ``setup_args`` (``--only STEP`` per
+``pdchaos setup`` step the suites need; empty: no setup needed). Exit 2 on an unknown suite or a suite
 folder missing from the checkout.
 """
 
@@ -23,19 +26,19 @@ from .gha import set_output
 SUITES: dict[str, dict] = {
     "lookup": {"path": "scenarios/lookup/", "args": ["--target", "hardened", "--target", "legacy"],
                "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
-               "timeout": 30, "default": ("cpu", "ascend")},
+               "timeout": 30, "default": ("cpu", "ascend"), "setup": []},
     "network": {"path": "scenarios/network/", "args": ["--target", "hardened", "--target", "legacy"],
                 "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
-                "timeout": 30, "default": ("cpu",)},
+                "timeout": 30, "default": (), "setup": ["toxiproxy-server", "iptables", "iproute2"]},
     "ascend-cpu": {"path": "scenarios/ascend-cpu/", "args": [],
                    "runner": {"cpu": "linux-amd64-cpu-8-hk", "ascend": "linux-aarch64-a2b3-0"},
-                   "timeout": 60, "default": ("ascend",)},
+                   "timeout": 60, "default": ("ascend",), "setup": ["ascend-conf-stack"]},
     "pd": {"path": "scenarios/pd/", "args": [],
-           "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"},
-           "timeout": 120, "default": ("ascend",)},
+           "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
+           "timeout": 120, "default": ("ascend",), "setup": ["pd-node-stack", "pd-tiny-model"]},
     "pd-long": {"path": "scenarios/pd-long/", "args": [],
-                "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"},
-                "timeout": 180, "default": ()},
+                "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
+                "timeout": 180, "default": (), "setup": ["pd-node-stack", "pd-tiny-model"]},
 }
 PROFILES = ("cpu", "ascend")
 _TOKEN = re.compile(r"^([a-z0-9][a-z0-9-]*)(?::([A-Za-z0-9_.-]+))?$")
@@ -66,9 +69,26 @@ def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]
             continue
         args = list(s["args"]) + (["-k", k] if k else [])
         out.append({"suite": name, "path": s["path"], "k": k, "args": " ".join(args),
-                    "runner": s["runner"][profile], "timeout": s["timeout"],
+                    "setup": " ".join(f"--only {x}" for x in s["setup"]),
+                    "runner": s["runner"][profile], "npus": s.get("npus", 0) if profile == "ascend" else 0, "timeout": s["timeout"],
                     "id": name + (f"-{k}" if k else "")})
     return out
+
+
+def one_run_args(chosen: list[dict]) -> str:
+    """The arguments of one ``pdchaos run`` over every chosen suite."""
+    if len({c["path"] for c in chosen}) < len(chosen):
+        raise SelectError("one run cannot take a suite twice with different -k texts")
+    words = list(dict.fromkeys(c["path"] for c in chosen))
+    limits = [SUITES[c["suite"]]["args"] for c in chosen]
+    if all(limits):
+        targets = dict.fromkeys(t for a in limits for t in a[1::2])
+        words += [w for t in targets for w in ("--target", t)]
+    ks = {c["k"] for c in chosen}
+    if len(ks) > 1:
+        raise SelectError("one run takes one -k text: give every suite the same :TEXT, or none")
+    k = ks.pop() if ks else ""
+    return " ".join(words + (["-k", k] if k else []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     set_output("matrix", json.dumps({"include": chosen}, separators=(",", ":")))
     set_output("paths", " ".join(dict.fromkeys(c["path"] for c in chosen)))
     set_output("count", len(chosen))
+    try:
+        set_output("run_args", one_run_args(chosen))
+    except SelectError as exc:
+        set_output("run_args", "")
+        print(f"note: no single-run arguments: {exc}", file=sys.stderr)
+    steps = dict.fromkeys(x for c in chosen for x in SUITES[c["suite"]]["setup"])
+    set_output("setup_args", " ".join(f"--only {x}" for x in steps))
     for c in chosen:
         print(f"selected {c['id']}: {c['path']} {c['args']} on {c['runner']} ({c['timeout']} min)", file=sys.stderr)
     return 0

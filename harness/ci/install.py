@@ -5,7 +5,8 @@
   (vllm-ascend supplies the device), vllm-ascend from source at ``--vllm-ascend-ref``, and
   ``mooncake-transfer-engine-npu`` pinned (``MOONCAKE_NPU``).
 
-``--dry-run`` prints each command (with the environment it sets) and runs nothing. Exit: the first
+``--dry-run`` (or ``PDCHAOS_CI_DRY_RUN=1`` in the environment, how the tests run a workflow's install
+step unchanged) prints each command, with the environment it sets, and runs nothing. Exit: the first
 failing command's exit code; 2 on bad input.
 """
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", default="../pdchaos-src", help="where the sources are cloned (profile ascend)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
+    args.dry_run = args.dry_run or os.environ.get("PDCHAOS_CI_DRY_RUN") == "1"
     try:
         steps = commands(args.profile, args.vllm_ref, args.vllm_ascend_ref, args.src)
     except ValueError as exc:

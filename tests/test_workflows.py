@@ -1,0 +1,561 @@
+"""The GitHub Actions workflows (.github/workflows/), proved offline.
+
+- actionlint (v1.7.12, with .github/actionlint.yaml's runner labels) and check-jsonschema's
+  ``vendor.github-workflows`` schema pass on every workflow; a test skips, saying why, only when
+  one of those two binaries is missing (.ci/run installs both).
+- The conventions the workflows follow (vllm-ascend's): reusable ``_*.yaml`` with only
+  ``workflow_call``, triggers ``schedule_*`` / ``pr_*``, ``timeout-minutes`` on every job,
+  ``fail-fast: false``, cancel-in-progress on pull requests, the CANN container with
+  ``bash -el {0}`` and ``npu-smi info`` first, ``upload-artifact@v7``, no expression inside a
+  ``run:`` script, no secret in the pull-request workflows.
+- Every step that needs no NPU is run as the workflow has it — its ``run:`` text, its ``env:``
+  and ``working-directory:`` with the ``${{ }}`` expressions given values here — in a scratch
+  workspace with GITHUB_OUTPUT, GITHUB_STEP_SUMMARY, GITHUB_ENV pointed at files, and its outputs
+  are checked: suite selection, install (PDCHAOS_CI_DRY_RUN=1: the commands, not the downloads),
+  job summary, bench trend, the pull-request job from its checkouts to its verdict (``pdchaos
+  run`` replaced by a stub that writes a prepared run folder: the scenarios themselves are the
+  other tests' business), and the follow-up's check of the comment (with a fake GitHub API on
+  loopback). The only change made to a script: ``source .../set_env.sh`` reads a stub (no CANN here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.ci import comment as C
+from harness.ci import suites as S
+from reports.compare import COMMENT_LIMIT, format_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+WF = REPO / ".github" / "workflows"
+LABELS_FILE = REPO / ".github" / "actionlint.yaml"
+TOOLS = Path(os.environ.get("PDCHAOS_TOOLS", Path.home() / ".cache" / "pdchaos" / "tools"))
+SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+WORKFLOWS = sorted(WF.glob("*.yaml"))
+
+
+def _tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    p = TOOLS / name
+    return str(p) if p.is_file() and os.access(p, os.X_OK) else None
+
+
+def _load(path: Path) -> dict:
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if True in doc:  # PyYAML reads the key `on` as True
+        doc["on"] = doc.pop(True)
+    return doc
+
+
+def _labels() -> set[str]:
+    return set(yaml.safe_load(LABELS_FILE.read_text())["self-hosted-runner"]["labels"])
+
+
+# ------------------------------------------------------------------ the linters
+
+@pytest.mark.timeout(120)
+def test_actionlint_passes_with_the_label_file_and_needs_it(tmp_path):
+    exe = _tool("actionlint")
+    if exe is None:
+        pytest.skip(f"actionlint not found on PATH or in {TOOLS} (.ci/run installs v1.7.12 there)")
+    ver = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=30).stdout
+    assert "1.7.12" in ver, ver
+    proc = subprocess.run([exe, "-no-color", "-config-file", str(LABELS_FILE), *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, timeout=100, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Without the labels, actionlint rejects the self-hosted runners: the file is what makes it pass.
+    empty = tmp_path / "actionlint.yaml"
+    empty.write_text("self-hosted-runner:\n  labels: []\n")
+    proc = subprocess.run([exe, "-no-color", "-config-file", str(empty), *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, timeout=100, cwd=REPO)
+    assert proc.returncode == 1 and "linux-amd64-cpu-2-hk" in proc.stdout and "is unknown" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_check_jsonschema_github_workflows_schema_passes():
+    exe = _tool("check-jsonschema")
+    if exe is None:
+        pytest.skip("check-jsonschema not found on PATH (.ci/run installs check-jsonschema==0.33.3)")
+    proc = subprocess.run([exe, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+                          capture_output=True, text=True, timeout=170, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok -- validation done" in proc.stdout
+
+
+# ------------------------------------------------------------------ conventions
+
+def _jobs():
+    for path in WORKFLOWS:
+        for name, job in _load(path)["jobs"].items():
+            yield path, name, job
+
+
+def _run_steps():
+    for path, name, job in _jobs():
+        for step in job.get("steps", []):
+            if "run" in step:
+                yield path, name, step
+
+
+@pytest.mark.timeout(10)
+def test_file_names_and_triggers():
+    names = {p.name for p in WORKFLOWS}
+    assert {"_pdchaos_run.yaml", "_latency_compare.yaml", "schedule_nightly_ascend.yaml",
+            "pr_latency_compare.yaml", "pr_latency_comment.yaml"} <= names
+    for p in WORKFLOWS:
+        on = _load(p)["on"]
+        if p.name.startswith("_"):
+            assert set(on) == {"workflow_call"}, p.name
+        else:
+            assert p.name.startswith(("schedule_", "pr_")), p.name
+            assert "workflow_call" not in on
+    nightly = _load(WF / "schedule_nightly_ascend.yaml")
+    inputs = nightly["on"]["workflow_dispatch"]["inputs"]
+    assert {"vllm_ascend_ref", "vllm_ref", "scenario_filter"} <= set(inputs)
+    assert "schedule" in nightly["on"]  # an option; workflow_dispatch is the way in
+    pr = _load(WF / "pr_latency_compare.yaml")
+    assert "pull_request" in pr["on"] and "pull_request_target" not in pr["on"]
+    assert pr["concurrency"]["cancel-in-progress"] is True
+    follow = _load(WF / "pr_latency_comment.yaml")
+    assert follow["on"]["workflow_run"]["workflows"] == [pr["name"]]
+
+
+@pytest.mark.timeout(10)
+def test_every_job_has_a_timeout_fail_fast_off_and_known_labels():
+    labels = _labels()
+    for path, name, job in _jobs():
+        if "uses" in job:  # a call of a reusable workflow: its own jobs carry the timeout
+            target = REPO / job["uses"]
+            assert target.is_file(), job["uses"]
+            assert all("timeout-minutes" in j for j in _load(target)["jobs"].values())
+        else:
+            assert "timeout-minutes" in job, f"{path.name}: job {name}"
+            runs_on = job["runs-on"]
+            if "${{" not in runs_on:
+                assert runs_on in labels, f"{path.name}: {runs_on}"
+        if "strategy" in job:
+            assert job["strategy"]["fail-fast"] is False, f"{path.name}: job {name}"
+    for entry in S.select("all", "ascend") + S.select("all", "cpu") + S.select("pd-long network", "cpu"):
+        assert entry["runner"] in labels
+
+
+@pytest.mark.timeout(10)
+def test_cann_container_login_shell_npu_smi_first_and_artifacts_v7():
+    run = _load(WF / "_pdchaos_run.yaml")
+    assert run["defaults"]["run"]["shell"] == "bash -el {0}"
+    job = run["jobs"]["suite"]
+    assert job["container"]["image"].startswith("${{ inputs.image }}")
+    assert run["on"]["workflow_call"]["inputs"]["image"]["default"].startswith("quay.io/ascend/cann:")
+    first = job["steps"][0]["run"]
+    assert first.splitlines()[0] == f"source {SET_ENV}" and "npu-smi info" in first
+    for path in WORKFLOWS:
+        text = path.read_text()
+        for m in re.finditer(r"uses: (actions/(?:up|down)load-artifact)@(\S+)", text):
+            assert m.group(2) == ("v7" if "upload" in m.group(1) else "v8"), path.name
+    assert "actions/upload-artifact@v7" in (WF / "_pdchaos_run.yaml").read_text()
+
+
+@pytest.mark.timeout(10)
+def test_no_expression_in_scripts_no_secrets_in_pull_request_jobs():
+    for path, name, step in _run_steps():
+        assert "${{" not in step["run"], f"{path.name}/{name}/{step.get('name')}: pass values through env:"
+    for name in ("pr_latency_compare.yaml", "_latency_compare.yaml"):
+        text = (WF / name).read_text()
+        assert "secrets." not in text and "pull_request_target" not in text
+        assert "persist-credentials: false" in text or "uses: ./" in text
+        assert _load(WF / name)["permissions"] == {"contents": "read"}
+    follow = _load(WF / "pr_latency_comment.yaml")
+    assert follow["permissions"] == {}
+    steps = follow["jobs"]["comment"]["steps"]
+    assert "ref" not in steps[0].get("with", {})  # the default branch's code, never the PR's
+    assert any("sticky-pull-request-comment@v3" in s.get("uses", "") for s in steps)
+
+
+# ------------------------------------------------------------------ running steps
+
+class Workspace:
+    """A scratch GITHUB_WORKSPACE, the workflow-command files, and a runner for steps."""
+
+    def __init__(self, root: Path, exprs: dict[str, str], path_prepend: list[Path] = ()):
+        self.root = root
+        self.ws = root / "ws"
+        self.ws.mkdir(parents=True, exist_ok=True)
+        self.exprs = dict(exprs)
+        self.files = {k: root / f"{k.lower()}.txt" for k in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "GITHUB_ENV")}
+        for f in self.files.values():
+            f.touch()
+        self.set_env = root / "set_env.sh"
+        self.set_env.write_text("export ASCEND_STUB_SOURCED=1\n")
+        self.path_prepend = [str(p) for p in path_prepend]
+        self.outputs: dict[str, dict[str, str]] = {}
+
+    def _eval(self, v) -> str:
+        def one(m: re.Match) -> str:
+            e = m.group(1).strip()
+            if e not in self.exprs:
+                raise KeyError(f"no value for the expression ${{{{ {e} }}}}")
+            return str(self.exprs[e])
+        return re.sub(r"\$\{\{(.*?)\}\}", one, str(v))
+
+    def run(self, workflow: str, job: str, step: str, *, extra_env: dict | None = None, timeout: float = 90):
+        doc = _load(WF / workflow)
+        j = doc["jobs"][job]
+        st = next(s for s in j["steps"] if s.get("id") == step or s.get("name") == step)
+        for f in self.files.values():
+            f.write_text("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
+        env["PATH"] = os.pathsep.join(self.path_prepend + [env.get("PATH", "")])
+        env["PYTHONPATH"] = str(REPO)
+        env["GITHUB_WORKSPACE"] = str(self.ws)
+        env["RUNNER_TEMP"] = str(self.root / "tmp")
+        env.update({k: str(v) for k, v in self.files.items()})
+        for scope in (doc.get("env", {}), j.get("env", {}), st.get("env", {})):
+            env.update({k: self._eval(v) for k, v in scope.items()})
+        env.update(extra_env or {})
+        script = st["run"].replace(SET_ENV, str(self.set_env))
+        (self.root / "step.sh").write_text(script)
+        cwd = self.ws / self._eval(st.get("working-directory", "."))
+        env["PWD"] = str(cwd)  # the logical path (head/, base/), as a shell started there has it
+        shell = (doc.get("defaults", {}).get("run", {}).get("shell", "bash -e {0}"))
+        assert shell in ("bash -el {0}", "bash -e {0}")
+        proc = subprocess.run(["bash", "-e", str(self.root / "step.sh")], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        out = self.read_outputs()
+        if "id" in st:
+            self.outputs[st["id"]] = out
+            for k, v in out.items():
+                self.exprs[f"steps.{st['id']}.outputs.{k}"] = v
+        return proc, out, self.files["GITHUB_STEP_SUMMARY"].read_text()
+
+    def read_outputs(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        lines = self.files["GITHUB_OUTPUT"].read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_-]*)<<(\S+)$", line)
+            if m:
+                end = lines.index(m.group(2), i + 1)
+                out[m.group(1)] = "\n".join(lines[i + 1:end])
+                i = end + 1
+                continue
+            k, _, v = line.partition("=")
+            out[k] = v
+            i += 1
+        return out
+
+
+@pytest.fixture(scope="module")
+def made_runs(tmp_path_factory):
+    """Run folders as ``pdchaos run --bench`` leaves them (reports included): base, a slower head,
+    and a head where a verdict changed."""
+    from test_reports import make_run  # the reports' synthetic run folders
+
+    import reports
+
+    root = tmp_path_factory.mktemp("made")
+    base = make_run(root / "base" / "20260101-000000-base", scenarios=("normal", "slow-peer"), run_id="base")
+    slow = make_run(root / "slow" / "20260101-000001-head", scenarios=("normal", "slow-peer"), scale=1.3,
+                    run_id="head")
+    same = make_run(root / "same" / "20260101-000002-head", scenarios=("normal", "slow-peer"), run_id="head")
+    changed = root / "changed" / "20260101-000003-head"
+    shutil.copytree(same, changed)
+    doc = json.loads((changed / "summary.json").read_text())
+    r = next(x for x in doc["results"] if (x["scenario"], x["target"]) == ("slow-peer", "hardened"))
+    r.update(verdict="fail", as_expected=False, reason="bounded_return violated")
+    (changed / "summary.json").write_text(json.dumps(doc))
+    for d in (base, slow, same, changed):
+        reports.generate(d)
+    return {"base": base, "slow": slow, "same": same, "changed": changed}
+
+
+def _fake_python(bin_dir: Path) -> Path:
+    """``python3`` that runs everything with the real interpreter except ``-m harness.cli run``,
+    which copies the folder in $FAKE_RUN into --runs-dir, logs its arguments and exits $FAKE_RC."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "python3"
+    exe.write_text(f"""#!{sys.executable}
+import os, shutil, sys
+a = sys.argv[1:]
+if a[:3] == ["-m", "harness.cli", "run"]:
+    runs = a[a.index("--runs-dir") + 1]
+    with open(os.environ["FAKE_LOG"], "a") as fh:
+        fh.write(os.environ["PWD"] + " " + " ".join(a[3:]) + "\\n")
+    src = os.environ["FAKE_RUN_" + os.path.basename(os.environ["PWD"]).upper()]
+    shutil.copytree(src, os.path.join(runs, os.path.basename(src)))
+    sys.exit(int(os.environ.get("FAKE_RC", "0")))
+os.execv({sys.executable!r}, [{sys.executable!r}] + a)
+""")
+    exe.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.timeout(30)
+def test_nightly_select_step(tmp_path):
+    w = Workspace(tmp_path, {"inputs.scenario_filter": ""})
+    (w.ws).rmdir()
+    w.ws.symlink_to(REPO)  # actions/checkout: the repository itself
+    proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
+    assert proc.returncode == 0, proc.stderr
+    matrix = json.loads(out["matrix"])["include"]
+    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd"] and out["count"] == "3"
+    pd = matrix[2]
+    assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and "--only pd-node-stack" in pd["setup"]
+    w.exprs["inputs.scenario_filter"] = "lookup:slow, pd-long"
+    proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
+    assert proc.returncode == 0, proc.stderr
+    matrix = json.loads(out["matrix"])["include"]
+    assert [(m["id"], m["args"]) for m in matrix] == [
+        ("lookup-slow", "--target hardened --target legacy -k slow"), ("pd-long", "")]
+    w.exprs["inputs.scenario_filter"] = "lookup,nosuch"
+    proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
+    assert proc.returncode == 2 and "unknown suite 'nosuch'" in proc.stderr and "matrix" not in out
+
+
+@pytest.mark.timeout(30)
+def test_nightly_install_step_commands(tmp_path):
+    w = Workspace(tmp_path, {"inputs.profile": "ascend", "inputs.vllm_ref": "v0.23.0",
+                             "inputs.vllm_ascend_ref": "v0.23.0rc1", "inputs.suite": "pd"})
+    w.ws.rmdir()
+    w.ws.symlink_to(REPO)
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", extra_env={"PDCHAOS_CI_DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = [x.removeprefix("would run: ") for x in proc.stdout.splitlines()]
+    assert lines[0].endswith("pip install --disable-pip-version-check -q -e '.[dev]'")
+    assert any(x.startswith("VLLM_TARGET_DEVICE=empty ") and x.endswith("/pdchaos-src/vllm") for x in lines)
+    assert any(x.endswith("checkout --detach v0.23.0") and "/vllm " in x + " " for x in lines)
+    assert any(x.endswith("checkout --detach v0.23.0rc1") for x in lines)
+    assert lines[-1].endswith("mooncake-transfer-engine-npu==0.3.13.post1")
+    w.exprs["inputs.vllm_ref"] = "$(rm -rf /)"
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", extra_env={"PDCHAOS_CI_DRY_RUN": "1"})
+    assert proc.returncode == 2 and "expected a branch, tag or commit" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_nightly_summary_and_trend_steps(tmp_path, made_runs):
+    w = Workspace(tmp_path, {"inputs.suite": "lookup", "inputs.trend": "true", "github.sha": "a" * 40,
+                             "github.server_url": "https://github.com", "github.repository": "o/pd-chaos"})
+    w.ws.rmdir()
+    shutil.copytree(made_runs["changed"], tmp_path / "ws" / "pdchaos-out" / "runs" / "lookup" / "20260101-000003")
+    (w.ws / "harness").symlink_to(REPO / "harness")
+    (w.ws / "reports").symlink_to(REPO / "reports")
+    proc, out, summary = w.run("_pdchaos_run.yaml", "suite", "summary")
+    assert proc.returncode == 0, proc.stderr
+    assert out["deviations"] == "1" and out["as_expected"] == "3" and out["run_dir"].endswith("20260101-000003")
+    md = (made_runs["changed"] / "summary.md").read_text()
+    assert "## pd-chaos lookup: `20260101-000003`" in summary and md.strip() in summary
+    w.exprs["steps.summary.outputs.run_dir"] = out["run_dir"]
+    for sha in ("a" * 40, "b" * 40, "b" * 40):
+        w.exprs["github.sha"] = sha
+        proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "trend")
+        assert proc.returncode == 0, proc.stderr
+    data = (w.ws / "pdchaos-out" / "trend" / "data.js").read_text()
+    assert data.startswith("window.BENCHMARK_DATA = ")
+    doc = json.loads(data.removeprefix("window.BENCHMARK_DATA = "))
+    entries = doc["entries"]["pd-chaos nightly: lookup"]
+    assert [e["commit"]["id"][0] for e in entries] == ["a", "b"]  # the same commit twice: replaced
+    bench = json.loads((w.ws / out["run_dir"] / "bench.json").read_text())
+    assert entries[-1]["benches"] == bench and entries[-1]["tool"] == "customSmallerIsBetter"
+    assert (w.ws / out["run_dir"] / "bench-trend.js").is_file()
+
+
+def _pr_workspace(tmp_path: Path, made_runs: dict, head: str) -> Workspace:
+    bin_dir = _fake_python(tmp_path / "bin")
+    w = Workspace(tmp_path, {
+        "inputs.suites": "", "inputs.bench": "400", "inputs.fail_above": "p99:10%", "inputs.pr_number": "42",
+        "inputs.head_sha": "c" * 40, "inputs.base_sha": "d" * 40, "github.workspace": str(tmp_path / "ws"),
+        "github.server_url": "https://github.com", "github.repository": "o/pd-chaos", "github.run_id": "99",
+        "steps.artifact.outputs.artifact-url": "https://github.com/o/pd-chaos/actions/runs/99/artifacts/7"},
+        path_prepend=[bin_dir])
+    (w.ws / "head").symlink_to(REPO)  # actions/checkout of head and base
+    (w.ws / "base").symlink_to(REPO)
+    w.fake = {"FAKE_LOG": str(tmp_path / "fake.log"), "FAKE_RUN_BASE": str(made_runs["base"]),
+              "FAKE_RUN_HEAD": str(made_runs[head])}
+    return w
+
+
+def _run_pr_job(w: Workspace, head_rc: str = "0"):
+    res = {}
+    for step in ("select", "Install", "base", "head", "Job summary", "compare", "Comment body", "Verdict"):
+        extra = dict(w.fake, PDCHAOS_CI_DRY_RUN="1")
+        if step == "head":
+            extra["FAKE_RC"] = head_rc
+        res[step] = w.run("_latency_compare.yaml", "compare", step, extra_env=extra)
+        if step not in ("Verdict",):
+            assert res[step][0].returncode == 0, (step, res[step][0].stdout, res[step][0].stderr)
+        if step == "head":
+            w.exprs["steps.base.outputs.rc"] = w.outputs["base"]["rc"]
+            w.exprs["steps.head.outputs.rc"] = w.outputs["head"]["rc"]
+        if step == "compare":
+            w.exprs["steps.compare.outputs.rc"] = w.outputs["compare"]["rc"]
+    return res
+
+
+@pytest.mark.timeout(120)
+def test_pr_job_regression_comment_and_failing_verdict(tmp_path, made_runs):
+    w = _pr_workspace(tmp_path, made_runs, "slow")
+    res = _run_pr_job(w)
+    out = w.ws / "pdchaos-out"
+    sel = w.outputs["select"]
+    assert sel["run_args"] == "scenarios/lookup/ --target hardened --target legacy" and sel["setup_args"] == ""
+    assert "would run:" in res["Install"][0].stdout and "'.[dev]'" in res["Install"][0].stdout
+    log = (tmp_path / "fake.log").read_text().splitlines()
+    assert len(log) == 2 and all(x.endswith("--bench 400 --plain --runs-dir " + str(out / "runs" / side))
+                                 for x, side in zip(log, ("base", "head")))
+    assert log[0].split()[1:4] == ["scenarios/lookup/", "--target", "hardened"]
+    assert w.outputs["base"]["run_dir"] == str(out / "runs" / "base" / "20260101-000000-base")
+    assert w.outputs["compare"]["rc"] == "1"
+    text = (out / "compare.txt").read_text()
+    assert text.index("verdict changes: none") < text.index("scenario") < text.index("REGRESSION normal/hardened p99")
+    assert "noise floor (even vs odd ops" in text
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["noise_floor"]["p99"] > 0 and {b["target"] for b in doc["bench"]} == {"hardened", "legacy"}
+    body = (out / "comment" / "comment.md").read_text()
+    assert body.startswith(C.MARKER) and "**0 verdict(s) got worse, 2 latency regression(s)**" in body
+    assert body.index("### Regressions") < body.index("### Latency per scenario") < body.index("**Noise floor**")
+    assert "[artifact: run folders, plots, compare.txt](https://github.com/o/pd-chaos/actions/runs/99/artifacts/7)" \
+        in body
+    assert "- `runs/head/20260101-000001-head/plots/normal--before-after.png`" in body
+    assert json.loads((out / "comment" / "pr.json").read_text()) == {"number": 42, "head_sha": "c" * 40}
+    assert body in res["Comment body"][2]  # also in the job summary
+    assert "## head: `20260101-000001-head`" in res["Job summary"][2]
+    verdict = res["Verdict"][0]
+    assert verdict.returncode == 1 and "compare: exit 1" in verdict.stdout and "::error::pdchaos compare" in verdict.stdout
+
+
+@pytest.mark.timeout(120)
+def test_pr_job_verdict_change_first_and_head_deviation_fails(tmp_path, made_runs):
+    w = _pr_workspace(tmp_path, made_runs, "changed")
+    res = _run_pr_job(w, head_rc="1")
+    out = w.ws / "pdchaos-out"
+    assert w.outputs["head"]["rc"] == "1" and w.outputs["compare"]["rc"] == "0"
+    text = (out / "compare.txt").read_text()
+    assert text.index("verdict changes (1):") < text.index("scenario  ")
+    assert "WORSE    slow-peer/hardened: pass (as expected) → fail (NOT as expected)" in text
+    body = (out / "comment" / "comment.md").read_text()
+    assert body.index("### Verdict changes (1)") < body.index("### Latency per scenario")
+    assert "| slow-peer | hardened | worse | pass ✓ | fail ✗ |" in body
+    verdict = res["Verdict"][0]
+    assert verdict.returncode == 1 and "the head's pdchaos run did not end as expected (exit 1)" in verdict.stdout
+
+
+@pytest.mark.timeout(120)
+def test_pr_job_passes_when_nothing_changed(tmp_path, made_runs):
+    w = _pr_workspace(tmp_path, made_runs, "same")
+    res = _run_pr_job(w)
+    assert w.outputs["compare"]["rc"] == "0"
+    assert res["Verdict"][0].returncode == 0, res["Verdict"][0].stdout
+    body = (w.ws / "pdchaos-out" / "comment" / "comment.md").read_text()
+    assert "no verdict got worse, no latency regression over p99:10%" in body and "≈" in body
+
+
+class _FakeAPI(BaseHTTPRequestHandler):
+    heads: dict[int, str] = {}
+    seen: list[tuple[str, str]] = []
+
+    def do_GET(self):  # noqa: N802
+        self.seen.append((self.path, self.headers.get("Authorization", "")))
+        m = re.fullmatch(r"/repos/o/pd-chaos/pulls/(\d+)", self.path)
+        if not m or int(m.group(1)) not in self.heads:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = json.dumps({"number": int(m.group(1)), "head": {"sha": self.heads[int(m.group(1))]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):  # quiet
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_followup_checks_the_artifact_before_commenting(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _FakeAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _FakeAPI.heads = {42: "c" * 40, 43: "e" * 40}
+        w = Workspace(tmp_path, {"github.event.workflow_run.head_sha": "c" * 40, "github.token": "tok"})
+        w.ws.rmdir()
+        w.ws.mkdir()
+        (w.ws / "harness").symlink_to(REPO / "harness")
+        (w.ws / "reports").symlink_to(REPO / "reports")
+        art = w.ws / "pr-comment"
+        art.mkdir()
+        doc = {"run_id_a": "base", "run_id_b": "head", "thresholds": ["p99:10%"], "rows": [], "regressions": [],
+               "verdict_changes": [], "noise_floor": None, "bench": []}
+        (art / "comment.md").write_text(C.body(doc, head_sha="c" * 40))
+        api = {"GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}", "GITHUB_REPOSITORY": "o/pd-chaos"}
+
+        def check(meta) -> tuple:
+            (art / "pr.json").write_text(json.dumps(meta) if not isinstance(meta, str) else meta)
+            return w.run("pr_latency_comment.yaml", "comment", "check", extra_env=api)
+
+        proc, out, _ = check({"number": 42, "head_sha": "c" * 40})
+        assert proc.returncode == 0, proc.stderr
+        assert out == {"number": "42", "path": "pr-comment/comment.md"}
+        assert _FakeAPI.seen[-1] == ("/repos/o/pd-chaos/pulls/42", "Bearer tok")
+        # a fork pointing the comment at another pull request: that PR's head is not this run's commit
+        proc, out, _ = check({"number": 43, "head_sha": "c" * 40})
+        assert proc.returncode == 1 and "is at eeee" in proc.stderr and out == {}
+        for bad, msg in (({"number": "42; rm", "head_sha": "c" * 40}, "positive integer"),
+                         ({"number": 42, "head_sha": "f" * 40}, "is not the commit"),
+                         ("not json", "pr.json"), ({"number": 99, "head_sha": "c" * 40}, "did not answer")):
+            proc, out, _ = check(bad)
+            assert proc.returncode == 1 and msg in proc.stderr and out == {}, (bad, proc.stderr)
+        (art / "comment.md").write_text(C.MARKER + "x" * COMMENT_LIMIT)
+        proc, _, _ = check({"number": 42, "head_sha": "c" * 40})
+        assert proc.returncode == 1 and "over GitHub's 65536" in proc.stderr
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_comment_body_stays_under_64k_with_a_note():
+    rows = [{"scenario": f"scenario-{i:04d}-" + "x" * 40, "target": "hardened", "verdict_a": "pass",
+             "verdict_b": "pass", "as_expected_a": True, "as_expected_b": True,
+             "a": {"p50": 1.0, "p99": 2.0, "max": 3.0, "fail_open": 0, "stalls": 0},
+             "b": {"p50": 1.01, "p99": 2.5, "max": 3.0, "fail_open": 0, "stalls": 0},
+             "ratio": {"p50": 1.01, "p99": 1.25, "max": 1.0, "fail_open": 1.0, "stalls": 1.0}} for i in range(3000)]
+    changes = [{"scenario": "scenario-0007", "target": "hardened", "kind": "worse", "verdict_a": "pass",
+                "verdict_b": "stall", "as_expected_a": True, "as_expected_b": False}]
+    doc = {"run_id_a": "a", "run_id_b": "b", "thresholds": ["p99:10%"], "rows": rows, "verdict_changes": changes,
+           "regressions": [{"scenario": r["scenario"], "target": "hardened", "metric": "p99", "a": 2.0, "b": 2.5,
+                            "limit": 2.2, "threshold": "p99:10%"} for r in rows],
+           "noise_floor": {"p50": 0.02, "p99": 0.05, "sources": ["a/hardened (n=400)"]}, "bench": []}
+    plots = [f"runs/head/x/plots/p{i}.png" for i in range(500)]
+    text = C.body(doc, head_sha="c" * 40, run_url="https://r", artifact_url="https://a", plots=plots)
+    size = len(text.encode("utf-8"))
+    assert 50000 < size < 60000 < COMMENT_LIMIT
+    assert text.startswith(C.MARKER) and text.index("### Verdict changes (1)") < text.index("### Regressions")
+    assert "| scenario-0007 | hardened | worse | pass ✓ | stall ✗ |" in text
+    assert re.search(r"_\d+ row\(s\) left out to keep this comment under 60 KB", text)
+    assert "**Noise floor**" in text and "[artifact: run folders, plots, compare.txt](https://a)" in text
+    assert "… and 460 more" in text
+    assert all(line.count("|") in (0, 6, 7, 8) or not line.startswith("|") for line in text.splitlines())
+    small = format_markdown(doc, max_bytes=2000)
+    assert len(small.encode()) < 2000 and "left out" in small
+
+
+@pytest.mark.timeout(10)
+def test_scripts_are_executable_and_strict():
+    for sh in (REPO / ".github" / "scripts").glob("*.sh"):
+        assert os.access(sh, os.X_OK), sh
+        assert sh.read_text().startswith("#!/usr/bin/env bash\n")
+        proc = subprocess.run(["bash", "-n", str(sh)], capture_output=True, text=True, timeout=5)
+        assert proc.returncode == 0, proc.stderr

@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.add_argument("--strict", action="store_true",
                    help="a skipped scenario run (a tool or privilege missing here) fails the run: exit 1")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every node command, node config and workload config the run would start, per "
+                        "scenario and target, and start nothing (ports, temporary paths and this interpreter "
+                        "are shown as placeholders, so the output is stable)")
     p.add_argument("--bench", type=int, metavar="N", default=0,
                    help="also run `pdchaos bench FAMILY --n N` first for each selected family that has a "
                         "benchmark, and keep its samples in the run folder (normal-path CDF and ratios in the "
@@ -124,6 +128,95 @@ def plan_for_reuse(scenarios: list) -> list[tuple]:
     return plan
 
 
+class _Placeholders:
+    """Stable names for what changes from one run to the next: ports (``<port:1>``... in order of
+    first appearance), the temporary run folder and node tmp folder, the interpreter, the home."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import os
+        import re
+
+        self._re = re
+        self.ports: dict[str, str] = {}
+        self.paths = [(str(run_dir), "<run_dir>"), (sys.executable, "python3"), (os.path.expanduser("~"), "~")]
+
+    def __call__(self, text: str) -> str:
+        for real, name in self.paths:
+            text = text.replace(real, name)
+
+        def port(m) -> str:
+            return m.group(1) + self.ports.setdefault(m.group(2), f"<port:{len(self.ports) + 1}>")
+
+        self.ips: dict[str, str] = getattr(self, "ips", {})
+        text = self._re.sub(r"\b(?!127\.0\.0\.1\b)\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b",
+                            lambda m: self.ips.setdefault(m.group(0), f"<ip:{len(self.ips) + 1}>"), text)
+        text = self._re.sub(r"(127\.0\.0\.1:|<ip:\d+>:|--[a-z-]*port )(\d{4,5})\b", port, text)
+        return self._re.sub(r"(?<![\w:])(\d{4,5})\b", lambda m: self.ports.get(m.group(1), m.group(1)), text)
+
+
+def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
+    """``--dry-run``: per planned (scenario, target), the family's topology is built (nothing is
+    started: no process, no link, no Toxiproxy proxy) and asked how it would start each of its
+    roles (``node_spec``) and the workload (``workload_config``); printed as commands and JSON."""
+    import json
+    import shlex
+    import shutil
+    import tempfile
+
+    from .errors import HarnessError
+    from .procs import node_command
+
+    out = out or sys.stdout
+    for sc, target in plan:
+        tmp = Path(tempfile.mkdtemp(prefix="pdchaos-dry-"))
+        ph = _Placeholders(tmp)
+        topo = sc.family.topology(sc, target, tmp, lambda rec: None, {})
+        try:
+            ph.paths.insert(0, (str(topo.tmp), "<node_tmp>"))
+            print(f"== {sc.name} [{target}] (family {sc.family.name}, {sc.path if hasattr(sc, 'path') else ''})"
+                  .replace(", )", ")"), file=out)
+            roles = sc.family.roles(sc.model) or []
+            for role in roles:
+                try:
+                    spec = topo.node_spec(role)
+                except HarnessError as exc:
+                    print(f"node {role}: no fixed command ({exc})", file=out)
+                    continue
+                except (KeyError, AttributeError) as exc:  # built from a node started before it
+                    print(f"node {role}: its command is built from a started node ({type(exc).__name__} "
+                          f"{exc}): known only in a real run", file=out)
+                    continue
+                env = f"PDCHAOS_FAMILY={topo.family_name} "
+                print(f"node {role} (side {spec.side}, ready within {spec.ready_timeout_s:g} s):", file=out)
+                print("  " + ph(env + shlex.join(node_command(spec.kind, spec.args))), file=out)
+                if spec.endpoints:
+                    print("  endpoints: " + ph(json.dumps(spec.endpoints, sort_keys=True)), file=out)
+            cfg_note = ""
+            try:
+                cfg = topo.workload_config()
+            except NotImplementedError:
+                cfg = None
+            except (KeyError, AttributeError) as exc:  # holds a started node's control endpoint
+                cfg, cfg_note = None, (f"  config: built from a started node ({type(exc).__name__} {exc}): "
+                                       "known only in a real run")
+            config_path, journal = Path(tmp) / "workload.json", topo.journal_part("workload")
+            print("workload:", file=out)
+            print("  " + ph(f"PDCHAOS_FAMILY={topo.family_name} "
+                            + shlex.join(node_command(topo.workload_kind, topo.workload_args(config_path, journal)))),
+                  file=out)
+            if cfg_note:
+                print(cfg_note, file=out)
+            if cfg is not None:
+                short = {k: (f"<{len(v)} items>" if isinstance(v, list) and len(v) > 8 else v) for k, v in cfg.items()}
+                print("  config: " + ph(json.dumps(short, sort_keys=True)), file=out)
+            print(file=out)
+        finally:
+            topo.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"dry run: {len(plan)} scenario/target run(s); nothing was started", file=out)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
     if args.filter:
@@ -141,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bench: at least 100 ops per target")
     if args.bench and not benched:
         raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
+    if args.dry_run:
+        return dry_run(scenarios, [(s, t) for s, t in plan_for_reuse(scenarios)
+                                   if not args.target or t in args.target])
     run_dir = new_run_dir(args.runs_dir)
     for i, fam in enumerate(benched if args.bench else []):
         # the reports read bench_samples.json (the first family's); others keep their own file

@@ -559,3 +559,30 @@ def test_scripts_are_executable_and_strict():
         assert sh.read_text().startswith("#!/usr/bin/env bash\n")
         proc = subprocess.run(["bash", "-n", str(sh)], capture_output=True, text=True, timeout=5)
         assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------ pdchaos run --dry-run
+
+GOLDEN = REPO / "tests" / "golden" / "dry_run.txt"
+DRY_RUN_PATHS = ["scenarios/pd/baseline.yaml", "scenarios/lookup/baseline.yaml",
+                 "scenarios/ascend-cpu/layerwise-baseline.yaml", "scenarios/network/netns-refuse-both.yaml"]
+
+
+@pytest.mark.timeout(90)
+def test_run_dry_run_matches_the_golden_file_and_starts_nothing(tmp_path):
+    """Every node command and config the run would start; PDCHAOS_UPDATE_GOLDEN=1 rewrites the
+    golden file (after a deliberate change to these scenarios or to how a family starts nodes)."""
+    runs = tmp_path / "runs"
+    before = set(os.listdir("/tmp"))
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *DRY_RUN_PATHS, "--dry-run",
+                           "--runs-dir", str(runs)], cwd=REPO, capture_output=True, text=True, timeout=80,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert not runs.exists()  # no run folder, no process, no namespace, no temporary folder left
+    assert {p for p in set(os.listdir("/tmp")) - before if p.startswith(("pdc-", "pdchaos-dry-"))} == set()
+    if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(proc.stdout)
+    assert proc.stdout == GOLDEN.read_text(), "pdchaos run --dry-run differs from tests/golden/dry_run.txt"
+    out = proc.stdout
+    assert out.count("\n== ") + 1 == 9 and out.endswith("dry run: 9 scenario/target run(s); nothing was started\n")
+    assert "--kv-connector HardenedMooncakeConnector" in out and "<port:" in out and "<ip:1>" in out

@@ -586,3 +586,23 @@ def test_run_dry_run_matches_the_golden_file_and_starts_nothing(tmp_path):
     out = proc.stdout
     assert out.count("\n== ") + 1 == 9 and out.endswith("dry run: 9 scenario/target run(s); nothing was started\n")
     assert "--kv-connector HardenedMooncakeConnector" in out and "<port:" in out and "<ip:1>" in out
+
+
+@pytest.mark.timeout(120)
+def test_nightly_validate_and_dry_run_steps(tmp_path):
+    """The nightly's checks that need no NPU, on the real suites: validate, then the dry run."""
+    w = Workspace(tmp_path, {"inputs.suite": "pd-baseline", "inputs.path": "scenarios/pd/",
+                             "inputs.args": "-k baseline --target hardened"})
+    w.ws.rmdir()
+    w.ws.mkdir()
+    for name in ("harness", "reports", "faults", "scenarios", "connector_patch", "nodeplugins"):
+        if (REPO / name).exists():
+            (w.ws / name).symlink_to(REPO / name)
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "Validate every scenario", timeout=100)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "dry_run", timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    text = (w.ws / "pdchaos-out" / "runs" / "pd-baseline" / "dry-run.txt").read_text()
+    assert text.startswith("== pd-baseline [hardened] (family pd, scenarios/pd/baseline.yaml)\n")
+    assert text.count("node vllm --role") == 2 and "node pd-proxy" in text and "node pd-workload" in text
+    assert text.endswith("dry run: 1 scenario/target run(s); nothing was started\n")

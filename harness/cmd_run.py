@@ -159,6 +159,7 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
     started: no process, no link, no Toxiproxy proxy) and asked how it would start each of its
     roles (``node_spec``) and the workload (``workload_config``); printed as commands and JSON."""
     import json
+    import os
     import shlex
     import shutil
     import tempfile
@@ -168,7 +169,7 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
 
     out = out or sys.stdout
     for sc, target in plan:
-        tmp = Path(tempfile.mkdtemp(prefix="pdchaos-dry-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"pdchaos-dry-{os.getpid()}-"))
         ph = _Placeholders(tmp)
         topo = sc.family.topology(sc, target, tmp, lambda rec: None, {})
         try:

@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -581,13 +582,16 @@ def test_run_dry_run_matches_the_golden_file_and_starts_nothing(tmp_path):
     """Every node command and config the run would start; PDCHAOS_UPDATE_GOLDEN=1 rewrites the
     golden file (after a deliberate change to these scenarios or to how a family starts nodes)."""
     runs = tmp_path / "runs"
-    before = set(os.listdir("/tmp"))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *DRY_RUN_PATHS, "--dry-run",
-                           "--runs-dir", str(runs)], cwd=REPO, capture_output=True, text=True, timeout=80,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *DRY_RUN_PATHS, "--dry-run",
+                              "--runs-dir", str(runs)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    stdout, stderr = child.communicate(timeout=80)
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     assert proc.returncode == 0, proc.stderr
     assert not runs.exists()  # no run folder, no process, no namespace, no temporary folder left
-    assert {p for p in set(os.listdir("/tmp")) - before if p.startswith(("pdc-", "pdchaos-dry-"))} == set()
+    tmp = Path(tempfile.gettempdir())
+    assert [p.name for p in tmp.glob(f"pdc-{child.pid}-*")] + [p.name for p in tmp.glob(f"pdchaos-dry-{child.pid}-*")] \
+        == []
     if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(proc.stdout)
     assert proc.stdout == GOLDEN.read_text(), "pdchaos run --dry-run differs from tests/golden/dry_run.txt"

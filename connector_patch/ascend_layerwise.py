@@ -34,6 +34,10 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
    metaserver that never answers holds the thread forever), ignores the status, and only logs.
 
+6. **A listener that cannot bind fails the start.** Upstream's listener thread dies on the bind
+   error and ``register_kv_caches`` waits for its ready event forever (the worker never starts and
+   never says why); the hardened one sets the event and ``register_kv_caches`` raises.
+
 Options live in ``kv_transfer_config.kv_connector_extra_config``. Logs carry counts, codes, phases
 and times only: never request ids, block ids, frames or addresses of KV memory.
 """
@@ -90,6 +94,7 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         super().__init__(*args, **kwargs)
         self.deadlines = RecvDeadlines(recv_timeout_s)
         self.stop_event = threading.Event()
+        self.bind_error: Exception | None = None
         self._early: dict[str, tuple[float, int, str]] = {}  # DONE before D started waiting
         self.counters = {"get_meta": 0, "done": 0, "failed": 0, "nacks": 0, "late": 0, "early": 0, "expired": 0,
                          "reply_errors": 0}
@@ -170,7 +175,14 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         metadata = msgspec.msgpack.Encoder().encode(self.metadata)
         decoder = msgspec.msgpack.Decoder(type=tuple)
         ctx = zmq.Context()
-        sock = make_zmq_socket(ctx=ctx, path=path, socket_type=zmq.ROUTER, bind=True)
+        try:
+            sock = make_zmq_socket(ctx=ctx, path=path, socket_type=zmq.ROUTER, bind=True)
+        except zmq.ZMQError as exc:
+            # upstream's thread dies here and register_kv_caches waits for its ready event forever
+            self.bind_error = exc
+            ctx.destroy(linger=0)  # closes the socket that failed to bind (term() would wait for it)
+            self.ready_event.set()
+            return
         logger.info("layerwise recv: listening (tp_rank %d, deadline %.1f s)", self.tp_rank,
                     self.deadlines.timeout_s)
         try:
@@ -311,6 +323,10 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
     def register_kv_caches(self, kv_caches: dict) -> None:
         with _hardened_threads(self):
             super().register_kv_caches(kv_caches)
+        err = getattr(self.kv_recv_layer_thread, "bind_error", None)
+        if err is not None:  # raised here, where vLLM reports a failed start, instead of waiting forever
+            raise zmq.ZMQError(getattr(err, "errno", None) or 98,
+                               f"layerwise listener cannot bind port {self.handshake_port}: {err.strerror}")
 
     # -- D
     def start_load_kv(self, metadata: Any) -> None:

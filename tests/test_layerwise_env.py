@@ -109,3 +109,27 @@ def test_register_puts_the_hardened_connector_into_vllms_factory():
     out = subprocess.run([str(ascend_conf_env().python), "-c", code], cwd=ROOT, env=env_for({"VLLM_PLUGINS": ""}),
                          capture_output=True, text=True, timeout=220)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_port_in_use_is_one_clear_error(tmp_path):
+    """Hardened: one error line, exit 2. (vllm-ascend's listener thread dies on the bind error and
+    register_kv_caches waits for it forever: the upstream node never gets ready.)"""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    try:
+        port = held.getsockname()[1]
+        env = dict(os.environ, PDCHAOS_FAMILY="layerwise")
+        out = subprocess.run([sys.executable, "-m", "harness.cli", "node", "layerwise-decode", "--impl", "hardened",
+                              "--kv-port", str(port), "--dist-port", str(free_tcp_port()),
+                              "--metaserver", f"http://127.0.0.1:{free_tcp_port()}/v1/metaserver"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+    finally:
+        held.close()
+    assert out.returncode == 2
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "--kv-port" in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr + out.stdout

@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import stack
 
     stack.import_stack()
-    return run_node_process(lambda: _app(args), endpoints={}, bind_flag="--kv-port", control=args.control,
-                            log_level=args.log_level)
+    return run_node_process(lambda: _app(args), endpoints={"--kv-port": f"tcp://127.0.0.1:{args.kv_port}"},
+                            bind_flag="--kv-port", control=args.control, log_level=args.log_level)
 
 
 if __name__ == "__main__":

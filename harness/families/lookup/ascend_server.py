@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -138,6 +139,9 @@ class AscendServerNode:
         base, port = parse_path(endpoint)  # type: ignore[misc]
         self.config = vllm_config_for(port)
         self.server: Any = None
+        self.retired: list[Any] = []  # servers closed by close_server, still referenced
+        self.close_requests: list[Any] = []  # close_server asks; the main thread closes
+        self.close_ms: float | None = None
         self.closed_at: float | None = None
 
     def make_server(self) -> Any:
@@ -167,6 +171,19 @@ def _app(node: AscendServerNode):
                 raise zmq.ZMQError(22, f"vllm-ascend derives {path}, not the endpoint given")
             node.server = node.make_server()
 
+        def serve(self, stop: threading.Event) -> None:
+            while not stop.wait(0.02):
+                while node.close_requests:
+                    done = node.close_requests.pop(0)
+                    s, node.server = node.server, None
+                    t0 = time.monotonic()
+                    if s is not None:
+                        node.retired.append(s)  # still referenced, as by the connector that owns it
+                        s.close()  # upstream's aborts this process when its thread waits in recv
+                    node.closed_at = time.monotonic()
+                    node.close_ms = round((node.closed_at - t0) * 1000, 3)
+                    done.set()
+
         def stats(self) -> dict:
             s = node.server
             if s is None:
@@ -181,12 +198,12 @@ def _app(node: AscendServerNode):
                 return {}
 
             def close_server(m: dict) -> dict:  # noqa: ARG001
-                s, node.server = node.server, None
-                t0 = time.monotonic()
-                if s is not None:
-                    s.close()  # upstream's aborts this process here when its thread waits in recv
-                node.closed_at = time.monotonic()
-                return {"closed": True, "close_ms": round((node.closed_at - t0) * 1000, 3)}
+                # closed by the main thread (serve), as an engine shutting down closes it
+                done = threading.Event()
+                node.close_requests.append(done)
+                if not done.wait(5.0):
+                    raise RuntimeError("close_server: the main thread did not close the server within 5 s")
+                return {"closed": True, "close_ms": node.close_ms}
 
             def reopen_server(m: dict) -> dict:  # noqa: ARG001
                 if node.server is None:

@@ -24,10 +24,10 @@ It is separate from the harness's own environment and from the P/D nodes' env (v
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from .pd_stack import _links_args, canonical, requires_from_metadata
+from .pd_stack import (VERIFY_TIMEOUT_S, _links_args, canonical, install_local_package, requires_from_metadata,
+                       verify_imports)
 from .venv import NodeEnv, NodeEnvError, Step, child_env, run_logged, tree_hash
 
 ENV_NAME = "ascend-conf"
@@ -48,7 +48,6 @@ PINS = (TORCH, f"{VLLM} --no-deps", f"{VLLM} Requires-Dist minus {','.join(DROP_
 TORCH_TIMEOUT_S = 2400.0
 DEPS_TIMEOUT_S = 1800.0
 PIP_TIMEOUT_S = 900.0
-VERIFY_TIMEOUT_S = 600.0
 
 
 def stubs_source() -> Path:
@@ -106,13 +105,7 @@ def _node_deps(env: NodeEnv) -> str:
 
 def _stubs(env: NodeEnv) -> str:
     src = stubs_source()
-    if not (src / "pyproject.toml").is_file():
-        raise NodeEnvError(f"the NPU stubs' source is not at {src} (install pd-chaos from its checkout)")
-    copy = env.path / "src" / src.name
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
-    env.pip(["--no-deps", "--no-build-isolation", "--force-reinstall", str(copy)], PIP_TIMEOUT_S,
-            f"pip install {src}")
+    install_local_package(env, src, "the NPU stubs")
     return f"{STUBS_DIST} from {src}"
 
 
@@ -133,9 +126,7 @@ print("torch", torch.__version__, "vllm", md.version("vllm"), "vllm-ascend", md.
 
 
 def _verify(env: NodeEnv) -> str:
-    out = env.run(["-c", VERIFY_CODE], VERIFY_TIMEOUT_S, "import check",
-                  env={"HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": ""})
-    return out.strip().splitlines()[-1] if out.strip() else "imports ok"
+    return verify_imports(env, VERIFY_CODE)
 
 
 def ascend_conf_env(out=print) -> NodeEnv:

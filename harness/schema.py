@@ -142,21 +142,32 @@ def validate_recovery_gaps(scenario: Any, faults: list) -> None:
     if not faults or (opts is not None and not opts.enabled):
         return
     within = opts.within if opts is not None else 1
-    need = scenario.workload.recovery_gap(within)
-    spans = sorted((f.at, f.at + f.for_) for f in faults)
-    merged: list[list[float]] = []
-    for a, b in spans:
+    ops_need = scenario.workload.recovery_gap(within)
+    registry = load_registry(scenario.family)
+    spans = sorted((f.at, f.at + f.for_, _heal_allowance(registry, f)) for f in faults)
+    merged: list[list[float]] = []  # [start, stop, heal allowance of the fault(s) ending last]
+    for a, b, heal in spans:
         if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
+            if b > merged[-1][1]:
+                merged[-1][1], merged[-1][2] = b, heal
+            elif b == merged[-1][1]:
+                merged[-1][2] = max(merged[-1][2], heal)
         else:
-            merged.append([a, b])
-    for i, (_, stop) in enumerate(merged):
+            merged.append([a, b, heal])
+    for i, (_, stop, heal) in enumerate(merged):
         nxt = merged[i + 1][0] if i + 1 < len(merged) else scenario.workload.duration
+        need = ops_need + heal
         if nxt - stop < need:
             what = "the next fault" if i + 1 < len(merged) else "the end of the workload"
+            healing = f" plus {heal:g}s its heal may take" if heal else ""
             raise ValueError(f"recovery: the fault window ending at {stop:g}s leaves {nxt - stop:g}s before {what}, "
-                             f"less than the {need:g}s every worker needs for {within} op(s); move the fault, "
-                             f"or set checks: {{recovery: {{enabled: false}}}}")
+                             f"less than the {ops_need:g}s every worker needs for {within} op(s){healing}; "
+                             f"move the fault, or set checks: {{recovery: {{enabled: false}}}}")
+
+
+def _heal_allowance(registry: dict, fault: Any) -> float:
+    cls = registry.get(getattr(fault, "type", ""))
+    return float(getattr(cls, "heal_allowance_s", 0.0) or 0.0)
 
 
 _MODELS: dict[str, Any] = {}

@@ -741,3 +741,23 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
     finally:
         topo.close()
     assert all(not h.alive for h in topo.handles())
+
+
+def test_schedule_leaves_time_for_the_fakes_heal(tmp_path: Path) -> None:
+    """fake_prefill_peer's heal stops a node: a schedule that leaves only one op's time after the
+    window is refused (on a busy CI machine, the heal once ate that time and the run had no op
+    after the window); one second more than the heal allowance is accepted."""
+    from harness.errors import UsageError
+    from harness.families.pd.fake_faults import FakePrefillPeer
+    from harness.schema import load_scenario
+
+    assert FakePrefillPeer.heal_allowance_s >= 1.0
+    body = ("name: t\nfamily: pd\nworkload: {{duration: {d}s, concurrency: 1, rate: 1}}\n"
+            "faults:\n  - {{type: fake_prefill_peer, at: 1s, for: 5s, mode: error}}\n")
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(body.format(d=8))
+    with pytest.raises(UsageError, match=r"leaves 2s .* plus 2s its heal may take"):
+        load_scenario(tight)
+    roomy = tmp_path / "roomy.yaml"
+    roomy.write_text(body.format(d=9))
+    assert load_scenario(roomy).model.workload.duration == 9

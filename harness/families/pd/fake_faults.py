@@ -47,6 +47,9 @@ class FakePrefillPeer(OnceFault):
     family = "pd"
     Params = FakePrefillParams
     may_cause = ("http_502", "http_504")
+    # the heal stops the fake node: 0.4 s on a quiet machine, over 1 s once on CI with both vLLM
+    # servers busy (a rate-1 run then had no op after the window)
+    heal_allowance_s = 2.0
 
     def __init__(self, params: FakePrefillParams, ctx):  # noqa: ANN001 - a FaultContext
         super().__init__(params, ctx)

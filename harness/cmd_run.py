@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print every node command, node config and workload config the run would start, per "
                         "scenario and target, and start nothing (ports, temporary paths and this interpreter "
                         "are shown as placeholders, so the output is stable)")
+    p.add_argument("--profile", default=None, metavar="NAME|FILE",
+                   help="node launch profile of the families that have them (pd: cpu, the default, or ascend: "
+                        "vLLM + vllm-ascend on NPUs); a name or a .yaml file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
+                   help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
+                        "--set devices.decode=3")
     p.add_argument("--bench", type=int, metavar="N", default=0,
                    help="also run `pdchaos bench FAMILY --n N` first for each selected family that has a "
                         "benchmark, and keep its samples in the run folder (normal-path CDF and ratios in the "
@@ -218,6 +224,18 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
     return 0
 
 
+def use_profile(scenarios: list, spec: str | None, sets: list[str]) -> None:
+    """Give each selected family that has launch profiles the one chosen (``--profile``/``--set``);
+    an error when one was asked for and no selected family has profiles."""
+    families = list(dict.fromkeys(s.family for s in scenarios))
+    with_profiles = [f for f in families if f.profile_names()]
+    if (spec or sets) and not with_profiles:
+        raise UsageError(f"--profile/--set: none of the selected scenarios' families has launch profiles "
+                         f"(families: {', '.join(f.name for f in families)})")
+    for fam in with_profiles:
+        fam.use_profile(spec, list(sets))
+
+
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
     if args.filter:
@@ -225,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
     scenarios = order_for_reuse(scenarios)
+    use_profile(scenarios, args.profile, args.profile_sets)
     if args.target:
         known = {t for s in scenarios for t in s.model.targets}
         unknown = [t for t in args.target if t not in known]

@@ -171,6 +171,23 @@ class Family:
         """What ``pdchaos setup`` installs for this family (harness/setup.py steps)."""
         return []
 
+    # ------------------------------------------------------------------ launch profiles
+    profile: Any = None
+    """The node launch profile of this run (``pdchaos run --profile``), once ``use_profile`` chose
+    it; None: the family's default. One run, one profile: it is kept on the family object."""
+
+    def profile_names(self) -> list[str]:
+        """The built-in launch profiles (where and how the family's nodes start: device, node
+        stack, model...); empty: the family has none, and ``--profile`` does not apply to it."""
+        return []
+
+    def use_profile(self, spec: str | None, sets: list[str]) -> Any:
+        """Choose the launch profile ``spec`` (a built-in name or a file) with ``KEY=VALUE``
+        changes; raise UsageError naming what is wrong. Families with profiles override it."""
+        from .errors import UsageError
+
+        raise UsageError(f"--profile: family {self.name!r} has no launch profiles")
+
 
 # --------------------------------------------------------------------------- registry
 

@@ -79,6 +79,7 @@ class StandIn:
         self.delay_s = 0.0
         self.status = 500
         self.engine_id = ENGINE
+        self.kv_answer: dict | None = None  # kv_transfer_params in the answer (vllm-ascend's P does so)
         self.requests: list[dict] = []
 
     async def _start(self) -> int:
@@ -134,16 +135,19 @@ class StandIn:
         self.requests.append(rec)
         try:
             kv = body.get("kv_transfer_params") or {}
-            if self.role == "decode" and kv.get("do_remote_prefill") and not all(
+            if self.role == "decode" and kv.get("do_remote_prefill") and "remote_request_id" not in kv and not all(
                     k in kv for k in ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")):
                 await asyncio.sleep(3600)  # vLLM: "Got invalid KVTransferParams", then waits forever
             bad = await self._misbehave()
             if bad is not None:
                 return bad
             text = D_TEXT if self.role == "decode" else "x"
-            out = web.json_response({"id": f"cmpl-{self.role}", "object": "text_completion",
-                                     "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                                     "usage": {"prompt_tokens": 7, "completion_tokens": body.get("max_tokens")}})
+            answer = {"id": f"cmpl-{self.role}", "object": "text_completion",
+                      "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                      "usage": {"prompt_tokens": 7, "completion_tokens": body.get("max_tokens")}}
+            if self.kv_answer is not None:
+                answer["kv_transfer_params"] = self.kv_answer
+            out = web.json_response(answer)
             rec["answered"] = time.monotonic()
             return out
         except asyncio.CancelledError:
@@ -188,13 +192,13 @@ class Proxy:
 
 
 def start_proxy(tmp: str, name: str, *, prefill: str, bootstrap: str, decode: str, order: str = "parallel",
-                timeout_s: float = TIMEOUT_S) -> Proxy:
+                timeout_s: float = TIMEOUT_S, protocol: str = "bootstrap") -> Proxy:
     port = free_port()
     control = f"ipc://{tmp}/{name}.ctl"
     log = os.path.join(tmp, f"{name}.log")
     handle = start_node("pd-proxy", ["--port", str(port), "--prefill", prefill, "--prefill-bootstrap", bootstrap,
                                      "--decode", decode, "--control", control, "--timeout-s", str(timeout_s),
-                                     "--order", order], log_path=log, ready_timeout_s=30.0)
+                                     "--order", order, "--protocol", protocol], log_path=log, ready_timeout_s=30.0)
     return Proxy(handle, port, control, log)
 
 
@@ -627,3 +631,57 @@ def test_no_prompt_text_or_ids_in_the_proxy_logs(r: Rig) -> None:
             assert p not in text and "llamas" not in text, f"prompt text in the {name} log"
         assert tid not in text and ENGINE not in text and D_TEXT not in text, f"an id or a body in the {name} log"
         assert not re.search(r"[0-9a-f]{32}", text), f"a long hex run in the {name} log"
+
+
+# --------------------------------------------------------------------------- --protocol kv-params
+# vllm-ascend's MooncakeConnectorV1: P answers first with the kv_transfer_params D needs.
+
+V1_ANSWER = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[3, 4, 5]],
+             "remote_engine_id": "eng-v1", "remote_request_id": "cmpl-p-0", "remote_host": "127.0.0.1",
+             "remote_port": 30001, "remote_ptp_size": 1, "last_token_id": 17, "num_prompt_blocks": 3}
+
+
+@pytest.fixture(scope="module")
+def kvp(rig: Rig) -> Iterator[Proxy]:
+    px = start_proxy(rig.tmp, "kvparams", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
+                     protocol="kv-params")
+    try:
+        yield px
+    finally:
+        px.handle.stop()
+
+
+def test_kv_params_d_gets_what_p_answered(r: Rig, kvp: Proxy) -> None:
+    r.p.kv_answer = dict(V1_ANSWER)
+    req = body("v1")
+    resp, _ = kvp.post(req)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == D_TEXT
+    assert r.b.requests == []  # no bootstrap in this protocol
+    (p_rec,), (d_rec,) = r.p.requests, r.d.requests
+    assert p_rec["body"]["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
+                                                   "remote_engine_id": None, "remote_block_ids": None,
+                                                   "remote_host": None, "remote_port": None}
+    assert p_rec["body"]["max_tokens"] == 1
+    d_body = dict(d_rec["body"])
+    assert d_body.pop("kv_transfer_params") == V1_ANSWER and d_body == req
+    assert d_rec["t"] >= p_rec["answered"]  # sequential: D only after P answered
+
+
+def test_kv_params_p_answer_without_params_is_502_and_d_is_not_asked(r: Rig, kvp: Proxy) -> None:
+    resp, _ = kvp.post(body("v1-none"))  # the stand-in P answers no kv_transfer_params
+    assert resp.status_code == 502
+    e = err(resp)
+    assert e["type"] == "no_kv_params" and e["phase"] == "prefill"
+    assert r.d.requests == []
+
+
+def test_kv_params_hooks_apply_but_redirect_is_refused(r: Rig, kvp: Proxy) -> None:
+    r.p.kv_answer = dict(V1_ANSWER)
+    kvp.ctl("bad_params", count=1, drop=["remote_host", "remote_port"])
+    resp, _ = kvp.post(body("v1-drop"))
+    assert resp.status_code == 200, resp.text
+    sent = r.d.requests[0]["body"]["kv_transfer_params"]
+    assert "remote_host" not in sent and "remote_port" not in sent and sent["remote_engine_id"] == "eng-v1"
+    with pytest.raises(ControlError, match="redirect: needs --protocol bootstrap"):
+        kvp.ctl("redirect", count=1, bootstrap=r.b.url)

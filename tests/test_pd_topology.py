@@ -77,7 +77,8 @@ def test_the_hardened_target_starts_the_hardened_connector_with_its_deadline(tmp
     up = topology(tmp_path / "u", "baseline.yaml")
     hard = topology(tmp_path / "h", "baseline.yaml", target="hardened")
     for role in ("prefill:0", "decode:0"):
-        assert "--kv-connector" not in up.node_spec(role).args  # vLLM's own MooncakeConnector
+        assert arg(up.node_spec(role).args, "--kv-connector") == "MooncakeConnector"  # vLLM's own
+        assert "--kv-load-timeout-ms" not in up.node_spec(role).args
         args = hard.node_spec(role).args
         assert arg(args, "--kv-connector") == "HardenedMooncakeConnector"
         assert arg(args, "--kv-load-timeout-ms") == "2000"  # the topology's kv_load_timeout, 2 s by default
@@ -95,7 +96,7 @@ def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
     common = ["--role", "decode", "--port", "18001", "--bootstrap-port", "18002", "--server-log", str(tmp_path / "s")]
     a = p.parse_args(common + ["--kv-connector", "HardenedMooncakeConnector", "--kv-load-timeout-ms", "1500"])
     node = vllm_node.VllmNode.__new__(vllm_node.VllmNode)
-    node.args, node.role = a, "decode"
+    node.args, node.role, node.kv_extra = a, "decode", None
     cfg = node.kv_transfer_config()
     assert cfg["kv_connector"] == "HardenedMooncakeConnector" and cfg["kv_role"] == "kv_consumer"
     assert cfg["kv_connector_extra_config"] == {"mooncake_protocol": "tcp", "kv_load_timeout_ms": 1500}
@@ -106,6 +107,121 @@ def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
     up = p.parse_args(common)
     node.args = up
     assert node.kv_transfer_config()["kv_connector"] == "MooncakeConnector"
+
+
+# --------------------------------------------------------------------------- launch profiles (profile.py)
+
+@pytest.fixture
+def ascend():
+    """The pd family under launch profile ascend for one test (the family object keeps the run's
+    profile), back to the default after."""
+    from harness.families.pd.family import FAMILY
+
+    FAMILY.use_profile("ascend", ["model=/models/Qwen3-0.6B"])
+    try:
+        yield FAMILY.profile
+    finally:
+        FAMILY.profile = None
+
+
+def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend) -> None:
+    up = topology(tmp_path / "u", "baseline.yaml")
+    hard = topology(tmp_path / "h", "baseline.yaml", target="hardened")
+    for t in (up, hard):
+        for role, npu in (("prefill:0", "0"), ("decode:0", "1")):
+            a = t.node_spec(role).args
+            assert arg(a, "--device") == "npu" and arg(a, "--visible-devices") == npu and "--cpu-core" not in a
+            assert arg(a, "--vllm-from") == "path" and arg(a, "--model") == "/models/Qwen3-0.6B"
+        assert t.workload_config()["model"] == "/models/Qwen3-0.6B"
+    p = up.node_spec("prefill:0").args
+    assert arg(p, "--kv-connector") == "MooncakeConnectorV1" and arg(p, "--kv-port") == str(up.kv_ports["prefill:0"])
+    assert '"prefill":{"dp_size":1,"tp_size":1}' in arg(p, "--kv-extra")
+    assert arg(up.node_spec("proxy").args, "--protocol") == "kv-params"
+    assert arg(up.node_spec("proxy").args, "--order") == "sequential"
+    h = hard.node_spec("decode:0").args
+    assert arg(h, "--kv-connector") == "HardenedMooncakeConnector" and "--kv-port" not in h
+    assert arg(h, "--kv-extra") == '{"mooncake_protocol":"ascend"}'
+    assert arg(hard.node_spec("proxy").args, "--protocol") == "bootstrap"
+    cpu_key = topology(tmp_path / "c", "baseline.yaml").pool_key("decode:0")
+    assert up.pool_key("decode:0") != hard.pool_key("decode:0")
+    from harness.families.pd.family import FAMILY
+
+    FAMILY.profile = None
+    assert topology(tmp_path / "c2", "baseline.yaml").pool_key("decode:0") != up.pool_key("decode:0")
+    assert cpu_key is not None
+
+
+def test_ascend_profile_cannot_pair_v1_with_the_bootstrap_protocol(tmp_path: Path, ascend) -> None:
+    from harness.errors import HarnessError
+
+    t = topology(tmp_path, "mixed-upstream-decode.yaml", target="hardened")
+    with pytest.raises(HarnessError, match="cannot be paired"):
+        t.node_spec("proxy")
+
+
+def test_profile_files_and_sets(tmp_path: Path) -> None:
+    from harness.errors import UsageError
+    from harness.families.pd.profile import load_profile
+
+    cpu = load_profile(None)
+    assert cpu.name == "cpu" and cpu.device == "cpu" and cpu.vllm == "node-env" and cpu.model is None
+    f = tmp_path / "mine.yaml"
+    f.write_text("name: mine\ndevice: npu\nvllm: path\nmodel: /m\ndevices: {prefill: '2', decode: '5'}\n"
+                 "connectors:\n  upstream: {name: MooncakeConnector, proxy: bootstrap, extra_config: "
+                 "{mooncake_protocol: ascend}}\n  hardened: {name: HardenedMooncakeConnector, proxy: bootstrap}\n")
+    mine = load_profile(str(f), ["devices.prefill=7", "dtype=float16", "env.HCCL_X=1"])
+    assert mine.devices == {"prefill": "7", "decode": "5"} and mine.dtype == "float16" and mine.env == {"HCCL_X": "1"}
+    for sets, needle in ((["device=gpu"], "device: Input should be 'cpu' or 'npu'"),
+                         (["devices.prefill=0"], "devices: only an NPU profile names devices"),
+                         (["vllm=path", "connectors.upstream=x"], "connectors.upstream: Input should be")):
+        with pytest.raises(UsageError, match=needle):
+            load_profile("cpu", sets)
+    with pytest.raises(UsageError, match="cannot read"):
+        load_profile(str(tmp_path / "none.yaml"))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--device", "npu"], "--visible-devices: the NPU number"),
+    (["--device", "npu", "--visible-devices", "0", "--cpu-core", "0"], "--cpu-core: only with --device cpu"),
+    (["--visible-devices", "1"], "--visible-devices: only with --device npu"),
+    (["--kv-extra", "[1]"], "--kv-extra: expected a JSON object"),
+    (["--kv-extra", "{nope"], "--kv-extra: not JSON"),
+    (["--env", "1X=2"], "--env '1X': expected NAME=VALUE"),
+    (["--kv-port", "70000"], "--kv-port: 70000 is not a TCP port"),
+    (["--vllm-from", "bin/vllm"], "--vllm-from: 'bin/vllm' is not node-env, path or the absolute path"),
+])
+def test_vllm_node_rejects_bad_device_settings(tmp_path: Path, bad: list[str], message: str) -> None:
+    argv = [sys.executable, "-m", "harness.cli", "node", "vllm", "--role", "prefill", "--port", "18001",
+            "--bootstrap-port", "18002", "--server-log", str(tmp_path / "s.log"), *bad]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_vllm_node_npu_command_and_environment(tmp_path: Path) -> None:
+    """On an NPU: vLLM of this Python, one visible NPU, no CPU settings, the profile's kv config."""
+    from harness.families.pd import vllm_node
+
+    p = vllm_node.argparse.ArgumentParser()
+    vllm_node.add_node_arguments(p, "vllm")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    vllm = tmp_path / "bin" / "vllm"  # the command is built, never run
+    vllm.parent.mkdir()
+    vllm.write_text("#!/bin/sh\nexit 1\n")
+    vllm.chmod(0o755)
+    a = p.parse_args(["--role", "prefill", "--port", "18001", "--bootstrap-port", "18002", "--server-log",
+                      str(tmp_path / "s"), "--device", "npu", "--visible-devices", "2", "--vllm-from", str(vllm),
+                      "--model", str(tmp_path / "m"), "--kv-connector", "MooncakeConnectorV1", "--kv-port", "30000",
+                      "--kv-extra", '{"prefill": {"dp_size": 1, "tp_size": 1}}', "--env", "HCCL_BUFFSIZE=256",
+                      "--dtype", "float16", "--max-model-len", "4096"])
+    node = vllm_node.VllmNode(a)
+    cmd, env = node.command(), node.environment()
+    assert cmd[0] == str(vllm) and cmd[cmd.index("--dtype") + 1] == "float16" and "4096" in cmd
+    kv = vllm_node.json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_load_failure_policy": "fail",
+                  "kv_port": 30000, "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 1}}}
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "2" and env["HCCL_BUFFSIZE"] == "256"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env
 
 
 @pytest.mark.parametrize("bad, message", [

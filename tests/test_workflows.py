@@ -322,7 +322,9 @@ def test_nightly_select_step(tmp_path):
     matrix = json.loads(out["matrix"])["include"]
     assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd"] and out["count"] == "3"
     pd = matrix[2]
-    assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and "--only pd-node-stack" in pd["setup"]
+    # on NPUs the pd suite starts vLLM + vllm-ascend of the job's Python: launch profile ascend, no node env
+    assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and pd["setup"] == ""
+    assert pd["launch_profile"] == "ascend" and matrix[0]["launch_profile"] == ""
     w.exprs["inputs.scenario_filter"] = "lookup:slow, pd-long"
     proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
     assert proc.returncode == 0, proc.stderr
@@ -600,6 +602,70 @@ def test_run_dry_run_matches_the_golden_file_and_starts_nothing(tmp_path):
     assert "--kv-connector HardenedMooncakeConnector" in out and "<port:" in out and "<ip:1>" in out
 
 
+GOLDEN_ASCEND = REPO / "tests" / "golden" / "dry_run_ascend.txt"
+ASCEND_ARGS = ["scenarios/pd/baseline.yaml", "scenarios/pd/abort-after-prefill.yaml", "--profile", "ascend",
+               "--set", "model=/models/Qwen3-0.6B", "--set", "devices.decode=3"]
+
+
+@pytest.mark.timeout(90)
+def test_ascend_profile_dry_run_matches_its_golden_file():
+    """What the nightly would start on NPUs (launch profile ascend), checked here where no NPU
+    is: vllm-ascend's MooncakeConnectorV1 for upstream (kv_port, P/D sizes, the kv-params proxy,
+    sequential), the hardened connector with mooncake_protocol ascend, one NPU per server, the
+    job's vllm, the model given; PDCHAOS_UPDATE_GOLDEN=1 rewrites the file."""
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", *ASCEND_ARGS, "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=80, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
+        GOLDEN_ASCEND.write_text(proc.stdout)
+    assert proc.stdout == GOLDEN_ASCEND.read_text(), "differs from tests/golden/dry_run_ascend.txt"
+    out = proc.stdout
+    up = out.split("== pd-baseline [hardened]")[0]
+    assert up.count("--kv-connector MooncakeConnectorV1") == 4 and up.count("--kv-port <port:") == 4  # 2 scenarios
+    assert "--protocol kv-params" in up and "--order sequential" in up and "--cpu-core" not in out
+    assert "--device npu --visible-devices 0 --vllm-from path --model /models/Qwen3-0.6B" in out
+    assert "--visible-devices 3" in out and '"model": "/models/Qwen3-0.6B"' in out
+    assert "HardenedMooncakeConnector --kv-extra '{\"mooncake_protocol\":\"ascend\"}'" in out
+    assert out.endswith("dry run: 4 scenario/target run(s); nothing was started\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, needle", [
+    (["--profile", "ascend"], "--profile ascend: model: an NPU profile needs a model folder"),
+    (["--profile", "ascend", "--set", "model=/m", "--set", "devices.decode=x"], "devices.decode: 'x' is not an NPU"),
+    (["--profile", "nope"], "--profile 'nope': no such profile of family pd; built in: ascend, cpu"),
+    (["--set", "model"], "--set 'model': expected KEY=VALUE"),
+    (["--profile", "ascend", "--set", "model=/m", "--set", "colour=red"], "colour: Extra inputs are not permitted"),
+])
+def test_bad_launch_profiles_are_one_error_line(args, needle):
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd/baseline.yaml", *args,
+                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=50,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_profile_for_families_without_profiles_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/lookup/baseline.yaml",
+                           "--profile", "ascend", "--dry-run"], cwd=REPO, capture_output=True, text=True,
+                          timeout=50, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "none of the selected scenarios' families has launch profiles" in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_nightly_launch_profile_step(tmp_path):
+    w = Workspace(tmp_path, {"inputs.suite": "pd", "inputs.launch_profile": "ascend", "inputs.model_path": ""})
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
+    assert proc.returncode == 1 and "give the model_path input" in proc.stdout and "args" not in out
+    w.exprs["inputs.model_path"] = "/models/Qwen3-0.6B"
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
+    assert proc.returncode == 0 and out["args"] == "--profile ascend --set model=/models/Qwen3-0.6B"
+    w.exprs.update({"inputs.launch_profile": "", "inputs.model_path": ""})
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
+    assert proc.returncode == 0 and out["args"] == ""
+
+
 @pytest.mark.timeout(120)
 def test_nightly_validate_and_dry_run_steps(tmp_path):
     """The nightly's checks that need no NPU, on the real suites: validate, then the dry run."""
@@ -612,9 +678,17 @@ def test_nightly_validate_and_dry_run_steps(tmp_path):
             (w.ws / name).symlink_to(REPO / name)
     proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "Validate every scenario", timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    w.exprs["steps.profile.outputs.args"] = ""
     proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "dry_run", timeout=100)
     assert proc.returncode == 0, proc.stderr
     text = (w.ws / "pdchaos-out" / "runs" / "pd-baseline" / "dry-run.txt").read_text()
     assert text.startswith("== pd-baseline [hardened] (family pd, scenarios/pd/baseline.yaml)\n")
     assert text.count("node vllm --role") == 2 and "node pd-proxy" in text and "node pd-workload" in text
     assert text.endswith("dry run: 1 scenario/target run(s); nothing was started\n")
+    assert "--cpu-core 1" in text
+    # the same step on the nightly's NPU runners: the launch profile's arguments reach the dry run
+    w.exprs["steps.profile.outputs.args"] = "--profile ascend --set model=/models/Qwen3-0.6B"
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "dry_run", timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    text = (w.ws / "pdchaos-out" / "runs" / "pd-baseline" / "dry-run.txt").read_text()
+    assert text.count("--device npu") == 2 and "--model /models/Qwen3-0.6B" in text and "--cpu-core" not in text

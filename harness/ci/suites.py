@@ -3,7 +3,9 @@
 A filter is a comma- or space-separated list of suite names (``lookup``, ``pd``...), each optionally
 with ``:TEXT`` to keep only the scenarios whose name contains TEXT (``pdchaos run -k``); empty or
 ``all`` is the profile's default suites. Writes the step outputs ``matrix`` (JSON, for
-``strategy.matrix``: ``{"include": [{"suite", "id", "path", "k", "args", "setup", "runner", "npus", "timeout"}...]}``),
+``strategy.matrix``: ``{"include": [{"suite", "id", "path", "k", "args", "setup", "launch_profile", "runner",
+"npus", "timeout"}...]}``; ``launch_profile``: the ``pdchaos run --profile`` of the suite on that
+profile's runners, empty for the default),
 ``paths`` (the suite folders, space-separated), ``count``, and for one job that runs every selected
 suite in one ``pdchaos run`` (the pull-request comparison): ``run_args`` (paths, the targets when
 every suite limits them, ``-k`` when all share one) and ``setup_args`` (``--only STEP`` per
@@ -33,12 +35,17 @@ SUITES: dict[str, dict] = {
     "ascend-cpu": {"path": "scenarios/ascend-cpu/", "args": [],
                    "runner": {"cpu": "linux-amd64-cpu-8-hk", "ascend": "linux-aarch64-a2b3-0"},
                    "timeout": 60, "default": ("ascend",), "setup": ["ascend-conf-stack"]},
+    # on NPUs the pd family starts vLLM + vllm-ascend of the job's Python (launch profile ascend,
+    # harness/families/pd/profiles/ascend.yaml): no node env to set up, the model is an input
     "pd": {"path": "scenarios/pd/", "args": [],
            "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-           "timeout": 120, "default": ("ascend",), "setup": ["pd-node-stack", "pd-tiny-model"]},
+           "timeout": 120, "default": ("ascend",),
+           "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []}, "launch_profile": {"ascend": "ascend"}},
     "pd-long": {"path": "scenarios/pd-long/", "args": [],
                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-                "timeout": 180, "default": (), "setup": ["pd-node-stack", "pd-tiny-model"]},
+                "timeout": 180, "default": (),
+                "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []},
+                "launch_profile": {"ascend": "ascend"}},
 }
 PROFILES = ("cpu", "ascend")
 _TOKEN = re.compile(r"^([a-z0-9][a-z0-9-]*)(?::([A-Za-z0-9_.-]+))?$")
@@ -68,8 +75,10 @@ def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]
         if any(o["suite"] == name and o["k"] == k for o in out):
             continue
         args = list(s["args"]) + (["-k", k] if k else [])
+        setup = s["setup"][profile] if isinstance(s["setup"], dict) else s["setup"]
         out.append({"suite": name, "path": s["path"], "k": k, "args": " ".join(args),
-                    "setup": " ".join(f"--only {x}" for x in s["setup"]),
+                    "setup": " ".join(f"--only {x}" for x in setup),
+                    "launch_profile": s.get("launch_profile", {}).get(profile, ""),
                     "runner": s["runner"][profile], "npus": s.get("npus", 0) if profile == "ascend" else 0, "timeout": s["timeout"],
                     "id": name + (f"-{k}" if k else "")})
     return out
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except SelectError as exc:
         set_output("run_args", "")
         print(f"note: no single-run arguments: {exc}", file=sys.stderr)
-    steps = dict.fromkeys(x for c in chosen for x in SUITES[c["suite"]]["setup"])
+    steps = dict.fromkeys(word for c in chosen for word in c["setup"].split() if word != "--only")
     set_output("setup_args", " ".join(f"--only {x}" for x in steps))
     for c in chosen:
         print(f"selected {c['id']}: {c['path']} {c['args']} on {c['runner']} ({c['timeout']} min)", file=sys.stderr)

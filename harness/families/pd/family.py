@@ -41,10 +41,37 @@ class PDFamily(Family):
     def unavailable(self, scenario: Any) -> str | None:
         from harness.nodeenv.steps import PdStackStep, TinyModelStep
 
-        for step in (PdStackStep(), TinyModelStep()):
+        prof = self.active_profile()
+        steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
+        for step in steps:
             if step.check() is None:
                 return f"the P/D node stack is not installed ({step.name}): run `pdchaos setup`"
+        vllm = vllm_beside_python() if prof.vllm == "path" else Path(prof.vllm) if prof.vllm != "node-env" else None
+        if vllm is not None and not vllm.exists():
+            return f"profile {prof.name}: no vllm command at {vllm}: install vLLM there"
+        if prof.model and not (Path(prof.model) / "config.json").is_file():
+            return f"profile {prof.name}: model folder {prof.model!r} holds no config.json"
         return None
+
+    # ------------------------------------------------------------------ launch profiles (profile.py)
+    def profile_names(self) -> list[str]:
+        from .profile import builtin_profiles
+
+        return builtin_profiles()
+
+    def use_profile(self, spec: str | None, sets: list[str]) -> Any:
+        from .profile import load_profile
+
+        self.profile = load_profile(spec, sets)
+        return self.profile
+
+    def active_profile(self) -> Any:
+        """The run's launch profile; the default (cpu) when none was chosen."""
+        if self.profile is None:
+            from .profile import load_profile
+
+            self.profile = load_profile(None)
+        return self.profile
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
         return {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
@@ -86,6 +113,13 @@ class PDFamily(Family):
         from harness.nodeenv import pd_steps
 
         return pd_steps()
+
+
+def vllm_beside_python() -> Path:
+    """The ``vllm`` command of the Python that runs the harness (profile ``vllm: path``)."""
+    import sys
+
+    return Path(sys.executable).parent / "vllm"
 
 
 FAMILY = PDFamily()

@@ -12,6 +12,13 @@ token with ``kv_transfer_params={"do_remote_decode": true, "do_remote_prefill": 
 "transfer_id": X}`` — at the same time (``--order parallel``, upstream's way) or D only after P
 answered 200 (``--order sequential``). The client gets D's answer.
 
+``--protocol kv-params`` (vllm-ascend's MooncakeConnectorV1, as its example proxy speaks it): no
+bootstrap; P is asked first with ``{"do_remote_decode": true, "do_remote_prefill": false,
+"remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}``,
+and D gets the ``kv_transfer_params`` of P's answer (P's side channel, engine id, block ids...);
+502 ``no_kv_params`` when P's answer has none. Always sequential; every hook but ``redirect``
+applies (a ``redirect`` is refused: a fake peer is found through a bootstrap server).
+
 Bounded errors: whatever P, D or the bootstrap do (refuse, hang, answer garbage), every client
 request is answered within ``--timeout-s`` — HTTP 502 (bad answer, refused connection, hook
 abort) or 504 (timeout) with ``{"error": {"type", "phase", "message"}}``, ``phase`` one of
@@ -68,7 +75,12 @@ from faults.nodeio import NodeApp, NodeUsageError, check_endpoint, run_node as r
 logger = logging.getLogger(__name__)
 
 PHASES = ("bootstrap", "prefill", "decode", "proxy")
-D_KV_KEYS = ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id")
+D_KV_KEYS = ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id",
+             # --protocol kv-params: what vllm-ascend's MooncakeConnectorV1 puts in P's answer
+             "remote_block_ids", "remote_host", "remote_port", "remote_request_id")
+PROTOCOLS = ("bootstrap", "kv-params")
+P_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+               "remote_block_ids": None, "remote_host": None, "remote_port": None}
 HOOKS = ("hold", "abort_decode_wait", "abort_after_prefill", "bad_params", "redirect")
 PEER_HEADER = {"X-PDChaos-Peer": "proxy"}  # a redirect's bootstrap query: see harness/families/pd/fake_prefill.py
 _UPSTREAM_MESSAGE_CHARS = 300
@@ -87,6 +99,10 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--timeout-s", type=float, default=60.0,
                    help="every client request is answered within this (default 60)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="bootstrap",
+                   help="bootstrap: D is told P's bootstrap address and engine id (vLLM's MooncakeConnector); "
+                        "kv-params: P is asked first, and D gets the kv_transfer_params of P's answer "
+                        "(vllm-ascend's MooncakeConnectorV1; always sequential, no redirect hook)")
     p.add_argument("--order", choices=("parallel", "sequential"), default="parallel",
                    help="parallel: P and D asked at once (upstream's example proxy); sequential: D only "
                         "after P answered 200 (default parallel)")
@@ -172,7 +188,9 @@ def _seconds(value: Any, what: str) -> float:
 
 
 class PDProxy(NodeApp):
-    def __init__(self, *, port: int, prefill: str, bootstrap: str, decode: str, timeout_s: float, order: str):
+    def __init__(self, *, port: int, prefill: str, bootstrap: str, decode: str, timeout_s: float, order: str,
+                 protocol: str = "bootstrap"):
+        self.protocol = protocol
         self.port = port
         self.prefill = prefill
         self.bootstrap = bootstrap
@@ -306,6 +324,9 @@ class PDProxy(NodeApp):
             return self._hooks_answer()
 
     def _cmd_redirect(self, m: dict) -> dict:
+        if self.protocol != "bootstrap":
+            raise ValueError(f"redirect: needs --protocol bootstrap (a fake prefill peer is found through a "
+                             f"bootstrap server); this proxy speaks {self.protocol}")
         try:
             bootstrap = check_url(m.get("bootstrap"), "bootstrap")
         except NodeUsageError as exc:
@@ -468,6 +489,8 @@ class PDProxy(NodeApp):
         redirect = self._take_redirect()
         if redirect is not None:
             return await self._redirected(ctx, body, redirect)
+        if self.protocol == "kv-params":
+            return await self._kv_params(ctx, body)
 
         ctx.phase = "bootstrap"
         t = loop.time()
@@ -542,6 +565,51 @@ class PDProxy(NodeApp):
             for task in (p_task, d_task):  # retrieved, so no "exception never retrieved" noise
                 if not task.cancelled():
                     task.exception()
+
+    @staticmethod
+    def _prefill_body(body: dict, kv_params: dict) -> dict:
+        p_body = dict(body)
+        p_body["max_tokens"] = 1
+        if "max_completion_tokens" in p_body:
+            p_body["max_completion_tokens"] = 1
+        p_body["stream"] = False
+        p_body.pop("stream_options", None)
+        p_body["kv_transfer_params"] = kv_params
+        return p_body
+
+    async def _kv_params(self, ctx: Ctx, body: dict) -> dict:
+        """``--protocol kv-params``: P first; D gets the ``kv_transfer_params`` of P's answer
+        (vllm-ascend's MooncakeConnectorV1 names there its side channel, engine and blocks). The
+        hooks apply as in sequential order."""
+        loop = asyncio.get_running_loop()
+        taken = self._take_hooks()
+        ctx.phase = "prefill"
+        t = loop.time()
+        p_out = await self._post("prefill", self.prefill, self._prefill_body(body, dict(P_KV_PARAMS)))
+        self._mark(ctx, "prefill", t)
+        d_params = p_out.get("kv_transfer_params")
+        if not isinstance(d_params, dict) or not d_params.get("do_remote_prefill"):
+            raise ProxyError(502, "no_kv_params", "prefill",
+                             "P answered without kv_transfer_params for D (is P's kv_role kv_producer?)")
+        d_params = dict(d_params)
+        for key in taken.drop:
+            d_params.pop(key, None)
+        if taken.hold_s is not None:
+            ctx.phase = "proxy"
+            t = loop.time()
+            await self._hold(taken)
+            self._mark(ctx, "hold", t)
+        if taken.abort_after_prefill:
+            self._aborted("after_prefill")
+            raise ProxyError(502, "aborted", "proxy", "the proxy did not ask D after P answered (hook)",
+                             hook="after_prefill")
+        d_body = dict(body)
+        d_body["kv_transfer_params"] = d_params
+        ctx.phase = "decode"
+        t = loop.time()
+        out = await self._decode(d_body, taken)
+        self._mark(ctx, "decode", t)
+        return out
 
     async def _redirected(self, ctx: Ctx, body: dict, bootstrap: str) -> dict:
         """The ``redirect`` hook: no request to the real P; D is sent to ``bootstrap``."""
@@ -696,7 +764,7 @@ def run_node(args: argparse.Namespace) -> int:
         bootstrap = check_url(args.prefill_bootstrap, "--prefill-bootstrap")
         decode = check_url(args.decode, "--decode")
         return PDProxy(port=args.port, prefill=prefill, bootstrap=bootstrap, decode=decode,
-                       timeout_s=args.timeout_s, order=args.order)
+                       timeout_s=args.timeout_s, order=args.order, protocol=args.protocol)
 
     return run_node_process(build, endpoints={"--port": f"tcp://127.0.0.1:{args.port}"}, bind_flag="--port",
                             control=args.control, log_level=args.log_level)

@@ -13,6 +13,7 @@ folder, or, for a server that may be reused, ``pooled-logs/<role>-<n>.log`` in t
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,7 +48,11 @@ class PDTopology(BaseTopology):
         self.topo = scenario.topology
         self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
         self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
+        self.kv_ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}  # profiles with kv_port
         self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"  # set again at start()
+        from .family import FAMILY
+
+        self.profile = FAMILY.active_profile()  # where and how vLLM starts (profile.py)
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
         self.server_logs.mkdir(parents=True, exist_ok=True)
@@ -74,16 +79,47 @@ class PDTopology(BaseTopology):
     def url(self, role: str) -> str:
         return f"http://{self.host(role)}:{self.ports[role]}"
 
+    def connector_profile(self, role: str):
+        """The launch profile's connector for the node of ``role`` (harness/families/pd/profile.py)."""
+        return self.profile.connectors[self.connector(role)]
+
+    def proxy_protocol(self) -> str:
+        """How the proxy pairs P and D: both connectors must speak the same protocol."""
+        from harness.errors import HarnessError
+
+        p, d = self.connector_profile("prefill:0"), self.connector_profile("decode:0")
+        if p.proxy != d.proxy:
+            raise HarnessError(f"profile {self.profile.name}: P's {p.name} speaks {p.proxy} and D's {d.name} "
+                               f"{d.proxy} to the proxy: they cannot be paired (topology.mixed)")
+        return p.proxy
+
     def node_spec(self, role: str) -> NodeSpec:
         t = self.topo
         if role in CORES:
             kind = role.split(":")[0]
+            prof, conn = self.profile, self.connector_profile(role)
             args = ["--role", kind, "--port", str(self.ports[role]), "--bootstrap-port", str(self.bootstrap[role]),
                     "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
-                    "--cpu-core", str(CORES[role]), "--startup-timeout-s", str(int(t.startup_timeout)),
+                    "--startup-timeout-s", str(int(t.startup_timeout)),
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
-            if self.connector(role) == "hardened":
-                args += ["--kv-connector", HARDENED, "--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
+            if prof.device == "cpu":
+                args += ["--cpu-core", str(CORES[role])]
+            else:
+                args += ["--device", prof.device, "--visible-devices", prof.devices[kind]]
+            if prof.vllm != "node-env":
+                args += ["--vllm-from", prof.vllm]
+            if prof.model:
+                args += ["--model", prof.model]
+            if (prof.dtype, prof.max_model_len) != ("bfloat16", 512):
+                args += ["--dtype", prof.dtype, "--max-model-len", str(prof.max_model_len)]
+            for k, v in sorted(prof.env.items()):
+                args += ["--env", f"{k}={v}"]
+            args += ["--kv-connector", conn.name, "--kv-extra",
+                      json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
+            if conn.kv_port:
+                args += ["--kv-port", str(self.kv_ports[role])]
+            if conn.name == HARDENED:
+                args += ["--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             if self.netns is not None:
@@ -92,9 +128,10 @@ class PDTopology(BaseTopology):
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})
         if role == "proxy":
-            args = ["--port", str(self.ports["proxy"]), "--prefill", self.url("prefill:0"),
+            args = ["--port", str(self.ports["proxy"]), "--protocol", self.proxy_protocol(), "--prefill", self.url("prefill:0"),
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
-                    "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}", "--order", t.proxy_order]
+                    "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}",
+                    "--order", "sequential" if self.proxy_protocol() == "kv-params" else t.proxy_order]
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 
@@ -114,11 +151,12 @@ class PDTopology(BaseTopology):
         if role not in CORES or self.topo.link == "netns":
             return None
         t = self.topo
-        return ("vllm", self.connector(role), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
+        return ("vllm", self.connector(role), self.profile.key(), self.connector_profile(role).model_dump_json(), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
                 int(t.startup_timeout), t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000))
 
     def pool_extra(self, role: str) -> dict:
-        return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "server_log": self._server_log.get(role)}
+        return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "kv_port": self.kv_ports[role],
+                "server_log": self._server_log.get(role)}
 
     def reusable(self, role: str, stats: dict) -> str | None:
         """Healthy and drained: nothing running or waiting, no KV block held (a request a fault
@@ -148,6 +186,7 @@ class PDTopology(BaseTopology):
             pooled = self.take_pooled(role)
             if pooled is not None:
                 self.ports[role], self.bootstrap[role] = pooled.extra["port"], pooled.extra["bootstrap"]
+                self.kv_ports[role] = pooled.extra.get("kv_port", self.kv_ports[role])
                 if self.adopt(role, pooled) is not None:
                     self._server_log[role] = pooled.extra.get("server_log")
                     self.event("server_log", role=role, path=self._server_log[role])
@@ -168,7 +207,7 @@ class PDTopology(BaseTopology):
         return {"proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,
-                "model": str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}
+                "model": self.profile.model or str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}
 
     def final_probe(self, timeout_s: float = 1.0) -> None:
         """Give the vLLM nodes up to ``drain_timeout`` to finish what they hold and free the KV

@@ -104,7 +104,21 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
                    help="HardenedMooncakeConnector's kv_load_timeout_ms (its default: 30000)")
     p.add_argument("--kv-connector", default="MooncakeConnector",
                    help="kv_connector of --kv-transfer-config; 'none' serves without one")
-    p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core)")
+    p.add_argument("--kv-extra", default=None,
+                   help="kv_connector_extra_config as a JSON object (default for a Mooncake connector: "
+                        '{"mooncake_protocol": "tcp"})')
+    p.add_argument("--kv-port", type=int, default=None, help="kv_transfer_config.kv_port (vllm-ascend's connectors)")
+    p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core; device cpu)")
+    p.add_argument("--device", choices=("cpu", "npu"), default="cpu",
+                   help="cpu: the CPU settings (VLLM_CPU_*); npu: one NPU, --visible-devices")
+    p.add_argument("--visible-devices", default=None, help="ASCEND_RT_VISIBLE_DEVICES (device npu)")
+    p.add_argument("--vllm-from", default="node-env",
+                   help="node-env: the P/D node env of `pdchaos setup`; path: the vllm beside this Python; or "
+                        "the absolute path of a vllm command")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "auto"))
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="more environment for vLLM (repeatable)")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--startup-timeout-s", type=float, default=300.0, help="/health must answer within this")
     p.add_argument("--server-log", required=True,
@@ -218,18 +232,47 @@ class VllmNode:
                 raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline")
             if args.kv_load_timeout_ms <= 0:
                 raise NodeUsageError("--kv-load-timeout-ms must be a positive number of milliseconds")
-        from harness.nodeenv.pd_stack import pd_node_env
+        self.kv_extra = self._kv_extra(args)
+        if args.kv_port is not None and not 1 <= args.kv_port <= 65535:
+            raise NodeUsageError(f"--kv-port: {args.kv_port} is not a TCP port")
+        if args.device == "npu":
+            if args.cpu_core is not None:
+                raise NodeUsageError("--cpu-core: only with --device cpu")
+            if not (args.visible_devices or "").isdigit():
+                raise NodeUsageError("--visible-devices: the NPU number this server runs on (device npu)")
+        elif args.visible_devices is not None:
+            raise NodeUsageError("--visible-devices: only with --device npu")
+        if not 64 <= args.max_model_len <= 131072:
+            raise NodeUsageError("--max-model-len must be 64..131072")
+        self.extra_env: dict[str, str] = {}
+        for item in args.env:
+            key, sep, value = item.partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise NodeUsageError(f"--env {key or item!r}: expected NAME=VALUE")
+            self.extra_env[key] = value
         from harness.nodeenv.tiny_model import model_dir
 
         self.model = Path(args.model) if args.model else model_dir()
         if not (self.model / "config.json").is_file():
             raise NodeUsageError(f"--model: {str(self.model)!r} holds no config.json (build the tiny model with "
                                  "`pdchaos setup --only pd-tiny-model`)")
-        env = pd_node_env(out=lambda line: None)
-        self.vllm_bin = env.bin / "vllm"
-        if not env.installed() or not self.vllm_bin.exists():
-            raise NodeUsageError(f"the P/D node stack is not installed ({env.path}): "
-                                 "run `pdchaos setup --only pd-node-stack`")
+        if args.vllm_from == "path":
+            self.vllm_bin = Path(sys.executable).parent / "vllm"
+            if not self.vllm_bin.exists():
+                raise NodeUsageError(f"--vllm-from path: no vllm beside this Python ({self.vllm_bin})")
+        elif args.vllm_from != "node-env":
+            self.vllm_bin = Path(args.vllm_from)
+            if not self.vllm_bin.is_absolute() or not os.access(self.vllm_bin, os.X_OK) or self.vllm_bin.is_dir():
+                raise NodeUsageError(f"--vllm-from: {args.vllm_from!r} is not node-env, path or the absolute path "
+                                     "of a vllm command")
+        else:
+            from harness.nodeenv.pd_stack import pd_node_env
+
+            env = pd_node_env(out=lambda line: None)
+            self.vllm_bin = env.bin / "vllm"
+            if not env.installed() or not self.vllm_bin.exists():
+                raise NodeUsageError(f"the P/D node stack is not installed ({env.path}): "
+                                     "run `pdchaos setup --only pd-node-stack`")
         self.server_log = Path(args.server_log)
         if not self.server_log.parent.is_dir():
             raise NodeUsageError(f"--server-log: folder {str(self.server_log.parent)!r} does not exist")
@@ -240,6 +283,18 @@ class VllmNode:
         self.t_start = 0.0
         self.ancestors = ancestors()
 
+    @staticmethod
+    def _kv_extra(args: argparse.Namespace) -> dict | None:
+        if args.kv_extra is None:
+            return None
+        try:
+            extra = json.loads(args.kv_extra)
+        except ValueError:
+            raise NodeUsageError("--kv-extra: not JSON") from None
+        if not isinstance(extra, dict):
+            raise NodeUsageError("--kv-extra: expected a JSON object")
+        return extra
+
     # ------------------------------------------------------------------ command
     def kv_transfer_config(self) -> dict | None:
         conn = self.args.kv_connector
@@ -249,18 +304,22 @@ class VllmNode:
                                "kv_load_failure_policy": self.args.policy}
         if self.args.engine_id:
             cfg["engine_id"] = self.args.engine_id
-        if conn in MOONCAKE:
-            cfg["kv_connector_extra_config"] = {"mooncake_protocol": "tcp"}
-            if conn == HARDENED and self.args.kv_load_timeout_ms is not None:
-                cfg["kv_connector_extra_config"]["kv_load_timeout_ms"] = self.args.kv_load_timeout_ms
-        elif conn == "NixlConnector":
+        if self.args.kv_port is not None:
+            cfg["kv_port"] = self.args.kv_port
+        extra = dict(self.kv_extra) if self.kv_extra is not None else (
+            {"mooncake_protocol": "tcp"} if conn in MOONCAKE else None)
+        if conn == HARDENED and self.args.kv_load_timeout_ms is not None:
+            extra = {**(extra or {}), "kv_load_timeout_ms": self.args.kv_load_timeout_ms}
+        if extra is not None:
+            cfg["kv_connector_extra_config"] = extra
+        if conn == "NixlConnector":
             cfg["kv_buffer_device"] = "cpu"
         return cfg
 
     def command(self) -> list[str]:
         a = self.args
         cmd = [str(self.vllm_bin), "serve", str(self.model), "--host", a.host, "--port", str(a.port),
-               "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", str(a.max_num_seqs),
+               "--dtype", a.dtype, "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--enforce-eager", "--no-enable-prefix-caching"]
         kv = self.kv_transfer_config()
         if kv is not None:
@@ -271,14 +330,21 @@ class VllmNode:
         from harness.nodeenv.venv import child_env
 
         a = self.args
-        extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+        extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                  "VLLM_HOST_IP": a.host, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                 "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(a.bootstrap_port), "PYTHONNOUSERSITE": "1",
+                 "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(a.bootstrap_port),
                  "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        if a.vllm_from == "node-env":  # the node env is self-contained; a job's Python may use its user site
+            extra["PYTHONNOUSERSITE"] = "1"
+        if a.device == "cpu":
+            extra["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        else:
+            extra["ASCEND_RT_VISIBLE_DEVICES"] = a.visible_devices
         if a.abort_timeout_s is not None:
             extra["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = str(a.abort_timeout_s)
         if a.cpu_core is not None:
             extra["VLLM_CPU_OMP_THREADS_BIND"] = str(a.cpu_core)
+        extra.update(self.extra_env)
         env = child_env(extra)
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
             env.pop(k, None)

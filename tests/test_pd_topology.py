@@ -4,6 +4,7 @@ vllm node's own argument checks (real ``pdchaos node vllm`` processes that exit 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,57 @@ def test_bench_pd_refuses_bad_options_before_starting_anything(bad: list[str], m
     res = subprocess.run([sys.executable, "-m", "harness.cli", "bench", "pd", *bad], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_ascend_store_profile_adds_a_store_master_and_the_pool_settings(tmp_path: Path) -> None:
+    """Profile ascend-store: the store master is a role started first, both servers read one
+    mooncake.json naming it on loopback and hash alike; a MultiConnector per target."""
+    from harness.families.pd.family import FAMILY
+
+    FAMILY.use_profile("ascend-store", ["model=/models/Qwen3-0.6B"])
+    try:
+        sc = load_scenario(SCENARIOS / "baseline.yaml")
+        assert FAMILY.roles(sc.model)[0] == "store"
+        up = topology(tmp_path / "u", "baseline.yaml")
+        store = up.node_spec("store")
+        assert store.kind == "mooncake-master" and arg(store.args, "--master-from") == "path"
+        assert arg(store.args, "--rpc-port") == str(up.store_ports["rpc"])
+        p = up.node_spec("prefill:0").args
+        envs = [p[i + 1] for i, x in enumerate(p) if x == "--env"]
+        assert "PYTHONHASHSEED=0" in envs and f"MOONCAKE_CONFIG_PATH={tmp_path / 'u' / 'mooncake.json'}" in envs
+        cfg = json.loads((tmp_path / "u" / "mooncake.json").read_text())
+        assert cfg["master_server_address"] == f"127.0.0.1:{up.store_ports['rpc']}"
+        assert cfg["metadata_server"] == "P2PHANDSHAKE" and cfg["protocol"] == "ascend"
+        extra = json.loads(arg(p, "--kv-extra"))
+        assert [c["kv_connector"] for c in extra["connectors"]] == ["MooncakeConnectorV1", "AscendStoreConnector"]
+        assert extra["connectors"][0]["kv_port"] == "$KV_PORT"  # the node fills it in
+        assert arg(p, "--kv-connector") == "MultiConnector" and up.pool_key("prefill:0") is None
+        hard = topology(tmp_path / "h", "baseline.yaml", target="hardened").node_spec("decode:0").args
+        names = [c["kv_connector"] for c in json.loads(arg(hard, "--kv-extra"))["connectors"]]
+        assert names == ["HardenedMooncakeConnector", "HardenedAscendStoreConnector"]
+    finally:
+        FAMILY.profile = None
+    assert FAMILY.roles(sc.model) == ["prefill:0", "decode:0", "proxy"]
+
+
+def test_vllm_node_fills_the_kv_extra_placeholders(tmp_path: Path) -> None:
+    from harness.families.pd import vllm_node
+
+    p = vllm_node.argparse.ArgumentParser()
+    vllm_node.add_node_arguments(p, "vllm")
+    multi = {"connectors": [{"kv_connector": "MooncakeConnectorV1", "kv_role": "$KV_ROLE", "kv_port": "$KV_PORT"},
+                            {"kv_connector": "HardenedAscendStoreConnector", "kv_role": "$KV_ROLE",
+                             "kv_connector_extra_config": {"lookup_rpc_port": "$LOOKUP_RPC_PORT", "x": "$5"}}]}
+    a = p.parse_args(["--role", "decode", "--port", "1", "--bootstrap-port", "2", "--server-log", "s",
+                      "--kv-port", "30002", "--kv-connector", "MultiConnector", "--kv-extra", json.dumps(multi)])
+    filled = vllm_node.VllmNode._kv_extra(a)
+    assert filled["connectors"][0] == {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer",
+                                       "kv_port": 30002}
+    assert filled["connectors"][1]["kv_connector_extra_config"] == {"lookup_rpc_port": "1", "x": "$5"}
+    node = vllm_node.VllmNode.__new__(vllm_node.VllmNode)
+    node.args, node.role, node.kv_extra, node.extra_env = a, "decode", filled, {}
+    node.vllm_bin = Path(sys.executable)
+    assert "PYTHONPATH" in node.environment()  # a hardened connector nested in the MultiConnector: the plugin
+    a.kv_port = None
+    with pytest.raises(vllm_node.NodeUsageError, match=r"\$KV_PORT has no value here"):
+        vllm_node.VllmNode._kv_extra(a)

@@ -320,11 +320,13 @@ def test_nightly_select_step(tmp_path):
     proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
     assert proc.returncode == 0, proc.stderr
     matrix = json.loads(out["matrix"])["include"]
-    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd"] and out["count"] == "3"
+    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd", "pd-store"] and out["count"] == "4"
     pd = matrix[2]
     # on NPUs the pd suite starts vLLM + vllm-ascend of the job's Python: launch profile ascend, no node env
     assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and pd["setup"] == ""
     assert pd["launch_profile"] == "ascend" and matrix[0]["launch_profile"] == ""
+    store = matrix[3]
+    assert store["id"] == "pd-store" and store["path"] == "scenarios/pd/" and store["launch_profile"] == "ascend-store"
     w.exprs["inputs.scenario_filter"] = "lookup:slow, pd-long"
     proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
     assert proc.returncode == 0, proc.stderr
@@ -629,11 +631,31 @@ def test_ascend_profile_dry_run_matches_its_golden_file():
     assert out.endswith("dry run: 4 scenario/target run(s); nothing was started\n")
 
 
+GOLDEN_STORE = REPO / "tests" / "golden" / "dry_run_ascend_store.txt"
+
+
+@pytest.mark.timeout(90)
+def test_ascend_store_profile_dry_run_matches_its_golden_file():
+    """Profile ascend-store: the store master first, the MultiConnector of each target, the
+    pool's environment; PDCHAOS_UPDATE_GOLDEN=1 rewrites the file."""
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd/baseline.yaml", "--profile",
+                           "ascend-store", "--set", "model=/models/Qwen3-0.6B", "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=80, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
+        GOLDEN_STORE.write_text(proc.stdout)
+    assert proc.stdout == GOLDEN_STORE.read_text(), "differs from tests/golden/dry_run_ascend_store.txt"
+    runs = proc.stdout.split("\n== ")
+    assert len(runs) == 2 and all("\nnode store (side a" in r.split("node prefill:0")[0] for r in runs)
+    assert proc.stdout.count("node mooncake-master") == 2 and proc.stdout.count("PYTHONHASHSEED=0") == 4
+    assert '"kv_connector":"AscendStoreConnector"' in runs[0] and '"HardenedAscendStoreConnector"' in runs[1]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args, needle", [
     (["--profile", "ascend"], "--profile ascend: model: an NPU profile needs a model folder"),
     (["--profile", "ascend", "--set", "model=/m", "--set", "devices.decode=x"], "devices.decode: 'x' is not an NPU"),
-    (["--profile", "nope"], "--profile 'nope': no such profile of family pd; built in: ascend, cpu"),
+    (["--profile", "nope"], "--profile 'nope': no such profile of family pd; built in: ascend, ascend-store, cpu"),
     (["--set", "model"], "--set 'model': expected KEY=VALUE"),
     (["--profile", "ascend", "--set", "model=/m", "--set", "colour=red"], "colour: Extra inputs are not permitted"),
 ])
@@ -692,3 +714,12 @@ def test_nightly_validate_and_dry_run_steps(tmp_path):
     assert proc.returncode == 0, proc.stderr
     text = (w.ws / "pdchaos-out" / "runs" / "pd-baseline" / "dry-run.txt").read_text()
     assert text.count("--device npu") == 2 and "--model /models/Qwen3-0.6B" in text and "--cpu-core" not in text
+
+
+def test_npu_only_suites_are_refused_on_cpu_runners():
+    from harness.ci.suites import SelectError, select
+
+    with pytest.raises(SelectError, match="suite 'pd-store' runs on ascend runners only"):
+        select("pd-store", "cpu", REPO)
+    assert [c["launch_profile"] for c in select("pd,pd-store", "ascend", REPO)] == ["ascend", "ascend-store"]
+    assert select("pd", "cpu", REPO)[0]["launch_profile"] == ""

@@ -41,6 +41,12 @@ SUITES: dict[str, dict] = {
            "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
            "timeout": 120, "default": ("ascend",),
            "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []}, "launch_profile": {"ascend": "ascend"}},
+    # the same scenarios with AscendStore's KV pool beside the P2P connector and a real mooncake_master
+    # (launch profile ascend-store); NPU runners only
+    "pd-store": {"path": "scenarios/pd/", "args": [],
+                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
+                 "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
+                 "launch_profile": {"ascend": "ascend-store"}, "profiles": ("ascend",)},
     "pd-long": {"path": "scenarios/pd-long/", "args": [],
                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
                 "timeout": 180, "default": (),
@@ -70,6 +76,8 @@ def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]
         if name not in SUITES:
             raise SelectError(f"filter {tok!r}: unknown suite {name!r}; suites: {', '.join(SUITES)}")
         s = SUITES[name]
+        if profile not in s.get("profiles", PROFILES):
+            raise SelectError(f"suite {name!r} runs on {', '.join(s['profiles'])} runners only")
         if not (root / s["path"]).is_dir():
             raise SelectError(f"suite {name!r}: {s['path']} is not in this checkout")
         if any(o["suite"] == name and o["k"] == k for o in out):

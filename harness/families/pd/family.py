@@ -82,7 +82,10 @@ class PDFamily(Family):
                 t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000), t.mixed)
 
     def roles(self, scenario: Any) -> list[str]:
-        return ["prefill:0", "decode:0", "proxy"]
+        # a launch profile with a KV pool adds its store master (validation runs before a profile
+        # is chosen: there, the default's roles)
+        store = self.profile is not None and self.profile.store is not None
+        return (["store"] if store else []) + ["prefill:0", "decode:0", "proxy"]
 
     def validate(self, scenario: Any) -> None:
         if scenario.topology.mixed != "none" and "upstream" in scenario.targets:

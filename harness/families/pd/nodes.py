@@ -6,4 +6,6 @@ NODE_KINDS: dict[str, tuple[str, str]] = {
     "pd-fake-prefill": (f"{__package__}.fake_prefill",
                         "a fake prefill peer for D: Mooncake bootstrap /query + side channel, answering by --mode"),
     "pd-workload": (f"{__package__}.workload", "completions through the proxy, each recorded as an op"),
+    "mooncake-master": (f"{__package__}.store_master",
+                        "a real Mooncake store master (mooncake_master) on loopback, for AscendStore's KV pool"),
 }

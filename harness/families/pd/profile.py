@@ -34,8 +34,24 @@ class ConnectorProfile(BaseModel):
     proxy: Literal["bootstrap", "kv-params"] = Field(
         ..., description="bootstrap: D is told P's bootstrap address and engine id (vLLM's MooncakeConnector); "
                          "kv-params: P answers first, D gets P's kv_transfer_params (vllm-ascend's MooncakeConnectorV1)")
-    extra_config: dict[str, Any] = Field(default_factory=dict, description="kv_connector_extra_config")
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict, description="kv_connector_extra_config; the vllm node fills in $KV_PORT, $KV_ROLE and "
+                                          "$LOOKUP_RPC_PORT wherever they stand (harness/families/pd/vllm_node.py)")
     kv_port: bool = Field(False, description="set kv_transfer_config.kv_port to the node's side port")
+
+
+class StoreProfile(BaseModel):
+    """A Mooncake store master beside P and D (AscendStore's KV pool): the topology starts it first
+    (role ``store``, node ``mooncake-master``), writes the ``mooncake.json`` that
+    ``MOONCAKE_CONFIG_PATH`` names for both servers, and sets ``PYTHONHASHSEED=0`` (both must hash
+    blocks alike)."""
+    model_config = ConfigDict(extra="forbid")
+    master: str = Field("path", pattern=r"^(node-env|path|/\S+)$",
+                        description="where mooncake_master comes from: node-env, path (beside this Python) or "
+                                    "an absolute path")
+    protocol: Literal["ascend", "tcp"] = Field("ascend", description="mooncake.json protocol")
+    global_segment_size: str = Field("1GB", pattern=r"^[1-9][0-9]*GB$",
+                                     description="memory each server gives the pool (1 GB aligned)")
 
 
 class PDProfile(BaseModel):
@@ -53,6 +69,7 @@ class PDProfile(BaseModel):
         default_factory=dict, description="NPU of each server (ASCEND_RT_VISIBLE_DEVICES)")
     connectors: dict[Literal["upstream", "hardened"], ConnectorProfile]
     env: dict[str, str] = Field(default_factory=dict, description="more environment for both servers")
+    store: StoreProfile | None = Field(None, description="a Mooncake store master for a KV pool connector")
 
     @model_validator(mode="after")
     def _rules(self) -> "PDProfile":
@@ -78,7 +95,8 @@ class PDProfile(BaseModel):
     def key(self) -> tuple:
         """What a warm node's start settings depend on (harness/pool.py)."""
         return (self.name, self.device, self.vllm, self.model, self.dtype, self.max_model_len,
-                tuple(sorted(self.devices.items())), tuple(sorted(self.env.items())))
+                tuple(sorted(self.devices.items())), tuple(sorted(self.env.items())),
+                self.store.model_dump_json() if self.store else None)
 
 
 def builtin_profiles() -> list[str]:

@@ -53,6 +53,7 @@ class PDTopology(BaseTopology):
         from .family import FAMILY
 
         self.profile = FAMILY.active_profile()  # where and how vLLM starts (profile.py)
+        self.store_ports = {"rpc": free_tcp_port(), "admin": free_tcp_port()}  # profiles with a store master
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
         self.server_logs.mkdir(parents=True, exist_ok=True)
@@ -112,12 +113,15 @@ class PDTopology(BaseTopology):
                 args += ["--model", prof.model]
             if (prof.dtype, prof.max_model_len) != ("bfloat16", 512):
                 args += ["--dtype", prof.dtype, "--max-model-len", str(prof.max_model_len)]
-            for k, v in sorted(prof.env.items()):
+            env = dict(prof.env)
+            if prof.store is not None:  # AscendStore's pool: the master's address, one block hash for both
+                env.update({"MOONCAKE_CONFIG_PATH": str(self.store_config()), "PYTHONHASHSEED": "0"})
+            for k, v in sorted(env.items()):
                 args += ["--env", f"{k}={v}"]
-            args += ["--kv-connector", conn.name, "--kv-extra",
-                      json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
             if conn.kv_port:
                 args += ["--kv-port", str(self.kv_ports[role])]
+            args += ["--kv-connector", conn.name,
+                     "--kv-extra", json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
             if conn.name == HARDENED:
                 args += ["--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
@@ -127,6 +131,13 @@ class PDTopology(BaseTopology):
             return NodeSpec("vllm", args, side=SIDES[role], ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})
+        if role == "store":
+            store = self.profile.store
+            args = ["--rpc-port", str(self.store_ports["rpc"]), "--metrics-port", str(self.store_ports["admin"]),
+                    "--server-log", str(self.server_logs / "store.log"), "--master-from", store.master]
+            return NodeSpec("mooncake-master", args, side="a", ready_timeout_s=45.0,
+                            endpoints={"rpc": f"tcp://127.0.0.1:{self.store_ports['rpc']}",
+                                       "admin": f"http://127.0.0.1:{self.store_ports['admin']}"})
         if role == "proxy":
             args = ["--port", str(self.ports["proxy"]), "--protocol", self.proxy_protocol(), "--prefill", self.url("prefill:0"),
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
@@ -134,6 +145,19 @@ class PDTopology(BaseTopology):
                     "--order", "sequential" if self.proxy_protocol() == "kv-params" else t.proxy_order]
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
+
+    def store_config(self) -> Path:
+        """The ``mooncake.json`` both servers read (``MOONCAKE_CONFIG_PATH``): the store master's
+        address on loopback, the peers found by handshake, the profile's protocol and segment."""
+        path = self.run_dir / "mooncake.json"
+        if not path.exists():
+            store = self.profile.store
+            path.write_text(json.dumps({
+                "metadata_server": "P2PHANDSHAKE", "protocol": store.protocol, "device_name": "",
+                "master_server_address": f"127.0.0.1:{self.store_ports['rpc']}",
+                "global_segment_size": store.global_segment_size, "preferred_segment": False,
+                "prefer_alloc_in_same_node": True, "enable_ssd_offload": False}, indent=2) + "\n")
+        return path
 
     def server_log_path(self, role: str) -> Path:
         if self.pool_key(role) is None or self.pool is None:
@@ -148,8 +172,8 @@ class PDTopology(BaseTopology):
     def pool_key(self, role: str) -> tuple | None:
         """P and D are pooled under every setting they were started with (ports aside: a pooled
         node brings its own); a netns link never pools (its namespaces die with the run)."""
-        if role not in CORES or self.topo.link == "netns":
-            return None
+        if role not in CORES or self.topo.link == "netns" or self.profile.store is not None:
+            return None  # (a store master lives as long as its run: servers that know it neither)
         t = self.topo
         return ("vllm", self.connector(role), self.profile.key(), self.connector_profile(role).model_dump_json(), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
                 int(t.startup_timeout), t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000))
@@ -181,6 +205,8 @@ class PDTopology(BaseTopology):
         if self.topo.link == "netns" and self.netns is None:
             self.make_netns()
             self.event("link", kind="netns", to="P in namespace b; D, the proxy and the workload in namespace a")
+        if self.profile.store is not None:
+            self.start_node("store")  # the KV pool's master, before the servers that register with it
         fresh = []
         for role in CORES:  # warm P and D from an earlier scenario, on their own ports
             pooled = self.take_pooled(role)

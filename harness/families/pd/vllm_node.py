@@ -285,6 +285,10 @@ class VllmNode:
 
     @staticmethod
     def _kv_extra(args: argparse.Namespace) -> dict | None:
+        """``--kv-extra`` with its placeholders filled in, wherever they stand (a MultiConnector
+        nests its connectors' configs): ``$KV_PORT`` (``--kv-port``), ``$KV_ROLE`` (kv_producer or
+        kv_consumer) and ``$LOOKUP_RPC_PORT`` (AscendStore's ipc suffix, one per server on a
+        host: 0 for prefill, 1 for decode)."""
         if args.kv_extra is None:
             return None
         try:
@@ -293,6 +297,26 @@ class VllmNode:
             raise NodeUsageError("--kv-extra: not JSON") from None
         if not isinstance(extra, dict):
             raise NodeUsageError("--kv-extra: expected a JSON object")
+        values = {"$KV_ROLE": ROLES[args.role], "$LOOKUP_RPC_PORT": {"prefill": "0", "decode": "1"}[args.role]}
+        if args.kv_port is not None:
+            values["$KV_PORT"] = args.kv_port
+        left: list[str] = []
+
+        def fill(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: fill(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [fill(v) for v in x]
+            if isinstance(x, str) and re.fullmatch(r"\$[A-Z][A-Z_]*", x):
+                if x not in values:
+                    left.append(x)
+                return values.get(x, x)
+            return x
+
+        extra = fill(extra)
+        if left:
+            raise NodeUsageError(f"--kv-extra: {left[0]} has no value here (known: {', '.join(sorted(values))}; "
+                                 "$KV_PORT needs --kv-port)")
         return extra
 
     # ------------------------------------------------------------------ command
@@ -349,7 +373,8 @@ class VllmNode:
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
             env.pop(k, None)
         env["PATH"] = f"{self.vllm_bin.parent}{os.pathsep}{env.get('PATH', '')}"
-        if a.kv_connector == HARDENED:  # vLLM finds the plugin's entry point there (plugin_site.py)
+        if "Hardened" in json.dumps(self.kv_transfer_config() or {}):  # a hardened connector, or one nested
+            # in a MultiConnector: vLLM finds the plugin's entry point there (plugin_site.py)
             from .plugin_site import plugin_site
 
             env["PYTHONPATH"] = str(plugin_site())

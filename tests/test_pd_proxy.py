@@ -80,6 +80,7 @@ class StandIn:
         self.status = 500
         self.engine_id = ENGINE
         self.kv_answer: dict | None = None  # kv_transfer_params in the answer (vllm-ascend's P does so)
+        self.meta_extra: dict = {}  # more of what a layerwise D posts to the metaserver
         self.requests: list[dict] = []
 
     async def _start(self) -> int:
@@ -131,11 +132,22 @@ class StandIn:
 
     async def _completions(self, request: web.Request) -> web.Response:
         body = await request.json()
-        rec = {"t": time.monotonic(), "body": body, "answered": None, "disconnected": None}
+        rec = {"t": time.monotonic(), "body": body, "answered": None, "disconnected": None,
+               "request_id": request.headers.get("X-Request-Id")}
         self.requests.append(rec)
         try:
             kv = body.get("kv_transfer_params") or {}
-            if self.role == "decode" and kv.get("do_remote_prefill") and "remote_request_id" not in kv and not all(
+            if self.role == "decode" and kv.get("metaserver"):
+                # vllm-ascend's layerwise D: its scheduler POSTs its transfer params to the metaserver
+                from aiohttp import ClientSession
+
+                post = {"request_id": f"cmpl-{rec['request_id']}-0", "do_remote_decode": True,
+                        "do_remote_prefill": False, "remote_host": "127.0.0.1", "remote_port": 30100,
+                        **self.meta_extra}
+                async with ClientSession() as http:
+                    async with http.post(kv["metaserver"], json=post) as resp:
+                        rec["meta_status"], rec["meta_answer"] = resp.status, await resp.json()
+            if self.role == "decode" and kv.get("do_remote_prefill") and not ({"remote_request_id", "metaserver"} & set(kv)) and not all(
                     k in kv for k in ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")):
                 await asyncio.sleep(3600)  # vLLM: "Got invalid KVTransferParams", then waits forever
             bad = await self._misbehave()
@@ -685,3 +697,52 @@ def test_kv_params_hooks_apply_but_redirect_is_refused(r: Rig, kvp: Proxy) -> No
     assert "remote_host" not in sent and "remote_port" not in sent and sent["remote_engine_id"] == "eng-v1"
     with pytest.raises(ControlError, match="redirect: needs --protocol bootstrap"):
         kvp.ctl("redirect", count=1, bootstrap=r.b.url)
+
+
+# --------------------------------------------------------------------------- --protocol layerwise
+# vllm-ascend's decoder-first MooncakeLayerwiseConnector: D first; D's POST to the metaserver asks P.
+
+
+@pytest.fixture(scope="module")
+def lw(rig: Rig) -> Iterator[Proxy]:
+    px = start_proxy(rig.tmp, "layerwise", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
+                     protocol="layerwise")
+    try:
+        yield px
+    finally:
+        px.handle.stop()
+
+
+def test_layerwise_d_first_then_p_through_the_metaserver(r: Rig, lw: Proxy) -> None:
+    before = lw.stats()
+    req = body("lw")
+    resp, _ = lw.post(req)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == D_TEXT and r.b.requests == []
+    (d_rec,), (p_rec,) = r.d.requests, r.p.requests
+    rid = d_rec["request_id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", rid) and p_rec["request_id"] == rid
+    assert d_rec["body"]["kv_transfer_params"] == {
+        "do_remote_decode": False, "do_remote_prefill": True, "metaserver": f"{lw.url}/v1/metaserver"}
+    assert d_rec["meta_status"] == 200 and d_rec["meta_answer"] == {}
+    p_kv = p_rec["body"]["kv_transfer_params"]
+    assert p_kv["request_id"] == f"cmpl-{rid}-0" and p_kv["do_remote_decode"] is True  # what D posted
+    assert p_rec["body"]["max_tokens"] == 1 and p_rec["body"]["min_tokens"] == 1 and p_rec["t"] < d_rec["answered"]
+    after = lw.stats()
+    assert delta(after, before, "metaserver_posts") == 1 and delta(after, before, "ok") == 1
+
+
+def test_layerwise_metaserver_answers_p_errors_and_unknown_ids(r: Rig, lw: Proxy) -> None:
+    r.p.mode = "status"
+    resp, _ = lw.post(body("lw-p500"))
+    assert resp.status_code == 200  # the stand-in D answers whatever its POST got
+    d_rec = r.d.requests[0]
+    assert d_rec["meta_status"] == 502 and d_rec["meta_answer"]["error"]["phase"] == "prefill"
+    with requests.Session() as http:
+        http.trust_env = False
+        gone = http.post(f"{lw.url}/v1/metaserver", json={"request_id": "cmpl-nope-0"}, timeout=5)
+        bad = http.post(f"{lw.url}/v1/metaserver", data=b"not json", timeout=5)
+    assert gone.status_code == 404 and gone.json()["error"]["type"] == "unknown_request"
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "bad_request"
+    st = lw.stats()
+    assert st["metaserver_unknown"] >= 1 and st["metaserver_bad"] >= 1

@@ -320,7 +320,8 @@ def test_nightly_select_step(tmp_path):
     proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
     assert proc.returncode == 0, proc.stderr
     matrix = json.loads(out["matrix"])["include"]
-    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd", "pd-store"] and out["count"] == "4"
+    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd", "pd-store", "pd-layerwise"]
+    assert out["count"] == "5" and matrix[4]["launch_profile"] == "ascend-layerwise"
     pd = matrix[2]
     # on NPUs the pd suite starts vLLM + vllm-ascend of the job's Python: launch profile ascend, no node env
     assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and pd["setup"] == ""
@@ -631,31 +632,42 @@ def test_ascend_profile_dry_run_matches_its_golden_file():
     assert out.endswith("dry run: 4 scenario/target run(s); nothing was started\n")
 
 
-GOLDEN_STORE = REPO / "tests" / "golden" / "dry_run_ascend_store.txt"
+GOLDEN_PROFILES = {"ascend-store": REPO / "tests" / "golden" / "dry_run_ascend_store.txt",
+                   "ascend-layerwise": REPO / "tests" / "golden" / "dry_run_ascend_layerwise.txt"}
 
 
 @pytest.mark.timeout(90)
-def test_ascend_store_profile_dry_run_matches_its_golden_file():
-    """Profile ascend-store: the store master first, the MultiConnector of each target, the
-    pool's environment; PDCHAOS_UPDATE_GOLDEN=1 rewrites the file."""
+@pytest.mark.parametrize("profile", sorted(GOLDEN_PROFILES))
+def test_npu_profile_dry_runs_match_their_golden_files(profile):
+    """ascend-store: the store master first, the MultiConnector of each target, the pool's
+    environment. ascend-layerwise: the layerwise connectors, the proxy's metaserver protocol.
+    PDCHAOS_UPDATE_GOLDEN=1 rewrites the files."""
+    golden = GOLDEN_PROFILES[profile]
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd/baseline.yaml", "--profile",
-                           "ascend-store", "--set", "model=/models/Qwen3-0.6B", "--dry-run"], cwd=REPO,
+                           profile, "--set", "model=/models/Qwen3-0.6B", "--dry-run"], cwd=REPO,
                           capture_output=True, text=True, timeout=80, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
-        GOLDEN_STORE.write_text(proc.stdout)
-    assert proc.stdout == GOLDEN_STORE.read_text(), "differs from tests/golden/dry_run_ascend_store.txt"
-    runs = proc.stdout.split("\n== ")
-    assert len(runs) == 2 and all("\nnode store (side a" in r.split("node prefill:0")[0] for r in runs)
-    assert proc.stdout.count("node mooncake-master") == 2 and proc.stdout.count("PYTHONHASHSEED=0") == 4
-    assert '"kv_connector":"AscendStoreConnector"' in runs[0] and '"HardenedAscendStoreConnector"' in runs[1]
+        golden.write_text(proc.stdout)
+    assert proc.stdout == golden.read_text(), f"differs from {golden.relative_to(REPO)}"
+    out = proc.stdout
+    runs = out.split("\n== ")
+    assert len(runs) == 2 and out.count("--device npu") == 4
+    if profile == "ascend-store":
+        assert all("\nnode store (side a" in r.split("node prefill:0")[0] for r in runs)
+        assert out.count("node mooncake-master") == 2 and out.count("PYTHONHASHSEED=0") == 4
+        assert '"kv_connector":"AscendStoreConnector"' in runs[0] and '"HardenedAscendStoreConnector"' in runs[1]
+    else:
+        assert out.count("--protocol layerwise") == 2 and "node store" not in out
+        assert "--kv-connector MooncakeLayerwiseConnector" in runs[0]
+        assert "--kv-connector HardenedMooncakeLayerwiseConnector" in runs[1]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args, needle", [
     (["--profile", "ascend"], "--profile ascend: model: an NPU profile needs a model folder"),
     (["--profile", "ascend", "--set", "model=/m", "--set", "devices.decode=x"], "devices.decode: 'x' is not an NPU"),
-    (["--profile", "nope"], "--profile 'nope': no such profile of family pd; built in: ascend, ascend-store, cpu"),
+    (["--profile", "nope"], "--profile 'nope': no such profile of family pd; built in: ascend, ascend-layerwise, ascend-store, cpu"),
     (["--set", "model"], "--set 'model': expected KEY=VALUE"),
     (["--profile", "ascend", "--set", "model=/m", "--set", "colour=red"], "colour: Extra inputs are not permitted"),
 ])

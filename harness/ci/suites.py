@@ -47,6 +47,12 @@ SUITES: dict[str, dict] = {
                  "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
                  "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
                  "launch_profile": {"ascend": "ascend-store"}, "profiles": ("ascend",)},
+    # the same scenarios with vllm-ascend's decoder-first layerwise connector (launch profile
+    # ascend-layerwise); NPU runners only
+    "pd-layerwise": {"path": "scenarios/pd/", "args": [],
+                     "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
+                     "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
+                     "launch_profile": {"ascend": "ascend-layerwise"}, "profiles": ("ascend",)},
     "pd-long": {"path": "scenarios/pd-long/", "args": [],
                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
                 "timeout": 180, "default": (),

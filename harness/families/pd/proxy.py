@@ -12,6 +12,13 @@ token with ``kv_transfer_params={"do_remote_decode": true, "do_remote_prefill": 
 "transfer_id": X}`` — at the same time (``--order parallel``, upstream's way) or D only after P
 answered 200 (``--order sequential``). The client gets D's answer.
 
+``--protocol layerwise`` (vllm-ascend's decoder-first MooncakeLayerwiseConnector): D is asked first,
+with ``X-Request-Id: ID`` and ``{"do_remote_decode": false, "do_remote_prefill": true,
+"metaserver": "http://127.0.0.1:PORT/v1/metaserver"}``; D's scheduler POSTs its transfer params
+(``request_id`` ``cmpl-ID-0``) to that endpoint, and the proxy then asks P for one token with them
+(answering the POST once P answered: ``{}``; 404 for an unknown id; P's error otherwise). Counted
+as ``metaserver_posts``, ``metaserver_unknown``, ``metaserver_bad``.
+
 ``--protocol kv-params`` (vllm-ascend's MooncakeConnectorV1, as its example proxy speaks it): no
 bootstrap; P is asked first with ``{"do_remote_decode": true, "do_remote_prefill": false,
 "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}``,
@@ -77,8 +84,9 @@ logger = logging.getLogger(__name__)
 PHASES = ("bootstrap", "prefill", "decode", "proxy")
 D_KV_KEYS = ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id",
              # --protocol kv-params: what vllm-ascend's MooncakeConnectorV1 puts in P's answer
-             "remote_block_ids", "remote_host", "remote_port", "remote_request_id")
-PROTOCOLS = ("bootstrap", "kv-params")
+             "remote_block_ids", "remote_host", "remote_port", "remote_request_id",
+             "metaserver")  # --protocol layerwise
+PROTOCOLS = ("bootstrap", "kv-params", "layerwise")
 P_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                "remote_block_ids": None, "remote_host": None, "remote_port": None}
 HOOKS = ("hold", "abort_decode_wait", "abort_after_prefill", "bad_params", "redirect")
@@ -207,7 +215,9 @@ class PDProxy(NodeApp):
             "held": 0, "holding": 0, "hold_released": 0, "hold_expired": 0,
             "aborted": 0, "aborted_by": {"decode_wait": 0, "after_prefill": 0}, "abort_missed": 0,
             "bad_params": 0, "redirected": 0, "engine_id_changes": 0,
+            "metaserver_posts": 0, "metaserver_unknown": 0, "metaserver_bad": 0,
         }
+        self._layerwise_pending: dict[str, dict] = {}  # loop thread only: D's request id -> the client body
         self._closing = False
         self._hold_waiters: set[asyncio.Event] = set()  # loop thread only
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -233,6 +243,8 @@ class PDProxy(NodeApp):
         app = web.Application(client_max_size=4 * 1024 * 1024)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/health", self._health)
+        if self.protocol == "layerwise":
+            app.router.add_post("/v1/metaserver", self._metaserver)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         # the deadline of every call is the request's own (--timeout-s), not aiohttp's default
@@ -491,6 +503,8 @@ class PDProxy(NodeApp):
             return await self._redirected(ctx, body, redirect)
         if self.protocol == "kv-params":
             return await self._kv_params(ctx, body)
+        if self.protocol == "layerwise":
+            return await self._layerwise(ctx, body)
 
         ctx.phase = "bootstrap"
         t = loop.time()
@@ -611,6 +625,72 @@ class PDProxy(NodeApp):
         self._mark(ctx, "decode", t)
         return out
 
+    async def _layerwise(self, ctx: Ctx, body: dict) -> dict:
+        """``--protocol layerwise`` (vllm-ascend's decoder-first MooncakeLayerwiseConnector): D
+        first, with ``X-Request-Id`` and the proxy's metaserver URL; D's scheduler POSTs its
+        transfer params to ``/v1/metaserver`` (request id ``cmpl-<id>-0``), which sends P the
+        request with them (``_metaserver``). The client gets D's answer. ``bad_params`` drops keys
+        of what D is sent; ``abort decode_wait`` applies; the hooks between P and D do not (P is
+        asked by D's POST, not by this request)."""
+        loop = asyncio.get_running_loop()
+        taken = self._take_hooks(decode_only=True)
+        rid = uuid.uuid4().hex
+        key = f"cmpl-{rid}-0"
+        d_params = {"do_remote_decode": False, "do_remote_prefill": True,
+                    "metaserver": f"http://127.0.0.1:{self.port}/v1/metaserver"}
+        for k in taken.drop:
+            d_params.pop(k, None)
+        d_body = dict(body)
+        d_body["kv_transfer_params"] = d_params
+        self._layerwise_pending[key] = {"body": dict(body), "rid": rid}
+        ctx.phase = "decode"
+        t = loop.time()
+        try:
+            out = await self._decode(d_body, taken, headers={"X-Request-Id": rid})
+        finally:
+            self._layerwise_pending.pop(key, None)
+        self._mark(ctx, "decode", t)
+        return out
+
+    async def _metaserver(self, request: Any) -> Any:
+        """D's POST of its transfer params: P gets the client's request (one token) with them;
+        answered once P answered (200 ``{}``), or with the error (404 for an unknown request id,
+        400 for a body that is not a JSON object with one, 502/504 when P failed). Counted, never
+        logged."""
+        from aiohttp import web
+
+        try:
+            params = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            params = None
+        key = params.get("request_id") if isinstance(params, dict) else None
+        if not isinstance(key, str):
+            with self._lock:
+                self._c["metaserver_bad"] += 1
+            return web.json_response({"error": {"type": "bad_request", "phase": "proxy",
+                                                "message": "metaserver: expected a JSON object with request_id"}},
+                                     status=400)
+        pending = self._layerwise_pending.get(key)
+        with self._lock:
+            self._c["metaserver_posts" if pending is not None else "metaserver_unknown"] += 1
+        if pending is None:
+            return web.json_response({"error": {"type": "unknown_request", "phase": "proxy",
+                                                "message": "metaserver: no request in flight has this id"}},
+                                     status=404)
+        p_body = self._prefill_body(pending["body"], params)
+        p_body["min_tokens"] = 1
+        try:
+            await asyncio.wait_for(self._post("prefill", self.prefill, p_body, {"X-Request-Id": pending["rid"]}),
+                                   self.timeout_s)
+        except asyncio.TimeoutError:
+            return web.json_response({"error": {"type": "timeout", "phase": "prefill",
+                                                "message": f"P did not answer within {self.timeout_s:g} s"}},
+                                     status=504)
+        except ProxyError as err:
+            self._error(err)
+            return web.json_response(err.body(), status=err.status)
+        return web.json_response({})
+
     async def _redirected(self, ctx: Ctx, body: dict, bootstrap: str) -> dict:
         """The ``redirect`` hook: no request to the real P; D is sent to ``bootstrap``."""
         loop = asyncio.get_running_loop()
@@ -660,10 +740,10 @@ class PDProxy(NodeApp):
             self._c["aborted"] += 1
             self._c["aborted_by"][hook] += 1
 
-    async def _decode(self, d_body: dict, taken: Taken) -> dict:
+    async def _decode(self, d_body: dict, taken: Taken, headers: dict | None = None) -> dict:
         if taken.abort_decode_ms is None:
-            return await self._post("decode", self.decode, d_body)
-        task = asyncio.ensure_future(self._post("decode", self.decode, d_body))
+            return await self._post("decode", self.decode, d_body, headers)
+        task = asyncio.ensure_future(self._post("decode", self.decode, d_body, headers))
         try:
             done, _ = await asyncio.wait({task}, timeout=taken.abort_decode_ms / 1000.0)
             if task in done:
@@ -706,8 +786,8 @@ class PDProxy(NodeApp):
         except (ValueError, UnicodeDecodeError):
             raise ProxyError(502, "bad_json", phase, f"{phase} answered 200 with a body that is not JSON") from None
 
-    async def _post(self, phase: str, base: str, body: dict) -> dict:
-        data = await self._get_json(phase, "POST", f"{base}/v1/completions", body)
+    async def _post(self, phase: str, base: str, body: dict, headers: dict | None = None) -> dict:
+        data = await self._get_json(phase, "POST", f"{base}/v1/completions", body, headers)
         if not isinstance(data, dict):
             raise ProxyError(502, "bad_json", phase, f"{phase} answered 200 with JSON that is not an object")
         return data

@@ -4,7 +4,10 @@ and the legacy baseline).
 Exit 0 when every scenario/target run that ran ended as its scenario expects (a skipped run is
 reported, and is not a deviation), 1 on any deviation or error, and with ``--strict`` also on any
 skipped run; 2 on invalid input or a harness error (nothing is started before every scenario file
-validated); 130 when interrupted.
+validated); 130 when interrupted. A run the family's launch profile cannot make (``--profile``:
+e.g. a fault on a proxy phase the profile's connector does not have) is left out before anything
+starts, listed as ``not run: NAME [TARGET]: why`` (and in ``not_run.json``), never counted as a
+pass.
 """
 
 from __future__ import annotations
@@ -224,6 +227,19 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
     return 0
 
 
+def split_plan(plan: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """(the runs to make, the runs left out with why): a family leaves out a scenario/target
+    its launch profile cannot run (``Family.excluded``)."""
+    keep, left_out = [], []
+    for sc, target in plan:
+        why = sc.family.excluded(sc.model, target)
+        if why is None:
+            keep.append((sc, target))
+        else:
+            left_out.append((sc, target, why))
+    return keep, left_out
+
+
 def use_profile(scenarios: list, spec: str | None, sets: list[str]) -> None:
     """Give each selected family that has launch profiles the one chosen (``--profile``/``--set``);
     an error when one was asked for and no selected family has profiles."""
@@ -254,16 +270,27 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bench: at least 100 ops per target")
     if args.bench and not benched:
         raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
+    if args.bench and args.profile not in (None, "cpu"):
+        raise UsageError("--bench: the benchmarks run on the default launch profile only; leave --bench out")
+    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target])
+    for sc, target, why in left_out:
+        print(f"not run: {sc.name} [{target}]: {why}", flush=True)
+    if not plan:
+        raise UsageError("nothing to run: every selected scenario/target is left out (see above)")
     if args.dry_run:
-        return dry_run(scenarios, [(s, t) for s, t in plan_for_reuse(scenarios)
-                                   if not args.target or t in args.target])
+        return dry_run(scenarios, plan)
     run_dir = new_run_dir(args.runs_dir)
+    if left_out:
+        import json
+
+        (run_dir / "not_run.json").write_text(json.dumps(
+            [{"scenario": sc.name, "target": t, "why": why} for sc, t, why in left_out], indent=1) + "\n")
     for i, fam in enumerate(benched if args.bench else []):
         # the reports read bench_samples.json (the first family's); others keep their own file
         run_bench(run_dir, args.bench, fam, run_dir / ("bench_samples.json" if i == 0 else f"bench_samples-{fam}.json"))
     started_wall = datetime.now(timezone.utc).isoformat()
     t_start = time.monotonic()
-    n_items = sum(len([t for t in s.model.targets if not args.target or t in args.target]) for s in scenarios)
+    n_items = len(plan)
     progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
     with ExitStack() as stack:
         toxiproxy = start_toxiproxy(scenarios, stack, run_dir)
@@ -279,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         old_term = signal.signal(signal.SIGTERM, on_signal)
         try:
             with progress:
-                results = runner.run_plan(plan_for_reuse(scenarios))
+                results = runner.run_plan(plan)
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)

@@ -149,6 +149,13 @@ class Family:
         run, and reported as not applicable — never as passing)."""
         return {}
 
+    def excluded(self, scenario: Any, target: str) -> str | None:
+        """Why this target of this scenario does not apply under the family's launch profile (a
+        fault that acts on a protocol the profile's connector does not speak), or None. Such runs
+        are left out of the plan and listed as not run, with the reason: never run for nothing,
+        never counted as passing."""
+        return None
+
     def reuse_group(self, scenario: Any) -> Any:
         """A hashable value shared by the scenarios whose nodes start with the same settings:
         ``pdchaos run`` runs each group's scenarios one after another (file order otherwise), so

@@ -145,17 +145,18 @@ def validate_recovery_gaps(scenario: Any, faults: list) -> None:
     ops_need = scenario.workload.recovery_gap(within)
     registry = load_registry(scenario.family)
     spans = sorted((f.at, f.at + f.for_, _heal_allowance(registry, f)) for f in faults)
-    merged: list[list[float]] = []  # [start, stop, heal allowance of the fault(s) ending last]
+    # [start, stop, healed]: healed = the latest time a fault of the window may still be healing
+    # (an earlier-ending fault with a longer heal may outlast the last one to end)
+    merged: list[list[float]] = []
     for a, b, heal in spans:
         if merged and a <= merged[-1][1]:
-            if b > merged[-1][1]:
-                merged[-1][1], merged[-1][2] = b, heal
-            elif b == merged[-1][1]:
-                merged[-1][2] = max(merged[-1][2], heal)
+            merged[-1][1] = max(merged[-1][1], b)
+            merged[-1][2] = max(merged[-1][2], b + heal)
         else:
-            merged.append([a, b, heal])
-    for i, (_, stop, heal) in enumerate(merged):
+            merged.append([a, b, b + heal])
+    for i, (_, stop, healed) in enumerate(merged):
         nxt = merged[i + 1][0] if i + 1 < len(merged) else scenario.workload.duration
+        heal = healed - stop
         need = ops_need + heal
         if nxt - stop < need:
             what = "the next fault" if i + 1 < len(merged) else "the end of the workload"

@@ -761,3 +761,20 @@ def test_schedule_leaves_time_for_the_fakes_heal(tmp_path: Path) -> None:
     roomy = tmp_path / "roomy.yaml"
     roomy.write_text(body.format(d=9))
     assert load_scenario(roomy).model.workload.duration == 9
+
+
+def test_an_earlier_ending_fault_with_a_longer_heal_counts(tmp_path: Path) -> None:
+    """Overlapping windows: the fake peer (2-6 s, up to 2 s to heal) inside a stop of P (3-6.5 s):
+    the window may still be healing at 8 s, so an op needs until 9 s, not 7.5 s."""
+    from harness.errors import UsageError
+    from harness.schema import load_scenario
+
+    body = ("name: t\nfamily: pd\nworkload: {{duration: {d}s, concurrency: 1, rate: 1}}\nfaults:\n"
+            "  - {{type: fake_prefill_peer, at: 2s, for: 4s, mode: error}}\n"
+            "  - {{type: stop, at: 3s, for: 3.5s, node: 'prefill:0'}}\n")
+    f = tmp_path / "s.yaml"
+    f.write_text(body.format(d=8.5))
+    with pytest.raises(UsageError, match=r"ending at 6.5s leaves 2s .* plus 1.5s its heal may take"):
+        load_scenario(f)
+    f.write_text(body.format(d=9))
+    assert load_scenario(f).model.workload.duration == 9

@@ -81,6 +81,7 @@ class StandIn:
         self.engine_id = ENGINE
         self.kv_answer: dict | None = None  # kv_transfer_params in the answer (vllm-ascend's P does so)
         self.meta_extra: dict = {}  # more of what a layerwise D posts to the metaserver
+        self.meta_twice = False  # post it twice
         self.requests: list[dict] = []
 
     async def _start(self) -> int:
@@ -145,8 +146,9 @@ class StandIn:
                         "do_remote_prefill": False, "remote_host": "127.0.0.1", "remote_port": 30100,
                         **self.meta_extra}
                 async with ClientSession() as http:
-                    async with http.post(kv["metaserver"], json=post) as resp:
-                        rec["meta_status"], rec["meta_answer"] = resp.status, await resp.json()
+                    for _ in range(2 if self.meta_twice else 1):
+                        async with http.post(kv["metaserver"], json=post) as resp:
+                            rec.setdefault("meta", []).append((resp.status, await resp.json()))
             if self.role == "decode" and kv.get("do_remote_prefill") and not ({"remote_request_id", "metaserver"} & set(kv)) and not all(
                     k in kv for k in ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")):
                 await asyncio.sleep(3600)  # vLLM: "Got invalid KVTransferParams", then waits forever
@@ -724,7 +726,7 @@ def test_layerwise_d_first_then_p_through_the_metaserver(r: Rig, lw: Proxy) -> N
     assert re.fullmatch(r"[0-9a-f]{32}", rid) and p_rec["request_id"] == rid
     assert d_rec["body"]["kv_transfer_params"] == {
         "do_remote_decode": False, "do_remote_prefill": True, "metaserver": f"{lw.url}/v1/metaserver"}
-    assert d_rec["meta_status"] == 200 and d_rec["meta_answer"] == {}
+    assert d_rec["meta"] == [(200, {})]
     p_kv = p_rec["body"]["kv_transfer_params"]
     assert p_kv["request_id"] == f"cmpl-{rid}-0" and p_kv["do_remote_decode"] is True  # what D posted
     assert p_rec["body"]["max_tokens"] == 1 and p_rec["body"]["min_tokens"] == 1 and p_rec["t"] < d_rec["answered"]
@@ -732,17 +734,47 @@ def test_layerwise_d_first_then_p_through_the_metaserver(r: Rig, lw: Proxy) -> N
     assert delta(after, before, "metaserver_posts") == 1 and delta(after, before, "ok") == 1
 
 
-def test_layerwise_metaserver_answers_p_errors_and_unknown_ids(r: Rig, lw: Proxy) -> None:
+def test_layerwise_p_failure_is_the_clients_answer_and_counted_once(r: Rig, lw: Proxy) -> None:
     r.p.mode = "status"
-    resp, _ = lw.post(body("lw-p500"))
-    assert resp.status_code == 200  # the stand-in D answers whatever its POST got
-    d_rec = r.d.requests[0]
-    assert d_rec["meta_status"] == 502 and d_rec["meta_answer"]["error"]["phase"] == "prefill"
+    before = lw.stats()
+    resp, took = lw.post(body("lw-p500"))
+    assert resp.status_code == 502 and took < TIMEOUT_S  # not D's timeout
+    e = err(resp)
+    assert e["phase"] == "prefill" and e["type"] == "bad_status" and e["upstream_status"] == 500, e
+    assert len(r.p.requests) == 1
+    after = lw.stats()
+    assert delta(after, before, "errors", "prefill", "bad_status") == 1 and delta(after, before, "ok") == 0
+
+
+def test_layerwise_a_second_post_is_refused_and_p_asked_once(r: Rig, lw: Proxy) -> None:
+    r.d.meta_twice = True
+    resp, _ = lw.post(body("lw-twice"))
+    assert resp.status_code == 200, resp.text
+    assert [st for st, _ in r.d.requests[0]["meta"]] == [200, 409] and len(r.p.requests) == 1
+
+
+def test_layerwise_metaserver_refuses_unknown_ids_and_bad_bodies(r: Rig, lw: Proxy) -> None:
+    before = lw.stats()
     with requests.Session() as http:
         http.trust_env = False
         gone = http.post(f"{lw.url}/v1/metaserver", json={"request_id": "cmpl-nope-0"}, timeout=5)
         bad = http.post(f"{lw.url}/v1/metaserver", data=b"not json", timeout=5)
     assert gone.status_code == 404 and gone.json()["error"]["type"] == "unknown_request"
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "bad_request"
-    st = lw.stats()
-    assert st["metaserver_unknown"] >= 1 and st["metaserver_bad"] >= 1
+    after = lw.stats()
+    assert delta(after, before, "metaserver_unknown") == 1 and delta(after, before, "metaserver_bad") == 1
+    assert r.p.requests == []
+
+
+def test_hooks_a_protocol_cannot_take_are_refused(r: Rig, lw: Proxy, kvp: Proxy) -> None:
+    for cmd, fields in (("hold", {"phase": "after_prefill", "count": 1, "seconds": 1}),
+                        ("abort", {"phase": "after_prefill", "count": 1})):
+        with pytest.raises(ControlError, match="this proxy speaks layerwise"):
+            lw.ctl(cmd, **fields)
+    with pytest.raises(ControlError, match="under --protocol kv-params"):
+        kvp.ctl("bad_params", count=1, drop=["transfer_id"])
+    with pytest.raises(ControlError, match="under --protocol layerwise"):
+        lw.ctl("bad_params", count=1, drop=["remote_host"])
+    lw.ctl("bad_params", count=1, drop=["metaserver"])
+    kvp.ctl("hold", phase="after_prefill", count=1, seconds=1)  # kv-params has that phase
+    assert lw.stats()["hooks"]["bad_params"]["drop"] == ["metaserver"]

@@ -4,7 +4,6 @@ under a KV-pool launch profile (profile ascend-store)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -84,4 +83,6 @@ def test_parse_gauges_keeps_unlabelled_master_numbers_only() -> None:
     text = ("# HELP master_keys keys\n# TYPE master_keys gauge\nmaster_keys 3\n"
             'master_put{kind="x"} 9\nother_metric 1\nmaster_bad nan-ish\nmaster_clients 2 1700000000\n')
     assert parse_gauges(text) == {"master_keys": 3.0, "master_clients": 2.0}
-    assert json.dumps(parse_gauges("master_x 1\n" * 3))  # duplicates: one key
+    assert parse_gauges("master_x 1\nmaster_x 2\n") == {"master_x": 2.0}  # a repeated name: one key, the last
+    many = "".join(f"master_g{i} {i}\n" for i in range(60))
+    assert len(parse_gauges(many)) == 40  # at most 40 counters

@@ -143,13 +143,12 @@ def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend)
     assert arg(h, "--kv-connector") == "HardenedMooncakeConnector" and "--kv-port" not in h
     assert arg(h, "--kv-extra") == '{"mooncake_protocol":"ascend"}'
     assert arg(hard.node_spec("proxy").args, "--protocol") == "bootstrap"
-    cpu_key = topology(tmp_path / "c", "baseline.yaml").pool_key("decode:0")
     assert up.pool_key("decode:0") != hard.pool_key("decode:0")
     from harness.families.pd.family import FAMILY
 
-    FAMILY.profile = None
-    assert topology(tmp_path / "c2", "baseline.yaml").pool_key("decode:0") != up.pool_key("decode:0")
-    assert cpu_key is not None
+    FAMILY.profile = None  # the default (cpu): a node started for one profile is never lent to another
+    cpu_key = topology(tmp_path / "c2", "baseline.yaml").pool_key("decode:0")
+    assert cpu_key is not None and cpu_key != up.pool_key("decode:0")
 
 
 def test_ascend_profile_cannot_pair_v1_with_the_bootstrap_protocol(tmp_path: Path, ascend) -> None:
@@ -294,7 +293,7 @@ def test_vllm_node_fills_the_kv_extra_placeholders(tmp_path: Path) -> None:
     filled = vllm_node.VllmNode._kv_extra(a)
     assert filled["connectors"][0] == {"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer",
                                        "kv_port": 30002}
-    assert filled["connectors"][1]["kv_connector_extra_config"] == {"lookup_rpc_port": "1", "x": "$5"}
+    assert filled["connectors"][1]["kv_connector_extra_config"] == {"lookup_rpc_port": "1", "x": "$5"}  # --port 1
     node = vllm_node.VllmNode.__new__(vllm_node.VllmNode)
     node.args, node.role, node.kv_extra, node.extra_env = a, "decode", filled, {}
     node.vllm_bin = Path(sys.executable)
@@ -302,3 +301,32 @@ def test_vllm_node_fills_the_kv_extra_placeholders(tmp_path: Path) -> None:
     a.kv_port = None
     with pytest.raises(vllm_node.NodeUsageError, match=r"\$KV_PORT has no value here"):
         vllm_node.VllmNode._kv_extra(a)
+
+
+def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path) -> None:
+    """Under a profile whose connector the proxy pairs by kv-params or layerwise, the scenarios
+    whose faults act on the bootstrap protocol (or on a phase that protocol lacks) are left out
+    with the reason; the default profile leaves out nothing."""
+    from harness.cmd_run import split_plan
+    from harness.families.pd.family import FAMILY
+    from harness.schema import load_all
+
+    scenarios = load_all([str(SCENARIOS)])
+    plan = [(sc, t) for sc in scenarios for t in sc.model.targets]
+    assert split_plan(plan)[1] == []  # cpu: everything runs
+    try:
+        FAMILY.use_profile("ascend", ["model=/m"])
+        keep, out = split_plan(plan)
+        why = {(sc.name, t): w for sc, t, w in out}
+        assert "fault fake_prefill_peer acts on the proxy's bootstrap protocol" in why[("pd-fake-prefill-error", "upstream")]
+        assert ("pd-fake-prefill-error", "hardened") not in why  # the hardened connector speaks bootstrap
+        assert "cannot be paired" in why[("pd-mixed-upstream-decode", "hardened")]
+        assert "toxiproxy sits on P's bootstrap server" in why[("pd-bootstrap-latency", "upstream")]
+        assert ("pd-abort-after-prefill", "upstream") not in why  # kv-params has the phase after P
+        FAMILY.use_profile("ascend-layerwise", ["model=/m"])
+        why = {(sc.name, t): w for sc, t, w in split_plan(plan)[1]}
+        assert "abort_after_prefill acts on the proxy's bootstrap/kv-params" in why[("pd-abort-after-prefill", "hardened")]
+        assert ("pd-baseline", "upstream") not in why and ("pd-stop-decode", "hardened") not in why
+        assert len(keep) + len(out) == len(plan)
+    finally:
+        FAMILY.profile = None

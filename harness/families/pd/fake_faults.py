@@ -44,6 +44,7 @@ class FakePrefillPeer(OnceFault):
     """D pulls the next ``count`` requests from a fake prefill peer that answers by ``mode``."""
 
     name = "fake_prefill_peer"
+    proxy_protocols = ("bootstrap",)  # the proxy's redirect sends D to a fake bootstrap server
     family = "pd"
     Params = FakePrefillParams
     may_cause = ("http_502", "http_504")

@@ -53,6 +53,29 @@ class PDFamily(Family):
             return f"profile {prof.name}: model folder {prof.model!r} holds no config.json"
         return None
 
+    def excluded(self, scenario: Any, target: str) -> str | None:
+        from faults.base import load_registry
+
+        prof = self.active_profile()
+        t = scenario.topology
+        conns = [prof.connectors[target]]
+        if target == "hardened" and t.mixed != "none":
+            conns.append(prof.connectors["upstream"])
+        protocols = {c.proxy for c in conns}
+        if len(protocols) > 1:
+            return (f"topology.mixed: under profile {prof.name} the two connectors speak "
+                    f"{' and '.join(sorted(protocols))} to the proxy: they cannot be paired")
+        proto = protocols.pop()
+        if t.link == "toxiproxy" and proto != "bootstrap":
+            return f"topology.link toxiproxy sits on P's bootstrap server; under profile {prof.name} the proxy speaks {proto}"
+        registry = load_registry(self.name)
+        for f in scenario.faults:
+            allowed = getattr(registry.get(f.type), "proxy_protocols", None)
+            if allowed is not None and proto not in allowed:
+                return (f"fault {f.type} acts on the proxy's {'/'.join(allowed)} protocol; under profile "
+                        f"{prof.name} target {target}'s proxy speaks {proto}")
+        return None
+
     # ------------------------------------------------------------------ launch profiles (profile.py)
     def profile_names(self) -> list[str]:
         from .profile import builtin_profiles

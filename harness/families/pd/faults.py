@@ -16,6 +16,10 @@ from faults.base import Duration, FaultParams, OnceFault, register
 
 class _ProxyHook(OnceFault):
     family = "pd"
+    # the proxy protocols (--protocol, by the launch profile's connector) whose phases this hook
+    # acts on: a scenario/target whose proxy speaks another is left out of the run, not run for
+    # nothing (PDFamily.excluded)
+    proxy_protocols: tuple[str, ...] = ("bootstrap", "kv-params", "layerwise")
 
     def heal(self) -> None:
         self.ctx.control("proxy", "clear")
@@ -32,6 +36,7 @@ class HoldAfterPrefill(_ProxyHook):
     fault on P lands while D has yet to pull); released at heal."""
 
     name = "hold_after_prefill"
+    proxy_protocols = ("bootstrap", "kv-params")  # layerwise: P is asked by D's POST, no phase in between
     Params = HoldParams
 
     def inject(self) -> None:
@@ -72,6 +77,7 @@ class AbortAfterPrefill(_ProxyHook):
     blocks it prefilled until its abort timeout."""
 
     name = "abort_after_prefill"
+    proxy_protocols = ("bootstrap", "kv-params")
     Params = CountParams
     categories = ("http_502",)
 
@@ -85,6 +91,7 @@ class BadTransferParams(_ProxyHook):
     ``count`` requests (today vLLM then leaves the request waiting forever)."""
 
     name = "bad_transfer_params"
+    proxy_protocols = ("bootstrap",)  # the keys it drops exist in vLLM's Mooncake protocol only
     Params = CountParams
 
     def inject(self) -> None:

@@ -38,7 +38,7 @@ class ConnectorProfile(BaseModel):
                          "layerwise: D first, D's POST to the proxy's metaserver asks P (MooncakeLayerwiseConnector)")
     extra_config: dict[str, Any] = Field(
         default_factory=dict, description="kv_connector_extra_config; the vllm node fills in $KV_PORT, $KV_ROLE and "
-                                          "$LOOKUP_RPC_PORT wherever they stand (harness/families/pd/vllm_node.py)")
+                                          "$LOOKUP_RPC_PORT, $KV_LOAD_TIMEOUT_MS wherever they stand (harness/families/pd/vllm_node.py)")
     kv_port: bool = Field(False, description="set kv_transfer_config.kv_port to the node's side port")
 
 
@@ -142,6 +142,8 @@ def load_profile(spec: str | None, sets: list[str] | tuple[str, ...] = ()) -> PD
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"--profile {spec}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--profile {spec}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise UsageError(f"--profile {spec}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):

@@ -16,8 +16,11 @@ answered 200 (``--order sequential``). The client gets D's answer.
 with ``X-Request-Id: ID`` and ``{"do_remote_decode": false, "do_remote_prefill": true,
 "metaserver": "http://127.0.0.1:PORT/v1/metaserver"}``; D's scheduler POSTs its transfer params
 (``request_id`` ``cmpl-ID-0``) to that endpoint, and the proxy then asks P for one token with them
-(answering the POST once P answered: ``{}``; 404 for an unknown id; P's error otherwise). Counted
-as ``metaserver_posts``, ``metaserver_unknown``, ``metaserver_bad``.
+(answering the POST once P answered: ``{}``; 404 for an unknown id, 409 for a second POST; P's
+error otherwise, which also ends the client's request: 502/504 phase prefill). Counted as
+``metaserver_posts``, ``metaserver_unknown``, ``metaserver_repeat``, ``metaserver_bad``. The
+hooks between P's answer and D (``hold``, ``abort after_prefill``) are refused under this
+protocol, and ``bad_params`` takes only keys that D gets under the proxy's protocol.
 
 ``--protocol kv-params`` (vllm-ascend's MooncakeConnectorV1, as its example proxy speaks it): no
 bootstrap; P is asked first with ``{"do_remote_decode": true, "do_remote_prefill": false,
@@ -82,11 +85,16 @@ from faults.nodeio import NodeApp, NodeUsageError, check_endpoint, run_node as r
 logger = logging.getLogger(__name__)
 
 PHASES = ("bootstrap", "prefill", "decode", "proxy")
-D_KV_KEYS = ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id",
-             # --protocol kv-params: what vllm-ascend's MooncakeConnectorV1 puts in P's answer
-             "remote_block_ids", "remote_host", "remote_port", "remote_request_id",
-             "metaserver")  # --protocol layerwise
-PROTOCOLS = ("bootstrap", "kv-params", "layerwise")
+# the keys of D's kv_transfer_params per protocol (what ``bad_params`` may drop)
+D_KV_KEYS_BY_PROTOCOL = {
+    "bootstrap": ("do_remote_decode", "do_remote_prefill", "remote_bootstrap_addr", "remote_engine_id", "transfer_id"),
+    # what vllm-ascend's MooncakeConnectorV1 puts in P's answer
+    "kv-params": ("do_remote_decode", "do_remote_prefill", "remote_block_ids", "remote_engine_id", "remote_host",
+                  "remote_port", "remote_request_id"),
+    "layerwise": ("do_remote_decode", "do_remote_prefill", "metaserver"),
+}
+D_KV_KEYS = D_KV_KEYS_BY_PROTOCOL["bootstrap"]
+PROTOCOLS = tuple(D_KV_KEYS_BY_PROTOCOL)
 P_KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                "remote_block_ids": None, "remote_host": None, "remote_port": None}
 HOOKS = ("hold", "abort_decode_wait", "abort_after_prefill", "bad_params", "redirect")
@@ -215,7 +223,7 @@ class PDProxy(NodeApp):
             "held": 0, "holding": 0, "hold_released": 0, "hold_expired": 0,
             "aborted": 0, "aborted_by": {"decode_wait": 0, "after_prefill": 0}, "abort_missed": 0,
             "bad_params": 0, "redirected": 0, "engine_id_changes": 0,
-            "metaserver_posts": 0, "metaserver_unknown": 0, "metaserver_bad": 0,
+            "metaserver_posts": 0, "metaserver_unknown": 0, "metaserver_repeat": 0, "metaserver_bad": 0,
         }
         self._layerwise_pending: dict[str, dict] = {}  # loop thread only: D's request id -> the client body
         self._closing = False
@@ -301,9 +309,17 @@ class PDProxy(NodeApp):
     def _hooks_answer(self) -> dict:
         return {"hooks": json.loads(json.dumps(self._hooks))}
 
+    def _no_prefill_phase(self, what: str) -> None:
+        """Under --protocol layerwise P is asked by D's POST, not by the proxy between P and D:
+        a hook on that phase would never be taken; it is refused, not armed for nothing."""
+        if self.protocol == "layerwise":
+            raise ValueError(f"{what}: this proxy speaks layerwise: P is asked by D's metaserver POST, there is "
+                             "no phase after P's answer and before D")
+
     def _cmd_hold(self, m: dict) -> dict:
         if m.get("phase", "after_prefill") != "after_prefill":
             raise ValueError("phase: hold knows only 'after_prefill'")
+        self._no_prefill_phase("hold")
         hook = {"count": _count(m.get("count", 1), "count"), "seconds": _seconds(m.get("seconds"), "seconds")}
         with self._lock:
             self._hooks["hold"] = hook
@@ -318,6 +334,7 @@ class PDProxy(NodeApp):
                 raise ValueError("after_ms: expected an integer number of milliseconds >= 0")
             hook = {"count": count, "after_ms": after_ms}
         elif phase == "after_prefill":
+            self._no_prefill_phase("abort after_prefill")
             hook = {"count": count}
         else:
             raise ValueError("phase: expected 'decode_wait' or 'after_prefill'")
@@ -327,9 +344,11 @@ class PDProxy(NodeApp):
 
     def _cmd_bad_params(self, m: dict) -> dict:
         drop = m.get("drop")
+        keys = D_KV_KEYS_BY_PROTOCOL[self.protocol]
         if (not isinstance(drop, (list, tuple)) or not drop
-                or any(not isinstance(k, str) or k not in D_KV_KEYS for k in drop)):
-            raise ValueError(f"drop: expected a non-empty list of keys among {', '.join(D_KV_KEYS)}")
+                or any(not isinstance(k, str) or k not in keys for k in drop)):
+            raise ValueError(f"drop: expected a non-empty list of keys among {', '.join(keys)} "
+                             f"(what D gets under --protocol {self.protocol})")
         hook = {"count": _count(m.get("count", 1), "count"), "drop": sorted(set(drop))}
         with self._lock:
             self._hooks["bad_params"] = hook
@@ -629,9 +648,10 @@ class PDProxy(NodeApp):
         """``--protocol layerwise`` (vllm-ascend's decoder-first MooncakeLayerwiseConnector): D
         first, with ``X-Request-Id`` and the proxy's metaserver URL; D's scheduler POSTs its
         transfer params to ``/v1/metaserver`` (request id ``cmpl-<id>-0``), which sends P the
-        request with them (``_metaserver``). The client gets D's answer. ``bad_params`` drops keys
-        of what D is sent; ``abort decode_wait`` applies; the hooks between P and D do not (P is
-        asked by D's POST, not by this request)."""
+        request with them (``_metaserver``). The client gets D's answer, or P's error when P
+        failed first (D is then closed). ``bad_params`` drops keys of what D is sent;
+        ``abort decode_wait`` applies; the hooks between P and D are refused (P is asked by D's
+        POST). P's request ends with the client's."""
         loop = asyncio.get_running_loop()
         taken = self._take_hooks(decode_only=True)
         rid = uuid.uuid4().hex
@@ -642,22 +662,42 @@ class PDProxy(NodeApp):
             d_params.pop(k, None)
         d_body = dict(body)
         d_body["kv_transfer_params"] = d_params
-        self._layerwise_pending[key] = {"body": dict(body), "rid": rid}
+        entry = {"body": dict(body), "rid": rid, "p_failed": loop.create_future(), "p_task": None}
+        self._layerwise_pending[key] = entry
         ctx.phase = "decode"
         t = loop.time()
+        d_task = asyncio.ensure_future(self._decode(d_body, taken, headers={"X-Request-Id": rid}))
         try:
-            out = await self._decode(d_body, taken, headers={"X-Request-Id": rid})
+            await asyncio.wait({d_task, entry["p_failed"]}, return_when=asyncio.FIRST_COMPLETED)
+            if not d_task.done():  # P failed first: its error is the answer
+                ctx.phase = "prefill"
+                raise entry["p_failed"].exception()
+            out = d_task.result()
         finally:
             self._layerwise_pending.pop(key, None)
+            for task in (d_task, entry["p_task"]):
+                if task is not None and not task.done():
+                    task.cancel()
+            pending = {x for x in (d_task, entry["p_task"]) if x is not None}
+            await asyncio.wait(pending)
+            for task in pending:
+                if not task.cancelled():
+                    task.exception()  # retrieved
+            if not entry["p_failed"].done():
+                entry["p_failed"].cancel()
         self._mark(ctx, "decode", t)
         return out
 
     async def _metaserver(self, request: Any) -> Any:
-        """D's POST of its transfer params: P gets the client's request (one token) with them;
-        answered once P answered (200 ``{}``), or with the error (404 for an unknown request id,
-        400 for a body that is not a JSON object with one, 502/504 when P failed). Counted, never
-        logged."""
+        """D's POST of its transfer params: P gets the client's request (one token) with them,
+        once per request; answered once P answered (200 ``{}``), or with the error (404 for an
+        id with no request in flight, 409 for a second POST of one, 400 for a body that is not
+        a JSON object with ``request_id``, 502/504 when P failed: that error also ends the
+        client's request). Counted, never logged."""
         from aiohttp import web
+
+        def answer(status: int, type_: str, message: str) -> Any:
+            return web.json_response({"error": {"type": type_, "phase": "proxy", "message": message}}, status=status)
 
         try:
             params = json.loads(await request.read())
@@ -667,29 +707,35 @@ class PDProxy(NodeApp):
         if not isinstance(key, str):
             with self._lock:
                 self._c["metaserver_bad"] += 1
-            return web.json_response({"error": {"type": "bad_request", "phase": "proxy",
-                                                "message": "metaserver: expected a JSON object with request_id"}},
-                                     status=400)
-        pending = self._layerwise_pending.get(key)
+            return answer(400, "bad_request", "metaserver: expected a JSON object with request_id")
+        entry = self._layerwise_pending.get(key)
+        if entry is None or entry["p_task"] is not None:
+            with self._lock:
+                self._c["metaserver_unknown" if entry is None else "metaserver_repeat"] += 1
+            if entry is None:
+                return answer(404, "unknown_request", "metaserver: no request in flight has this id")
+            return answer(409, "repeated", "metaserver: this request was forwarded to P already")
         with self._lock:
-            self._c["metaserver_posts" if pending is not None else "metaserver_unknown"] += 1
-        if pending is None:
-            return web.json_response({"error": {"type": "unknown_request", "phase": "proxy",
-                                                "message": "metaserver: no request in flight has this id"}},
-                                     status=404)
-        p_body = self._prefill_body(pending["body"], params)
+            self._c["metaserver_posts"] += 1
+        p_body = self._prefill_body(entry["body"], params)
         p_body["min_tokens"] = 1
+        p_task = asyncio.ensure_future(self._post("prefill", self.prefill, p_body, {"X-Request-Id": entry["rid"]}))
+        entry["p_task"] = p_task
         try:
-            await asyncio.wait_for(self._post("prefill", self.prefill, p_body, {"X-Request-Id": pending["rid"]}),
-                                   self.timeout_s)
-        except asyncio.TimeoutError:
-            return web.json_response({"error": {"type": "timeout", "phase": "prefill",
-                                                "message": f"P did not answer within {self.timeout_s:g} s"}},
-                                     status=504)
-        except ProxyError as err:
-            self._error(err)
-            return web.json_response(err.body(), status=err.status)
-        return web.json_response({})
+            await asyncio.wait({p_task})  # bounded: the client's request cancels it at its deadline
+        except asyncio.CancelledError:
+            p_task.cancel()
+            raise
+        if p_task.cancelled():
+            return answer(503, "cancelled", "metaserver: the client's request ended before P answered")
+        err = p_task.exception()
+        if err is None:
+            return web.json_response({})
+        if not isinstance(err, ProxyError):
+            err = ProxyError(502, "internal", "prefill", f"proxy error: {type(err).__name__}")
+        if not entry["p_failed"].done():
+            entry["p_failed"].set_exception(err)  # the client's request answers it (and counts it)
+        return web.json_response(err.body(), status=err.status)
 
     async def _redirected(self, ctx: Ctx, body: dict, bootstrap: str) -> dict:
         """The ``redirect`` hook: no request to the real P; D is sent to ``bootstrap``."""

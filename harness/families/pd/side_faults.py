@@ -31,6 +31,7 @@ class SideChannelGarbage(OnceFault):
     """One message of ``frames`` frames on P's Mooncake side channel."""
 
     name = "side_channel_garbage"
+    proxy_protocols = ("bootstrap",)  # vLLM's side channel, found through P's bootstrap server
     family = "pd"
     Params = SideGarbageParams
 

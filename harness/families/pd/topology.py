@@ -122,7 +122,7 @@ class PDTopology(BaseTopology):
                 args += ["--kv-port", str(self.kv_ports[role])]
             args += ["--kv-connector", conn.name,
                      "--kv-extra", json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
-            if conn.name == HARDENED:
+            if conn.name == HARDENED or "$KV_LOAD_TIMEOUT_MS" in json.dumps(conn.extra_config):
                 args += ["--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]

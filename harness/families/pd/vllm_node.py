@@ -228,8 +228,9 @@ class VllmNode:
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
         if args.kv_load_timeout_ms is not None:
-            if args.kv_connector != HARDENED:
-                raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline")
+            if args.kv_connector != HARDENED and "$KV_LOAD_TIMEOUT_MS" not in (args.kv_extra or ""):
+                raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline (or a "
+                                     "--kv-extra that names $KV_LOAD_TIMEOUT_MS)")
             if args.kv_load_timeout_ms <= 0:
                 raise NodeUsageError("--kv-load-timeout-ms must be a positive number of milliseconds")
         self.kv_extra = self._kv_extra(args)
@@ -287,8 +288,8 @@ class VllmNode:
     def _kv_extra(args: argparse.Namespace) -> dict | None:
         """``--kv-extra`` with its placeholders filled in, wherever they stand (a MultiConnector
         nests its connectors' configs): ``$KV_PORT`` (``--kv-port``), ``$KV_ROLE`` (kv_producer or
-        kv_consumer) and ``$LOOKUP_RPC_PORT`` (AscendStore's ipc suffix, one per server on a
-        host: 0 for prefill, 1 for decode)."""
+        kv_consumer), ``$LOOKUP_RPC_PORT`` (AscendStore's ipc suffix, one per server on a
+        host: its HTTP port) and ``$KV_LOAD_TIMEOUT_MS`` (``--kv-load-timeout-ms``)."""
         if args.kv_extra is None:
             return None
         try:
@@ -297,9 +298,12 @@ class VllmNode:
             raise NodeUsageError("--kv-extra: not JSON") from None
         if not isinstance(extra, dict):
             raise NodeUsageError("--kv-extra: expected a JSON object")
-        values = {"$KV_ROLE": ROLES[args.role], "$LOOKUP_RPC_PORT": {"prefill": "0", "decode": "1"}[args.role]}
+        # $LOOKUP_RPC_PORT names AscendStore's ipc path on this host: the HTTP port makes it unique
+        values = {"$KV_ROLE": ROLES[args.role], "$LOOKUP_RPC_PORT": str(args.port)}
         if args.kv_port is not None:
             values["$KV_PORT"] = args.kv_port
+        if args.kv_load_timeout_ms is not None:
+            values["$KV_LOAD_TIMEOUT_MS"] = args.kv_load_timeout_ms
         left: list[str] = []
 
         def fill(x: Any) -> Any:
@@ -316,7 +320,7 @@ class VllmNode:
         extra = fill(extra)
         if left:
             raise NodeUsageError(f"--kv-extra: {left[0]} has no value here (known: {', '.join(sorted(values))}; "
-                                 "$KV_PORT needs --kv-port)")
+                                 "$KV_PORT needs --kv-port, $KV_LOAD_TIMEOUT_MS --kv-load-timeout-ms)")
         return extra
 
     # ------------------------------------------------------------------ command
@@ -373,11 +377,17 @@ class VllmNode:
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
             env.pop(k, None)
         env["PATH"] = f"{self.vllm_bin.parent}{os.pathsep}{env.get('PATH', '')}"
+        # the node env is self-contained; a job's Python keeps what its environment put on the path
+        # (CANN's set_env.sh adds the toolkit's Python packages, which torch_npu and vllm-ascend need)
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] \
+            if a.vllm_from != "node-env" else []
         if "Hardened" in json.dumps(self.kv_transfer_config() or {}):  # a hardened connector, or one nested
             # in a MultiConnector: vLLM finds the plugin's entry point there (plugin_site.py)
             from .plugin_site import plugin_site
 
-            env["PYTHONPATH"] = str(plugin_site())
+            env["PYTHONPATH"] = os.pathsep.join([str(plugin_site())] + inherited)
+        elif inherited:
+            env["PYTHONPATH"] = os.pathsep.join(inherited)
         else:
             env.pop("PYTHONPATH", None)
         return env

@@ -371,6 +371,15 @@ def test_nightly_summary_and_trend_steps(tmp_path, made_runs):
     assert out["deviations"] == "1" and out["as_expected"] == "3" and out["run_dir"].endswith("20260101-000003")
     md = (made_runs["changed"] / "summary.md").read_text()
     assert "## pd-chaos lookup: `20260101-000003`" in summary and md.strip() in summary
+    assert "not run under the launch profile" not in summary
+    run = tmp_path / "ws" / "pdchaos-out" / "runs" / "lookup" / "20260101-000003"
+    (run / "not_run.json").write_text(json.dumps([{"scenario": "pd-fake-prefill-error", "target": "upstream",
+                                                   "why": "fault fake_prefill_peer acts on the proxy's bootstrap "
+                                                          "protocol"}]))
+    proc, out, summary = w.run("_pdchaos_run.yaml", "suite", "summary")
+    assert proc.returncode == 0 and "; 1 not run under the launch profile" in summary
+    assert "- `pd-fake-prefill-error` [upstream]: fault fake_prefill_peer acts" in summary
+    (run / "not_run.json").unlink()
     w.exprs["steps.summary.outputs.run_dir"] = out["run_dir"]
     for sha in ("a" * 40, "b" * 40, "b" * 40):
         w.exprs["github.sha"] = sha

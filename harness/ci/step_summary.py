@@ -40,6 +40,21 @@ def counts(run_dir: Path) -> dict[str, int]:
     return out
 
 
+def not_run_note(run_dir: Path) -> str:
+    """The runs the launch profile left out (``not_run.json``, written by ``pdchaos run``): their
+    number, then one line each (scenario, target, why), under a fold."""
+    try:
+        items = json.loads((run_dir / "not_run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(items, list) or not items:
+        return ""
+    lines = "\n".join(f"- `{i.get('scenario')}` [{i.get('target')}]: {i.get('why')}" for i in items[:200]
+                      if isinstance(i, dict))
+    return (f"; {len(items)} not run under the launch profile\n\n<details><summary>not run</summary>\n\n"
+            f"{lines}\n\n</details>")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m harness.ci.step_summary", description=__doc__.splitlines()[0])
     p.add_argument("--runs-dir", required=True)
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         md = d / "summary.md"
         body = md.read_text(encoding="utf-8") if md.is_file() else "_(no summary.md: the run used --no-report)_\n"
         add_summary(f"## {args.title}: `{d.name}`\n\n{c['as_expected']} as expected, {c['deviations']} "
-                    f"deviation(s), {c['errors']} error(s), {c['skipped']} skipped\n\n{body}")
+                    f"deviation(s), {c['errors']} error(s), {c['skipped']} skipped{not_run_note(d)}\n\n{body}")
     set_output("run_dir", str(dirs[-1]) if dirs else "")
     for k, v in total.items():
         set_output(k, v)

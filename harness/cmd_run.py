@@ -232,7 +232,7 @@ def split_plan(plan: list[tuple]) -> tuple[list[tuple], list[tuple]]:
     its launch profile cannot run (``Family.excluded``)."""
     keep, left_out = [], []
     for sc, target in plan:
-        why = sc.family.excluded(sc.model, target)
+        why = sc.family.excluded(sc, target)  # the loaded scenario: its random faults drawn
         if why is None:
             keep.append((sc, target))
         else:
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bench: at least 100 ops per target")
     if args.bench and not benched:
         raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
-    if args.bench and args.profile not in (None, "cpu"):
+    if args.bench and (args.profile not in (None, "cpu") or args.profile_sets):
         raise UsageError("--bench: the benchmarks run on the default launch profile only; leave --bench out")
     plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target])
     for sc, target, why in left_out:
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     n_items = len(plan)
     progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
     with ExitStack() as stack:
-        toxiproxy = start_toxiproxy(scenarios, stack, run_dir)
+        toxiproxy = start_toxiproxy(list(dict.fromkeys(sc for sc, _ in plan)), stack, run_dir)
         pool = stack.enter_context(NodePool(run_dir))  # warm nodes between scenarios; stopped at the end
         runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy,
                         services={"node_pool": pool})

@@ -150,7 +150,8 @@ class Family:
         return {}
 
     def excluded(self, scenario: Any, target: str) -> str | None:
-        """Why this target of this scenario does not apply under the family's launch profile (a
+        """(``scenario``: the loaded scenario, ``.faults`` with its random faults drawn, the
+        model's blocks as attributes.) Why this target of this scenario does not apply under the family's launch profile (a
         fault that acts on a protocol the profile's connector does not speak), or None. Such runs
         are left out of the plan and listed as not run, with the reason: never run for nothing,
         never counted as passing."""

@@ -82,6 +82,8 @@ class StandIn:
         self.kv_answer: dict | None = None  # kv_transfer_params in the answer (vllm-ascend's P does so)
         self.meta_extra: dict = {}  # more of what a layerwise D posts to the metaserver
         self.meta_twice = False  # post it twice
+        self.meta_nowait = False  # answer without waiting for the POST's answer
+        self.background: list = []
         self.requests: list[dict] = []
 
     async def _start(self) -> int:
@@ -145,10 +147,17 @@ class StandIn:
                 post = {"request_id": f"cmpl-{rec['request_id']}-0", "do_remote_decode": True,
                         "do_remote_prefill": False, "remote_host": "127.0.0.1", "remote_port": 30100,
                         **self.meta_extra}
-                async with ClientSession() as http:
-                    for _ in range(2 if self.meta_twice else 1):
-                        async with http.post(kv["metaserver"], json=post) as resp:
-                            rec.setdefault("meta", []).append((resp.status, await resp.json()))
+                async def post_params() -> None:
+                    async with ClientSession() as http:
+                        for _ in range(2 if self.meta_twice else 1):
+                            async with http.post(kv["metaserver"], json=post) as resp:
+                                rec.setdefault("meta", []).append((resp.status, await resp.json()))
+
+                if self.meta_nowait:  # as vllm-ascend's D does: the POST runs beside the request
+                    self.background.append(asyncio.ensure_future(post_params()))
+                    await asyncio.sleep(0.05)
+                else:
+                    await post_params()
             if self.role == "decode" and kv.get("do_remote_prefill") and not ({"remote_request_id", "metaserver"} & set(kv)) and not all(
                     k in kv for k in ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")):
                 await asyncio.sleep(3600)  # vLLM: "Got invalid KVTransferParams", then waits forever
@@ -775,6 +784,23 @@ def test_hooks_a_protocol_cannot_take_are_refused(r: Rig, lw: Proxy, kvp: Proxy)
         kvp.ctl("bad_params", count=1, drop=["transfer_id"])
     with pytest.raises(ControlError, match="under --protocol layerwise"):
         lw.ctl("bad_params", count=1, drop=["remote_host"])
-    lw.ctl("bad_params", count=1, drop=["metaserver"])
-    kvp.ctl("hold", phase="after_prefill", count=1, seconds=1)  # kv-params has that phase
-    assert lw.stats()["hooks"]["bad_params"]["drop"] == ["metaserver"]
+    try:
+        lw.ctl("bad_params", count=1, drop=["metaserver"])
+        kvp.ctl("hold", phase="after_prefill", count=1, seconds=1)  # kv-params has that phase
+        assert lw.stats()["hooks"]["bad_params"]["drop"] == ["metaserver"]
+    finally:
+        for px in (lw, kvp):
+            px.ctl("clear")  # armed hooks would reach the next test's request
+
+
+def test_layerwise_p_is_not_cancelled_when_d_answers_first(r: Rig, lw: Proxy) -> None:
+    """D answers before P did (its POST to the metaserver runs beside its request): the client
+    gets D's answer, and P's request still runs to its end rather than being cut off."""
+    r.d.meta_nowait = True
+    r.p.delay_s = 0.5
+    resp, _ = lw.post(body("lw-d-first"))
+    assert resp.status_code == 200, resp.text
+    wait_for(lambda: r.p.requests and r.p.requests[0]["answered"], timeout=5, what="P's answer")
+    assert r.p.requests[0]["disconnected"] is None
+    wait_for(lambda: r.d.requests[0].get("meta"), timeout=5, what="the metaserver's answer to D")
+    assert r.d.requests[0]["meta"] == [(200, {})]

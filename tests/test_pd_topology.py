@@ -330,3 +330,23 @@ def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path)
         assert len(keep) + len(out) == len(plan)
     finally:
         FAMILY.profile = None
+
+
+def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
+    """A fault drawn from random_faults is judged like one written in the file."""
+    from harness.cmd_run import split_plan
+    from harness.families.pd.family import FAMILY
+
+    f = tmp_path / "rf.yaml"
+    f.write_text("name: t-rf\nfamily: pd\nseed: 3\nworkload: {duration: 20s, concurrency: 1, rate: 1}\n"
+                 "random_faults:\n  count: 1\n  window: [1s, 6s]\n  length: [1s, 2s]\n  choices:\n"
+                 "    - {type: fake_prefill_peer, mode: error, count: 1}\n")
+    sc = load_scenario(f)
+    assert sc.model.faults == [] and [x.type for x in sc.faults] == ["fake_prefill_peer"]
+    try:
+        FAMILY.use_profile("ascend-layerwise", ["model=/m"])
+        keep, out = split_plan([(sc, "upstream"), (sc, "hardened")])
+        assert keep == [] and all("fault fake_prefill_peer" in why for _, _, why in out)
+    finally:
+        FAMILY.profile = None
+    assert split_plan([(sc, "upstream")]) == ([(sc, "upstream")], [])

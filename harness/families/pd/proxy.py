@@ -662,29 +662,35 @@ class PDProxy(NodeApp):
             d_params.pop(k, None)
         d_body = dict(body)
         d_body["kv_transfer_params"] = d_params
-        entry = {"body": dict(body), "rid": rid, "p_failed": loop.create_future(), "p_task": None}
+        entry = {"body": dict(body), "rid": rid, "p_failed": loop.create_future(), "p_task": None, "ctx": ctx}
         self._layerwise_pending[key] = entry
         ctx.phase = "decode"
         t = loop.time()
         d_task = asyncio.ensure_future(self._decode(d_body, taken, headers={"X-Request-Id": rid}))
+        answered = False
         try:
             await asyncio.wait({d_task, entry["p_failed"]}, return_when=asyncio.FIRST_COMPLETED)
             if not d_task.done():  # P failed first: its error is the answer
                 ctx.phase = "prefill"
                 raise entry["p_failed"].exception()
             out = d_task.result()
+            answered = True
         finally:
             self._layerwise_pending.pop(key, None)
-            for task in (d_task, entry["p_task"]):
+            # P's request ends with a request that failed, timed out or was cancelled; after D's
+            # answer it may still be finishing (bounded by the metaserver's own deadline)
+            for task in (d_task, None if answered else entry["p_task"]):
                 if task is not None and not task.done():
                     task.cancel()
-            pending = {x for x in (d_task, entry["p_task"]) if x is not None}
-            await asyncio.wait(pending)
-            for task in pending:
-                if not task.cancelled():
-                    task.exception()  # retrieved
-            if not entry["p_failed"].done():
-                entry["p_failed"].cancel()
+            if not d_task.done():
+                await asyncio.wait({d_task})
+            if not d_task.cancelled():
+                d_task.exception()  # retrieved
+            p_failed = entry["p_failed"]
+            if p_failed.done() and not p_failed.cancelled() and answered:
+                self._error(p_failed.exception())  # P failed after D answered: counted, not the answer
+            elif not p_failed.done():
+                p_failed.cancel()
         self._mark(ctx, "decode", t)
         return out
 
@@ -721,11 +727,23 @@ class PDProxy(NodeApp):
         p_body["min_tokens"] = 1
         p_task = asyncio.ensure_future(self._post("prefill", self.prefill, p_body, {"X-Request-Id": entry["rid"]}))
         entry["p_task"] = p_task
+        ctx = entry["ctx"]
+        ctx.phase = "prefill"  # the client's request now waits on P too: a timeout names it
         try:
-            await asyncio.wait({p_task})  # bounded: the client's request cancels it at its deadline
+            await asyncio.wait({p_task}, timeout=self.timeout_s)
         except asyncio.CancelledError:
             p_task.cancel()
             raise
+        finally:
+            if ctx.phase == "prefill":
+                ctx.phase = "decode"
+        if not p_task.done():
+            p_task.cancel()
+            await asyncio.wait({p_task})
+            err = ProxyError(504, "timeout", "prefill", f"P did not answer within {self.timeout_s:g} s")
+            if not entry["p_failed"].done():
+                entry["p_failed"].set_exception(err)
+            return web.json_response(err.body(), status=err.status)
         if p_task.cancelled():
             return answer(503, "cancelled", "metaserver: the client's request ended before P answered")
         err = p_task.exception()

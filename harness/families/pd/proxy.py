@@ -532,14 +532,8 @@ class PDProxy(NodeApp):
 
         taken = self._take_hooks()
         transfer_id = uuid.uuid4().hex
-        p_body = dict(body)
-        p_body["max_tokens"] = 1
-        if "max_completion_tokens" in p_body:
-            p_body["max_completion_tokens"] = 1
-        p_body["stream"] = False
-        p_body.pop("stream_options", None)
-        p_body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
-                                        "transfer_id": transfer_id}
+        p_body = self._prefill_body(body, {"do_remote_decode": True, "do_remote_prefill": False,
+                                           "transfer_id": transfer_id})
         d_params = {"do_remote_decode": False, "do_remote_prefill": True, "remote_bootstrap_addr": self.bootstrap,
                     "remote_engine_id": engine_id, "transfer_id": transfer_id}
         for key in taken.drop:
@@ -552,20 +546,7 @@ class PDProxy(NodeApp):
             t = loop.time()
             await self._post("prefill", self.prefill, p_body)
             self._mark(ctx, "prefill", t)
-            if taken.hold_s is not None:
-                ctx.phase = "proxy"
-                t = loop.time()
-                await self._hold(taken)
-                self._mark(ctx, "hold", t)
-            if taken.abort_after_prefill:
-                self._aborted("after_prefill")
-                raise ProxyError(502, "aborted", "proxy", "the proxy did not ask D after P answered (hook)",
-                                 hook="after_prefill")
-            ctx.phase = "decode"
-            t = loop.time()
-            out = await self._decode(d_body, taken)
-            self._mark(ctx, "decode", t)
-            return out
+            return await self._then_decode(ctx, taken, d_body)
 
         ctx.phase = "prefill"
         t = loop.time()
@@ -624,9 +605,13 @@ class PDProxy(NodeApp):
         if not isinstance(d_params, dict) or not d_params.get("do_remote_prefill"):
             raise ProxyError(502, "no_kv_params", "prefill",
                              "P answered without kv_transfer_params for D (is P's kv_role kv_producer?)")
-        d_params = dict(d_params)
-        for key in taken.drop:
-            d_params.pop(key, None)
+        d_params = {k: v for k, v in d_params.items() if k not in taken.drop}
+        return await self._then_decode(ctx, taken, {**body, "kv_transfer_params": d_params})
+
+    async def _then_decode(self, ctx: Ctx, taken: Taken, d_body: dict) -> dict:
+        """After P answered, in sequence: the ``hold`` and ``abort after_prefill`` hooks taken,
+        then D."""
+        loop = asyncio.get_running_loop()
         if taken.hold_s is not None:
             ctx.phase = "proxy"
             t = loop.time()
@@ -636,8 +621,6 @@ class PDProxy(NodeApp):
             self._aborted("after_prefill")
             raise ProxyError(502, "aborted", "proxy", "the proxy did not ask D after P answered (hook)",
                              hook="after_prefill")
-        d_body = dict(body)
-        d_body["kv_transfer_params"] = d_params
         ctx.phase = "decode"
         t = loop.time()
         out = await self._decode(d_body, taken)

@@ -101,6 +101,16 @@ class Fault(abc.ABC):
         self.params = params
         self.ctx = ctx
 
+    def prepare(self) -> None:
+        """Make ready, before the run's t0, what the injection needs and is slow to make (a helper
+        process to start), so that :meth:`start` at ``at`` is quick and the window is the one the
+        scenario asked for. Called once, after the topology is up and before the workload starts;
+        an exception here is a harness error (the run's verdict is error). Default: nothing."""
+
+    def release(self) -> None:
+        """Undo :meth:`prepare` at teardown, after the heal: called for every fault whose
+        ``prepare`` was called, started or not. Must be safe to repeat. Default: nothing."""
+
     @abc.abstractmethod
     def start(self) -> None:
         """Inject the fault."""

@@ -1,12 +1,13 @@
 """Run scenarios: topology + workload + nemesis (fault schedule) + checks, per target.
 
 Family-independent (Jepsen's test runner): for each scenario and target, the scenario's family
-builds the topology; the runner starts it, starts the workload node, sends it the start signal
-(t0), applies each fault at ``t0 + at`` and heals it at ``t0 + at + for``, waits for the workload
-(never longer than the scenario's cap), heals whatever is still injected, probes every node, tears
-everything down, merges the workload's ops into the journal and runs the checks on the journal.
-A scenario run never hangs: every wait is bounded, and a workload stuck in a call (a client with
-no deadline) is killed and its in-flight ops recorded as stalled.
+builds the topology; the runner starts it, lets each fault prepare what is slow to make (a helper
+process), starts the workload node, sends it the start signal (t0), applies each fault at ``t0 +
+at`` and heals it at ``t0 + at + for``, waits for the workload (never longer than the scenario's
+cap), heals whatever is still injected, releases what the faults prepared, probes every node, tears
+everything down, merges the workload's ops into the journal and runs the checks on the journal. A
+scenario run never hangs: every wait is bounded, and a workload stuck in a call (a client with no
+deadline) is killed and its in-flight ops recorded as stalled.
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ class _ScenarioRun:
                  part: Path):
         self.runner, self.sc, self.topo, self.jw, self.meta, self.part = runner, sc, topo, jw, meta, part
         self.active: dict[int, Fault] = {}
+        self.faults: list[Fault] = []  # one instance per schedule entry, in file order
+        self.prepared: list[Fault] = []  # those whose prepare() was called: released at teardown
         self.stop_nemesis = threading.Event()
         self.nemesis: threading.Thread | None = None
         self.workload = None
@@ -199,7 +202,13 @@ class _ScenarioRun:
                 fault = self._instance(f)
                 fm["categories"] = list(fault.expected_categories())
                 fm["explains"] = list(fault.possible_categories())
+                self.faults.append(fault)
             self.topo.start()
+            for i, fault in enumerate(self.faults):  # slow preparations happen before t0, not in the window
+                self.prepared.append(fault)
+                t_prep = time.monotonic()
+                fault.prepare()
+                self.topo.event("fault_prepared", fault=fault.name, id=i, s=round(time.monotonic() - t_prep, 3))
             self.workload = self.topo.start_workload(self.part)
             res.setup_s = time.monotonic() - started
             t0 = time.monotonic()
@@ -243,6 +252,11 @@ class _ScenarioRun:
         for fid, fault in list(self.active.items()):
             self._heal(fault, fid, "teardown")
         self.active.clear()
+        for fault in self.prepared:
+            try:
+                fault.release()
+            except Exception as exc:  # noqa: BLE001 - recorded; teardown goes on
+                topo.event("fault_error", fault=fault.name, phase="release", error=f"{type(exc).__name__}: {exc}")
         topo.stop_sampling()
         if self.workload is not None:
             self.workload.stop(2.0)
@@ -282,7 +296,7 @@ class _ScenarioRun:
             if self.stop_nemesis.wait(max(0.0, when - time.monotonic())):
                 return
             if kind == 0:
-                fault = self._instance(f)
+                fault = self.faults[i]
                 self.jw.write({"type": "fault", "id": i, "name": f.type, "phase": "start", "t": time.monotonic(),
                                "params": fault.params.model_dump(mode="json")})
                 self.active[i] = fault  # before start(): a fault half-started at teardown is healed too
@@ -290,6 +304,8 @@ class _ScenarioRun:
                     fault.start()
                 except Exception as exc:  # noqa: BLE001 - recorded; the run goes on and heals
                     self.topo.event("fault_error", fault=f.type, phase="start", error=f"{type(exc).__name__}: {exc}")
+                else:  # how long the injection took: a slow one shortens the window it acts in
+                    self.topo.event("fault_started", fault=f.type, id=i, s=round(time.monotonic() - when, 3))
             elif i in self.active:
                 if self._heal(self.active[i], i, "schedule"):
                     del self.active[i]  # else it stays active: teardown tries the heal once more

@@ -53,6 +53,15 @@ def test_toy_family_runs_through_pdchaos_run(tmp_path: Path) -> None:
     garble = [json.loads(line) for line in (run_dir / "echo-garble" / "plain" / "journal.jsonl").open()]
     states = [r for r in garble if r["type"] == "event" and r["what"] == "echo_garble"]
     assert [r["on"] for r in states] == [True, False]
+    # the fault prepared before t0 (never inside its window) and was released after its heal
+    t0 = garble[0]["t0"]
+    prep = [r for r in garble if r.get("what") in ("echo_garble_prepare", "fault_prepared")]
+    assert [r["what"] for r in prep] == ["echo_garble_prepare", "fault_prepared"] and prep[-1]["t"] < t0
+    stop = next(r for r in garble if r["type"] == "fault" and r["phase"] == "stop")
+    (release,) = [r for r in garble if r.get("what") == "echo_garble_release"]
+    assert stop["t"] < release["t"]
+    (started,) = [r for r in garble if r.get("what") == "fault_started"]
+    assert started["fault"] == "echo_garble" and 0 <= started["s"] < 5
     times = [r["t"] for r in garble if "t" in r and r["type"] != "meta"]
     assert times == sorted(times) and garble[0]["type"] == "meta" and garble[-1]["type"] == "end"
     assert not list((run_dir / "echo-garble" / "plain").glob("*.part.jsonl"))

@@ -704,8 +704,13 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
     try:
         topo.start()
         fault = cls(cls.Params(mode="error", count=2), topo)
-        fault.start()
+        fault.prepare()  # the runner's step before t0: the fake is up, nothing is redirected yet
         node = topo.node("fake-prefill:0")
+        assert node.proc.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
+        t_start = time.monotonic()
+        fault.start()  # only arms the hook: no process start inside the window
+        assert time.monotonic() - t_start < 1.0
+        assert topo.node("fake-prefill:0") is node
         assert node.kind == "pd-fake-prefill" and node.proc.alive
         hooks = topo.control("proxy", "stats")["hooks"]
         assert hooks["redirect"] == {"count": 2, "bootstrap": node.endpoints["bootstrap"]}
@@ -722,6 +727,7 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         assert "redirect" not in topo.control("proxy", "stats")["hooks"]
         fault.stop()  # healed already: nothing to do
         fault.heal()  # and the heal itself is safe to repeat
+        fault.release()  # the runner's teardown step: nothing left to release
         assert "fake-prefill:0" not in topo.nodes
         events = [r.get("what") for r in records if r.get("type") == "event"]
         assert events.count("process_start") == 2 and events.count("process_stop") == 1
@@ -738,6 +744,17 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         assert not proc.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
         idle.stop()  # the runner's teardown heal: quiet now
         assert [r["redirected"] for r in records if r.get("what") == "fake_prefill_peer"] == [1, 0]
+
+        # prepared, never started (the run ended before its window): released at teardown
+        unused = cls(cls.Params(mode="garbage", count=1), topo)
+        unused.prepare()
+        proc = topo.node("fake-prefill:0").proc
+        unused.stop()  # never injected: no heal, no report
+        assert proc.alive
+        unused.release()
+        unused.release()
+        assert not proc.alive and "fake-prefill:0" not in topo.nodes
+        assert len([r for r in records if r.get("what") == "fake_prefill_peer"]) == 2
     finally:
         topo.close()
     assert all(not h.alive for h in topo.handles())

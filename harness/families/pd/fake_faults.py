@@ -2,20 +2,22 @@
 
 ``fake_prefill_peer {mode, count}`` starts a ``pd-fake-prefill`` node (harness/families/pd/
 fake_prefill.py) in its own role, ``fake-prefill:0``, on two free loopback ports (its Mooncake
-bootstrap and its side channel), then arms the proxy's ``redirect`` hook (harness/families/pd/
-proxy.py) so the next ``count`` requests skip the real P and reach D with
-``remote_bootstrap_addr`` = the fake's bootstrap and the fake's engine id. What D then finds is
-the fake's ``mode``: a reply that is not msgpack, an ERROR reply, a FINISH naming other requests,
-no reply at all, a bootstrap that answers 500, or a bootstrap that names another engine. The
-real P is never asked for those requests, so it holds nothing for them.
+bootstrap and its side channel). It starts it in ``prepare``, before t0, since a Python process may
+take seconds to be READY on a busy machine (once over 5 s on CI: longer than the window). At ``at``
+it only arms the proxy's ``redirect`` hook (harness/families/pd/proxy.py), so the next ``count``
+requests skip the real P and reach D with ``remote_bootstrap_addr`` = the fake's bootstrap and the
+fake's engine id. What D then finds is the fake's ``mode``: a reply that is not msgpack, an ERROR
+reply, a FINISH naming other requests, no reply at all, a bootstrap that answers 500, or a bootstrap
+that names another engine. The real P is never asked for those requests, so it holds nothing for
+them.
 
-Heal records what happened in the journal (event ``fake_prefill_peer``: how many requests the
-proxy redirected during the window, what the fake was asked and answered: counts only), disarms
-only the redirect hook (``clear {hooks: [redirect]}``) and stops the fake node; both are safe to
-repeat. When no request at all was redirected (the fake started too slowly for the window, or no
-request came), the heal raises once after cleaning up (a ``fault_error``: harness_integrity
-fails) rather than let the scenario pass with nothing tested. D may still be waiting on the fake
-(mode ``silent``) after the heal: that wait is what the scenario measures.
+Heal records what happened in the journal (event ``fake_prefill_peer``: how many requests the proxy
+redirected during the window, what the fake was asked and answered: counts only), disarms only the
+redirect hook (``clear {hooks: [redirect]}``) and stops the fake node; both are safe to repeat. When
+no request at all was redirected (no request came in the window), the heal raises once after
+cleaning up (a ``fault_error``: harness_integrity fails) rather than let the scenario pass with
+nothing tested. D may still be waiting on the fake (mode ``silent``) after the heal: that wait is
+what the scenario measures.
 """
 
 from __future__ import annotations
@@ -56,8 +58,23 @@ class FakePrefillPeer(OnceFault):
         super().__init__(params, ctx)
         self._redirected0: int | None = None  # the proxy's redirected counter when the hook was armed
         self._reported = False
+        self._bootstrap: str | None = None  # the fake's bootstrap URL once it is started
+
+    def prepare(self) -> None:
+        """Start the fake before t0: a Python process that took over 5 s to be READY once on a busy
+        CI machine, longer than the window it was started in (so no request was redirected)."""
+        self._start_fake()
+
+    def release(self) -> None:
+        self.ctx.stop_node(ROLE)  # a no-op once it is stopped (the heal stops it)
 
     def inject(self) -> None:
+        if self._bootstrap is None:  # not prepared (a direct start): start it now
+            self._start_fake()
+        self._redirected0 = _redirected(self.ctx)
+        self.ctx.control("proxy", "redirect", count=self.params.count, bootstrap=self._bootstrap)
+
+    def _start_fake(self) -> None:
         from harness.topology import NodeSpec, free_tcp_port
 
         bootstrap_port = free_tcp_port()
@@ -70,8 +87,7 @@ class FakePrefillPeer(OnceFault):
                         ready_timeout_s=READY_TIMEOUT_S,
                         endpoints={"bootstrap": bootstrap, "side": f"tcp://127.0.0.1:{side_port}"})
         self.ctx.start_node(ROLE, spec)
-        self._redirected0 = _redirected(self.ctx)
-        self.ctx.control("proxy", "redirect", count=self.params.count, bootstrap=bootstrap)
+        self._bootstrap = bootstrap
 
     def _report(self) -> int | None:
         """Journal what the window did (counts only); the number of redirected requests, or None

@@ -88,6 +88,12 @@ class EchoGarble(OnceFault):
     family = "echo_family"
     Params = FaultParams
 
+    def prepare(self) -> None:  # the runner calls it before t0; recorded so tests/test_families.py sees when
+        self.ctx.event("echo_garble_prepare")
+
+    def release(self) -> None:  # at teardown, after the heal
+        self.ctx.event("echo_garble_release")
+
     def inject(self) -> None:
         self.ctx.control("server", "garble", on=True)
 

@@ -581,6 +581,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                     m = self.reqs_need_send.get(tid)
                     if m is not None and getattr(m, "pdchaos_aborted", False):
                         del self.reqs_need_send[tid]
+                        if _holds_blocks(m):  # cancelled as P's prefill ended: nobody pulls them
+                            self.finished_sending_reqs.add(m.p_req_id)
 
     async def _build_transfer_params(self, ready_reqs, *args, **kwargs):
         aborted = [(d, m) for d, m in ready_reqs if getattr(m, "pdchaos_aborted", False)]
@@ -629,7 +631,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 meta.ready.set()
             else:
                 del self.reqs_need_send[tid]
-                if meta.ready.is_set() and meta.p_req_id:
+                if _holds_blocks(meta):
                     self.finished_sending_reqs.add(meta.p_req_id)
         self._note("p_cancelled", len(acked))
         return acked
@@ -668,6 +670,15 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             sock.close()
+
+
+def _holds_blocks(meta) -> bool:  # noqa: ANN001 - upstream's SendBlockMeta
+    """P's scheduler handed its worker this request's blocks (request_finished): they stay held
+    until the worker reports the request in finished_sending. A meta with no blocks is a prefill
+    still running (its blocks come later, with the transfer id already terminal) or one P itself
+    aborted (reqs_not_processed: P's scheduler frees those); ``ready`` alone says neither, as a
+    cancel or abort sets it to wake a waiting pull."""
+    return bool(meta.p_req_id) and bool(meta.local_block_ids)
 
 
 class HardenedMooncakeConnector(mc.MooncakeConnector):

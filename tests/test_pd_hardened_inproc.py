@@ -452,3 +452,23 @@ def test_policy_recompute_counts_a_failed_load_once(inproc) -> None:
     for node in (_case(inproc, "recompute_settles")["node"], _late(inproc, "recompute")["node"]):
         assert node["failures"] == {"timeout": 1}, node["failures"]
         assert node["failed_recvs"] == 1
+
+
+# ---------------------------------------------------------------- D's cancel as P's prefill ends
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_cancel_that_meets_the_woken_pull_still_frees_the_prefills_blocks(inproc) -> None:
+    """Found on CI (pd-abort-all-under-load: P held one block after the run, past its abort
+    timeout): D's cancel handled in the same turn of P's sender loop as the end of P's prefill,
+    after it woke D's waiting pull and before that pull ran. The pull answers the request aborted
+    and P sends nothing; P frees the request's blocks (before the fix it forgot the transfer and
+    kept them for good)."""
+    c = _case(inproc, "cancel_as_prefill_ends")
+    _node_clean(c["node"])
+    assert c["pull_was_waiting"] and c["acked"], c  # the premises: the race as described
+    assert c["p_transfers"] == 0  # P wrote nothing into D's blocks
+    assert c["p_freed"] and not c["p_still_tracks"], c
+    assert c["p_failures"] == {"p_cancelled": 1}, c["p_failures"]
+    # D: the load ended in an error (P answered the request aborted), its blocks back at once
+    assert c["x"]["reports"] == ["failed+released"] and c["x"]["final_status"] == "FINISHED_ERROR", c["x"]
+    _effects(c["x"])

@@ -40,6 +40,7 @@ own ``pdchaos_cpu_shim`` (vLLM plugins are off here, so it is called by hand), a
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import gc
 import json
@@ -1214,6 +1215,50 @@ def case_late_write_after_deadline() -> dict:
     return {"fail": fail, "recompute": recompute}
 
 
+def case_cancel_as_prefill_ends() -> dict:
+    """(found by pd-abort-all-under-load on CI: P kept one block after the run) D's pull waits at
+    the REAL hardened P for a request P is still computing; P's prefill ends (its worker records
+    the blocks and wakes the pull) and, in the same turn of P's sender loop, before the woken pull
+    runs, D's cancel for that transfer arrives. The pull answers the request aborted and sends
+    nothing; P must then free the request's blocks (finished_sending), as for any cancel: nobody
+    will pull them, and with the transfer forgotten P's abort timeout would never free them."""
+    p = RealPrefill()
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=8)
+    x = rid("cancel-end")
+    tid, p_req = "x-" + x, "p-" + x
+    node.add(x, prompt(80), p.params(tid))
+    p.metadata(p_req, tid, [])  # P scheduled the prefill (update_state_after_alloc)
+    t0 = time.monotonic()
+    node.step()  # D's pull goes to P and waits there: P is not ready
+    waiting = False
+    while time.monotonic() - t0 < 10 and not waiting:
+        node.step()
+        waiting = bool(p.worker._waiters.get(tid))
+        time.sleep(0.01)
+    payload = msgspec.msgpack.encode({CANCEL_KEY: [tid]})
+
+    async def prefill_ends_then_cancel():
+        meta = mc.MooncakeConnectorMetadata()
+        meta.reqs_to_send[p_req] = (tid, [[1, 2, 3]])  # request_finished hands the worker its blocks
+        await p.worker.record_send_reqs(meta)  # sets ready: the pull is woken, has not run yet
+        return p.worker._on_cancel(payload)  # no await in between: the same loop turn
+
+    acked = asyncio.run_coroutine_threadsafe(prefill_ends_then_cancel(), p.worker.sender_loop).result(5)
+    freed, end = False, time.monotonic() + 5
+    while time.monotonic() < end and not freed:
+        node.step()
+        res = p.conn.get_transfer_results(set())
+        freed = p_req in (res.finished_sending or ())
+        time.sleep(0.02)
+    node.run_until(lambda: node.finished(x), 5)
+    node.settle(0.3)
+    st = p.conn.get_kv_connector_stats()
+    return {"pull_was_waiting": waiting, "acked": acked == [tid], "p_freed": freed,
+            "p_still_tracks": tid in p.worker.reqs_need_send, "x": node.req_facts(x), "node": node.facts(),
+            "p_transfers": len(st.data.get("transfer_duration", [])) if st is not None else 0,
+            "p_failures": dict(p.worker.failures.totals)}
+
+
 CASES = {
     "fail_policy": case_fail_policy,
     "recompute_policy": case_recompute_policy,
@@ -1227,6 +1272,7 @@ CASES = {
     "upstream_p_holds_blocks": case_upstream_p_holds_blocks,
     "recompute_settles": case_recompute_settles,
     "late_write_after_deadline": case_late_write_after_deadline,
+    "cancel_as_prefill_ends": case_cancel_as_prefill_ends,
 }
 
 

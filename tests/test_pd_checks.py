@@ -81,6 +81,16 @@ def test_no_busy_wait() -> None:
     r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)[:3], *late])
     assert r.ok is False and "no quiet interval" in r.message
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)], {"max_cpu": 1.0}).ok is True
+    # a request the nodes served leaves them spinning ~1 s after it (vLLM's shm queue): an interval
+    # that starts 0.7 s after one ended is not quiet (CI: D at 0.68 of a core there, a false alarm)
+    served = op(7, 0.0, elapsed_ms=300)  # ends at 0.3 s: the 1.0-1.5 interval is in its tail
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)[:2], *served])
+    assert r.ok is False and "no quiet interval" in r.message
+    # one the proxy failed before asking any node (P's bootstrap refused) leaves no such tail
+    refused = [{**o, "error_phase": "bootstrap"} for o in op(7, 0.0, phase="fail", value=None, outcome="http_502",
+                                                               elapsed_ms=300)]
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99)[:2], *refused])
+    assert r.ok is False and "0.99 of a core" in r.message
     # a node computing (requests running) is busy for a reason; if every node was, the check cannot
     # tell, and says so by failing
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99, running=1)]).ok is False

@@ -67,19 +67,36 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 
 QUIET_MARGIN_S = 0.5  # an op that starts or ends this close to an interval makes it not quiet
+# A vLLM node keeps burning a core after a request it served has ended: its engine core spins on
+# the worker's shared-memory queue for 1 s after every read (vLLM's shm_broadcast SpinCondition;
+# measured on CI journals: ~1 core up to 0.7 s after the client's answer, 0.5-0.7 of a core up to
+# ~1.2 s). So an op that reached the nodes makes the NODE_TAIL_S after its end not quiet; one that
+# failed before any node was asked (error phase bootstrap: P's bootstrap did not answer; proxy: a
+# bad body) leaves only QUIET_MARGIN_S.
+NODE_TAIL_S = 1.5
+NO_NODE_PHASES = ("bootstrap", "proxy")
+
+
+def _tail(o: dict) -> float:
+    if o.get("phase") == "fail" and o.get("error_phase") in NO_NODE_PHASES:
+        return QUIET_MARGIN_S
+    return NODE_TAIL_S
 
 
 def _quiet(ops: list[dict], a_t: float, b_t: float) -> bool:
-    """No op started or ended between ``a_t - QUIET_MARGIN_S`` and ``b_t``: whatever a node
-    burned then was not serving a request that came or went (requests here take ~0.1 s), so it
-    was waiting or spinning. (vLLM's running/waiting gauges, sampled every 0.5 s, miss requests
-    shorter than that; and a P/D node spins its engine loop for every request that waits for KV,
-    so under steady traffic a node is never idle in the gauges' sense.)"""
-    lo = a_t - QUIET_MARGIN_S
+    """No op started between ``a_t - QUIET_MARGIN_S`` and ``b_t``, and none ended between ``a_t``
+    less its tail (``_tail``) and ``b_t``: whatever a node burned then was not serving a request
+    that came or went (requests here take ~0.1 s), so it was waiting or spinning. (vLLM's
+    running/waiting gauges, sampled every 0.5 s, miss requests shorter than that; and a P/D node
+    spins its engine loop for every request that waits for KV, so under steady traffic a node is
+    never idle in the gauges' sense.)"""
     for o in ops:
-        for t in (o.get("t_invoke"), o.get("t_complete")):
-            if t is not None and lo <= t <= b_t:
-                return False
+        t = o.get("t_invoke")
+        if t is not None and a_t - QUIET_MARGIN_S <= t <= b_t:
+            return False
+        t = o.get("t_complete")
+        if t is not None and a_t - _tail(o) <= t <= b_t:
+            return False
     return True
 
 

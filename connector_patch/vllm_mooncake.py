@@ -539,6 +539,17 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             del metadata.reqs_to_send[p_req_id]  # D cancelled it before P finished: nobody will pull
             if blocks:
                 self.finished_sending_reqs.add(p_req_id)  # P frees its blocks at once
+        # Blocks for a transfer this worker no longer tracks: only a cancel or an abort drops the
+        # entry before P's prefill ends, and its terminal record is gone by now (older than its
+        # TTL, or pushed out by 4096 later ones while P was overloaded). Upstream would raise
+        # KeyError here: those blocks, and every later entry of the batch, would be held for good.
+        forgotten = {p: v for p, v in metadata.reqs_to_send.items() if v[1] and v[0] not in self.reqs_need_send}
+        for p_req_id, (tid, _) in forgotten.items():
+            del metadata.reqs_to_send[p_req_id]
+            self.finished_sending_reqs.add(p_req_id)
+            self.terminal.record(tid, "cancelled", now)  # a late pull is answered at once
+        if forgotten:
+            self._note("p_forgotten_freed", len(forgotten))
         try:
             await super().record_send_reqs(metadata)
         finally:
@@ -622,6 +633,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             meta = self.reqs_need_send.get(tid)
             if meta is not None and meta.sending:
                 continue  # being written: not acknowledged; D asks again, its pull gets the answer
+            if meta is None and self._waiters.get(tid):
+                continue  # sent and forgotten by one pull while another for it may still write
             self.terminal.record(tid, "cancelled", now)  # never sent from now on
             acked.append(tid)
             if meta is None:

@@ -472,3 +472,18 @@ def test_a_cancel_that_meets_the_woken_pull_still_frees_the_prefills_blocks(inpr
     # D: the load ended in an error (P answered the request aborted), its blocks back at once
     assert c["x"]["reports"] == ["failed+released"] and c["x"]["final_status"] == "FINISHED_ERROR", c["x"]
     _effects(c["x"])
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_blocks_of_a_cancelled_transfer_whose_record_is_gone_are_freed_and_the_batch_goes_on(inproc) -> None:
+    """Found by review: a cancel while P computes drops P's entry; 4096 later terminal transfers
+    push its record out; then P's prefill ends, in one batch with another request's. Before the
+    fix upstream's record_send_reqs raised KeyError on it: its blocks and the rest of the batch
+    were held for good (the other request never became ready)."""
+    c = _case(inproc, "cancel_record_gone")
+    assert c["acked"] and not c["tracked_after_cancel"] and c["record_gone"], c  # the premises
+    assert c["x_freed"] and c["x_late_pull_answer"] == "cancelled", c
+    assert c["y_ready"] and not c["y_freed"], c  # the other request waits for its pull, as normal
+    assert c["p_failures"] == {"p_cancelled": 2, "p_forgotten_freed": 1}, c["p_failures"]  # x's, then z's below
+    # a cancel for a transfer a pull is still counted for (no entry left) waits for that pull
+    assert c["busy_acked"] == [] and c["idle_acked"] == ["z-busy"], c

@@ -1259,6 +1259,62 @@ def case_cancel_as_prefill_ends() -> dict:
             "p_failures": dict(p.worker.failures.totals)}
 
 
+def case_cancel_record_gone() -> dict:
+    """(found by review) D cancels a transfer while the REAL hardened P still computes it (P drops
+    its entry; nothing to free yet), then 4096 other transfers end as terminal (an abort storm)
+    and push that cancel's record out, and only then does P's prefill end. P must free the
+    request's blocks at once and answer a late pull aborted; and the rest of that batch (another
+    request's blocks, pulled normally) must go on. Upstream's record_send_reqs would raise
+    KeyError on the forgotten entry: its blocks, and the rest of the batch, held for good."""
+    p = RealPrefill()
+    x, y = rid("gone-x"), rid("gone-y")
+    tid_x, tid_y = "x-" + x, "x-" + y
+    p.metadata("p-" + x, tid_x, [])  # P scheduled both prefills
+    p.metadata("p-" + y, tid_y, [])
+    loop = p.worker.sender_loop
+
+    def on_loop(fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(5)
+
+    acked = on_loop(lambda: p.worker._on_cancel(msgspec.msgpack.encode({CANCEL_KEY: [tid_x]})))
+    tracked_after_cancel = on_loop(lambda: tid_x in p.worker.reqs_need_send)
+    now = time.monotonic()
+    for i in range(4096):
+        p.worker.terminal.record(f"storm-{i}", "aborted", now)
+    record_gone = p.worker.terminal.lookup(tid_x, time.monotonic()) is None
+    meta = mc.MooncakeConnectorMetadata()  # both prefills end in one step
+    meta.reqs_to_send["p-" + x] = (tid_x, [[1, 2, 3]])
+    meta.reqs_to_send["p-" + y] = (tid_y, [[4, 5]])
+    p.conn.bind_connector_metadata(meta)
+    p.conn.start_load_kv(None)
+    freed, end = set(), time.monotonic() + 5
+    while time.monotonic() < end and "p-" + x not in freed:
+        freed |= set(p.conn.get_transfer_results(set()).finished_sending or ())
+        time.sleep(0.02)
+    y_ready = on_loop(lambda: tid_y in p.worker.reqs_need_send and p.worker.reqs_need_send[tid_y].ready.is_set())
+    x_answer = p.worker.terminal.lookup(tid_x, time.monotonic())
+    time.sleep(0.3)
+    freed |= set(p.conn.get_transfer_results(set()).finished_sending or ())
+
+    # a transfer one pull sent (and P forgot) while another pull for it is still counted (a
+    # reused transfer id: more pulls than P expects): a cancel is not acknowledged until it ends
+    def busy_cancel():
+        p.worker._waiters["z-busy"] += 1
+        try:
+            return p.worker._on_cancel(msgspec.msgpack.encode({CANCEL_KEY: ["z-busy"]}))
+        finally:
+            p.worker._waiters["z-busy"] -= 1
+            del p.worker._waiters["z-busy"]
+
+    busy_acked = on_loop(busy_cancel)
+    idle_acked = on_loop(lambda: p.worker._on_cancel(msgspec.msgpack.encode({CANCEL_KEY: ["z-busy"]})))
+    return {"busy_acked": busy_acked, "idle_acked": idle_acked, "acked": acked == [tid_x], "tracked_after_cancel": tracked_after_cancel, "record_gone": record_gone,
+            "x_freed": "p-" + x in freed, "y_freed": "p-" + y in freed, "y_ready": y_ready,
+            "x_late_pull_answer": x_answer, "p_failures": dict(p.worker.failures.totals)}
+
+
 CASES = {
     "fail_policy": case_fail_policy,
     "recompute_policy": case_recompute_policy,
@@ -1273,6 +1329,7 @@ CASES = {
     "recompute_settles": case_recompute_settles,
     "late_write_after_deadline": case_late_write_after_deadline,
     "cancel_as_prefill_ends": case_cancel_as_prefill_ends,
+    "cancel_record_gone": case_cancel_record_gone,
 }
 
 

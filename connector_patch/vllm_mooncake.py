@@ -188,6 +188,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self.settlements = Settlements()
         self._expired_at = 0.0
         self._cancel_wanted: set[str] = set()  # aborted while pulling: their pulls cancel at once
+        self._stale_engines: set[str] = set()  # P engines whose cached addresses the next pull re-queries
         self._deferred: dict[str, str] = {}  # request -> failure code held until settled (recompute)
         self._recv_q: queue.SimpleQueue[str] = queue.SimpleQueue()  # -> finished_recving (aborted loads)
         self.terminal = TerminalRecords(envs.VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT)
@@ -312,11 +313,27 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self._fail(pull_metas, req_ids, code)
 
     def _forget_peer(self, engine_id: str) -> None:
-        """P's cached side-channel addresses go: the next pull asks the bootstrap server again, so a
-        P restarted under the same engine id (on new ports) is found."""
+        """P's cached side-channel addresses are marked stale: the next pull asks the bootstrap
+        server again, so a P restarted under the same engine id (on new ports) is found. Marked,
+        not removed: upstream checks the engine right after its bootstrap query, and a removal by
+        another pull's failure in between (at an await of the query) failed a healthy load as
+        unknown_engine (seen on CI under pd-abort-all-under-load)."""
         if engine_id != self.engine_id:
-            self._remote_agents.pop(engine_id, None)
-            self._tp_size.pop(engine_id, None)
+            self._stale_engines.add(engine_id)
+
+    async def _start_load_kv(self, reqs_to_recv):
+        """As upstream, but an engine marked stale is asked for again, like an unknown one."""
+        for remote_engine_id, pull_metas in reqs_to_recv.items():
+            if remote_engine_id not in self._remote_agents or remote_engine_id in self._stale_engines:
+                asyncio.create_task(self.handle_new_engine_id(remote_engine_id, pull_metas))
+            else:
+                self.receive_kv(remote_engine_id, pull_metas)
+
+    async def _connect_to_prefiller_bootstrap(self, remote_bootstrap_addr: str):
+        """As upstream; the engines the bootstrap server answered with are fresh again."""
+        before = dict(self._remote_agents)  # upstream stores a new mapping for each engine answered
+        await super()._connect_to_prefiller_bootstrap(remote_bootstrap_addr)
+        self._stale_engines -= {e for e, v in self._remote_agents.items() if before.get(e) is not v}
 
     def _xfer_request(self, pull_metas) -> mc.MooncakeXferMetadata:
         return mc.MooncakeXferMetadata(  # as upstream builds it
@@ -373,7 +390,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                     unsettled = True  # fail the load now (policy fail), settle it later
                     if code is not None:
                         self._fail(pull_metas, req_ids - named, code)
-                    self._forget_peer(engine_id)
+                    if code in _PEER_CODES:  # an abort alone says nothing about P
+                        self._forget_peer(engine_id)
                 if now >= bound:
                     break  # upstream's own bound: P has given up writing by now
                 if unsettled and now >= next_cancel:

@@ -301,6 +301,11 @@ def test_a_request_aborted_while_waiting_gets_its_blocks_back_once_prefill_canno
     assert 0 <= gone["freed_after_close_s"] < 3.0, gone["freed_after_close_s"]
     assert gone["freed_after_abort_s"] < c["deadline_s"] / 2
     assert c["node"]["failures"] == {} and c["node"]["failed_recvs"] == 0
+    # an abort leaves P's cached addresses fresh (forgetting them on every abort once raced a
+    # healthy load's bootstrap query on CI: unknown_engine); a refused port marks them stale, kept
+    # (never removed under a query) until P's bootstrap server answers again
+    assert c["engines"] == {"ack_stale": False, "refused_stale": True, "refused_cached": True,
+                            "refused_stale_after_query": False}, c["engines"]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

@@ -887,6 +887,12 @@ def case_deadline() -> dict:
     return out
 
 
+async def _requery(w, addr: str) -> None:
+    """Ask P's bootstrap server again, as upstream's handle_new_engine_id does."""
+    w._pending_bootstrap_queries[addr] = asyncio.Event()
+    await w._connect_to_prefiller_bootstrap(addr)
+
+
 def case_abort_while_waiting() -> dict:
     """(beyond the list) the client aborts while D waits (kv_load_timeout_ms 20 s) for a P that
     does not answer the pull: vLLM's Scheduler keeps an aborted WAITING_FOR_REMOTE_KVS request's
@@ -913,11 +919,19 @@ def case_abort_while_waiting() -> dict:
     t_close = p_gone.close_rank(0)
     node.run_until(lambda: bool(node.reports[b]) and b not in node.sched.requests, 10)
     node.settle(0.5)
+    w = node.worker.connector_worker
+    # an abort says nothing about P: its cached addresses stay fresh; a refused port marks them
+    # stale (kept, re-queried by the next pull), and P's bootstrap answering makes them fresh again
+    engines = {"ack_stale": p_ack.engine_id in w._stale_engines,
+               "refused_stale": p_gone.engine_id in w._stale_engines,
+               "refused_cached": p_gone.engine_id in w._remote_agents}
+    asyncio.run_coroutine_threadsafe(_requery(w, p_gone.bootstrap_addr), w.receiver_loop).result(10)
+    engines["refused_stale_after_query"] = p_gone.engine_id in w._stale_engines
 
     def since(times, t):
         return round(times[0] - t, 3) if times else None
 
-    out = {"node": node.facts(), **held, "deadline_s": LONG_MS / 1000,
+    out = {"node": node.facts(), **held, "deadline_s": LONG_MS / 1000, "engines": engines,
            "ack": {"req": node.req_facts(a), "freed_after_abort_s": since(node.report_at[a], t_abort),
                    "p": p_ack.facts()},
            "refused": {"req": node.req_facts(b), "held_before_close": b_held_before_close,

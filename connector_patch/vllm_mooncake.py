@@ -552,22 +552,23 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         not_processed = set(metadata.reqs_not_processed)
         metadata.reqs_not_processed = set()
         now = time.monotonic()
-        cancelled = {p: v for p, v in metadata.reqs_to_send.items() if self.terminal.lookup(v[0], now)}
-        for p_req_id, (tid, blocks) in cancelled.items():
-            del metadata.reqs_to_send[p_req_id]  # D cancelled it before P finished: nobody will pull
+        forgotten = 0
+        for p_req_id, (tid, blocks) in list(metadata.reqs_to_send.items()):
+            if self.terminal.lookup(tid, now):
+                pass  # D cancelled it before P finished: nobody will pull
+            elif blocks and tid not in self.reqs_need_send:
+                # Only a cancel or an abort drops the entry before P's prefill ends, and its
+                # terminal record is gone by now (older than its TTL, or pushed out by 4096 later
+                # ones while P was overloaded). Upstream would raise KeyError here: these blocks,
+                # and every later entry of the batch, would be held for good.
+                self.terminal.record(tid, "cancelled", now)  # a late pull is answered at once
+                forgotten += 1
+            else:
+                continue
+            del metadata.reqs_to_send[p_req_id]
             if blocks:
                 self.finished_sending_reqs.add(p_req_id)  # P frees its blocks at once
-        # Blocks for a transfer this worker no longer tracks: only a cancel or an abort drops the
-        # entry before P's prefill ends, and its terminal record is gone by now (older than its
-        # TTL, or pushed out by 4096 later ones while P was overloaded). Upstream would raise
-        # KeyError here: those blocks, and every later entry of the batch, would be held for good.
-        forgotten = {p: v for p, v in metadata.reqs_to_send.items() if v[1] and v[0] not in self.reqs_need_send}
-        for p_req_id, (tid, _) in forgotten.items():
-            del metadata.reqs_to_send[p_req_id]
-            self.finished_sending_reqs.add(p_req_id)
-            self.terminal.record(tid, "cancelled", now)  # a late pull is answered at once
-        if forgotten:
-            self._note("p_forgotten_freed", len(forgotten))
+        self._note("p_forgotten_freed", forgotten)
         try:
             await super().record_send_reqs(metadata)
         finally:

@@ -26,6 +26,13 @@ from rawpeers import (
     hexes,
     wait_resources_back,
 )
+# no silent skips: PDCHAOS_REQUIRE_ALL=1 makes a skip a failure; every run ends with the skips counted
+from skipguard import (  # noqa: F401  (pytest finds the hooks by name in this module)
+    pytest_make_collect_report,
+    pytest_report_teststatus,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
 
 TRANSPORTS = ("ipc", "tcp")
 

@@ -1,0 +1,791 @@
+"""Journal mutants (issue 17, item 11): for every check, histories it must reject.
+
+Each base history (tests/mutants/histories.py: pd, lookup, layerwise, built the way a run writes
+them, with the meta line from the runner's own code; and real lookup and pd journals saved in
+tests/golden/journals) is judged ``as_expected`` by its family's real check registry. Each mutant
+changes one thing a broken system (or a broken run) would change, and must turn that into a
+``deviation`` or an ``error`` (asserted), with the check that exists for it among the failing ones.
+Every history is judged from its files, as ``pdchaos check RUN_DIR`` does.
+
+The last part tries to break the checks: histories that are broken but still read ``as_expected``
+today. Each is a strict xfail naming the hole; when a check is fixed, its xfail turns into an
+XPASS and fails, and the mark goes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import pytest
+
+from harness import checks as C
+from harness import journal as J
+from harness import verdicts as V
+from harness.family import get_family
+from mutants.histories import (
+    EXT,
+    GOLDEN,
+    LOOKUP_WINDOW,
+    PD_PIDS,
+    PD_WINDOW,
+    T0,
+    Run,
+    event,
+    golden_run,
+    judge,
+    judge_inline,
+    layerwise_run,
+    lookup_kill_run,
+    lookup_preload,
+    pd_baseline_run,
+    pd_stop_run,
+)
+
+pytestmark = pytest.mark.timeout(20)
+
+# --------------------------------------------------------------------------- bases
+
+BASES: dict[str, Callable[[], Run]] = {
+    "pd": pd_stop_run,  # hardened, policy fail: P frozen 2.5-8.5 s
+    "pd_recompute": lambda: pd_stop_run(policy="recompute"),
+    "pd_baseline": pd_baseline_run,  # upstream, no fault
+    "pd_baseline_hardened": lambda: pd_baseline_run("hardened"),
+    "lookup": lookup_kill_run,  # server killed 0.8-1.5 s
+    "lookup_norecovery": lambda: lookup_kill_run(recovery=False),
+    "golden_server_kill": lambda: golden_run("lookup-server-kill.jsonl"),  # a real run (hardened)
+    "golden_pd_baseline": lambda: golden_run("pd-baseline-upstream.jsonl"),  # a real run, real vLLM, no fault
+    "golden_pd_abort": lambda: golden_run("pd-abort-while-decode-waits-hardened.jsonl"),  # real, one fault
+    "layerwise": layerwise_run,  # listener_garbage 1-4.5 s
+}
+FAMILY_OF = {name: "pd" if "pd" in name else "layerwise" if "layerwise" in name else "lookup" for name in BASES}
+
+
+@lru_cache(maxsize=None)
+def _base(name: str) -> Run:
+    return BASES[name]()
+
+
+def base(name: str) -> Run:
+    return _base(name).copy()
+
+
+@pytest.mark.parametrize("name", sorted(BASES))
+def test_unmutated_history_is_as_expected(name: str, tmp_path) -> None:
+    run = base(name)
+    j = judge(run, tmp_path)
+    assert j.outcome == "as_expected", j.why()
+    if name.startswith("golden_pd"):  # see GOLDEN_EXPECT: the saved pd runs failed no_leaks only
+        assert set(j.failing) <= {"no_leaks"}, j.why()
+    else:
+        assert j.verdict == "pass" and run.meta["expect"] == "pass", j.why()
+    # the same chain called directly (registry, run_checks, of_results, outcome) agrees
+    k = judge_inline(run)
+    assert (k.verdict, k.failing, k.outcome) == (j.verdict, j.failing, j.outcome), k.why()
+    judged = {n for n, c in j.checks.items() if c["ok"] is True}
+    assert judged, "nothing was judged"
+
+
+def test_pd_base_history_exercises_the_pd_checks(tmp_path) -> None:
+    """The pd base is not vacuous: a fault window with its effect, a failed request judged by
+    fail_fast and failures_explained, quiet intervals judged by no_busy_wait, D's pulls."""
+    j = judge(base("pd"), tmp_path)
+    assert "1 fault windows showed their effect" in j.checks["fault_effect"]["message"]
+    assert "1 failed requests" in j.checks["fail_fast"]["message"]
+    assert "4 intervals" in j.checks["no_busy_wait"]["message"]
+    assert "1 failed ops" in j.checks["failures_explained"]["message"]
+    assert j.checks["kv_transferred"]["ok"] is True
+    assert all(c["ok"] is True for c in j.checks.values())  # every pd check applies and holds
+
+
+# --------------------------------------------------------------------------- mutation helpers
+
+
+def _first_window(run: Run) -> dict:
+    return next(w for w in run.windows() if w["start"] is not None)
+
+
+def _tail(run: Run, fid: int) -> float:
+    return float(next((f.get("tail_s") or 0.0) for f in run.meta.get("faults") or [] if f.get("id") == fid))
+
+
+def far_ok_ops(run: Run, n: int) -> list[dict]:
+    """``n`` successful primary ops far (0.5 s) from every fault window and its tail, latest first,
+    none of them a worker's first op after a window (so recovery is not what catches them)."""
+    windows = [(w["start"], w["stop"] + _tail(run, w["id"])) for w in run.windows() if w["start"] is not None]
+    primary = run.meta.get("primary_ops") or []
+    ops = [o for o in run.ops() if o.get("phase") == "ok" and (not primary or o.get("f") in primary)]
+    firsts = set()
+    for w in run.windows():
+        seen = set()
+        for o in ops:
+            if o["t_invoke"] >= w["stop"] and o.get("process") not in seen:
+                seen.add(o.get("process"))
+                firsts.add(o["id"])
+    far = [o for o in ops if o["id"] not in firsts and all(o["t_complete"] < a - 0.5 or o["t_invoke"] > b + 0.5
+                                                           for a, b in windows)]
+    assert len(far) >= n, "not enough ops far from the faults"
+    return sorted(far, key=lambda o: -o["t_invoke"])[:n]
+
+
+def fail_op(run: Run, op_id: int, outcome: str, error_phase: str | None = None, *, value=None, phase="fail",
+            code: str | None = None) -> dict:
+    """The op's completion becomes a failure (the shape its family's workload writes)."""
+    done = run.completion(op_id)
+    lookup = done.get("f") == "lookup"
+    done.update(phase=phase, outcome=outcome, value=(0 if lookup and value is None and phase == "fail" else value))
+    if lookup:
+        done.update(matched=0, code=code or outcome.upper())
+    else:
+        status = int(outcome.split("_")[1]) if outcome.startswith("http_") else None
+        done.update(status=status, completion_tokens=None, code=code or ("bad_status" if status else outcome))
+    done.pop("error_phase", None)
+    if error_phase:
+        done["error_phase"] = error_phase
+    return done
+
+
+def ok_ops(run: Run) -> list[dict]:
+    return [o for o in run.ops() if o.get("phase") == "ok"]
+
+
+def ops_in_window(run: Run, failed: bool) -> list[dict]:
+    w = _first_window(run)
+    return [o for o in run.ops() if w["start"] <= o["t_invoke"] <= w["stop"] and (o.get("phase") != "ok") == failed]
+
+
+def drop_op(run: Run, op_id: int) -> None:
+    run.remove(lambda r: r.get("type") == "op" and r.get("id") == op_id)
+
+
+def stall_op(run: Run, op_id: int) -> None:
+    """The op never returned: its completion is missing; the workload left it behind (exit 3)."""
+    run.remove(lambda r: r.get("type") == "op" and r.get("id") == op_id and r.get("phase") != "invoke")
+    run.events("workload_exit")[-1]["returncode"] = 3
+    run.end["stalled"] = 1
+
+
+def final(run: Run, node: str) -> dict:
+    return run.probe(node, "final")
+
+
+def drop_probe(node: str, when: str) -> Callable[[Run], None]:
+    return lambda r: r.remove(lambda x: x.get("type") == "probe" and x.get("node") == node and x.get("when") == when)
+
+
+def effect_event(run: Run) -> dict:
+    return run.events("fault_effect")[0]
+
+
+def add_fault_error(run: Run) -> None:
+    w = _first_window(run)
+    run.add(event("fault_error", w["start"] - T0 + 0.003, fault=w["name"], phase="start",
+                  error="HarnessError: node did not answer its control channel"))
+    effect_event(run)["effect"] = {"acted": 0, "seen": 0, "unseen": 0}
+
+
+def pd_burn(run: Run, rate: float = 0.95, since: float = 6.5) -> None:
+    """D burns ``rate`` of a core from ``since`` s to the heal (no request running or coming)."""
+    stop = PD_WINDOW[1]
+    for p in run.probes("decode:0"):
+        t = p["t"] - T0
+        if t > since:
+            p["counters"]["cpu_s"] = round(p["counters"]["cpu_s"] + rate * (min(t, stop) - since), 3)
+
+
+def pd_prompts(run: Run) -> list[dict]:
+    return json.loads(run.files["prompts.json"])
+
+
+def retire_worker_after(run: Run, op_id: int) -> None:
+    """Drop the ops the op's worker issued after it (it is busy with this one)."""
+    inv = run.invoke(op_id)
+    later = {r["id"] for r in run.records if r.get("type") == "op" and r["phase"] == "invoke"
+             and r["process"] == inv["process"] and r["t"] > inv["t"]}
+    run.remove(lambda r: r.get("type") == "op" and r.get("id") in later)
+
+
+def pd_504_after_20s(run: Run) -> None:
+    fail_op(run, 6, "http_504", "prefill", code="timeout")
+    retire_worker_after(run, 6)
+    run.retime(6, 20000.0)
+
+
+def set_expect(text: str) -> Callable[[Run], None]:
+    def f(run: Run) -> None:
+        run.meta["expect"] = text
+    return f
+
+
+def both(*fs: Callable[[Run], None]) -> Callable[[Run], None]:
+    def f(run: Run) -> None:
+        for g in fs:
+            g(run)
+    return f
+
+
+def strings(d: dict) -> dict:
+    return {k: str(v) for k, v in d.items()}
+
+
+# --------------------------------------------------------------------------- mutants
+
+
+@dataclass
+class Mutant:
+    id: str
+    base: str
+    mutate: Callable[[Run], None]
+    outcome: str  # "deviation" | "error" (or "as_expected" for the controls)
+    killers: tuple[str, ...]  # checks that must be among the failing ones
+    verdict: str | None = None  # when it matters (stall)
+    marks: tuple = field(default_factory=tuple)
+
+
+def _set(path_fn: Callable[[Run], dict], **kv) -> Callable[[Run], None]:
+    def f(run: Run) -> None:
+        path_fn(run).update(kv)
+    return f
+
+
+M = Mutant
+PD_MUTANTS = [
+    # ---- the ones issue 17 lists
+    M("pd_baseline_15_of_16_http_502", "pd_baseline",
+      lambda r: [fail_op(r, o["id"], "http_502", "decode") for o in r.ops()[1:]],
+      "deviation", ("failures_explained", "fail_fast")),
+    # hardened promises a bound (kv_load_timeout + 2 s) these fast 502s meet: failures_explained alone kills it
+    M("pd_baseline_hardened_15_of_16_http_502", "pd_baseline_hardened",
+      lambda r: [fail_op(r, o["id"], "http_502", "decode") for o in r.ops()[1:]],
+      "deviation", ("failures_explained",)),
+    M("pd_two_ok_far_from_fault_become_http_500", "pd",
+      lambda r: [fail_op(r, o["id"], "http_500", "decode") for o in far_ok_ops(r, 2)],
+      "deviation", ("failures_explained",)),
+    M("pd_fault_failed_to_start", "pd", add_fault_error, "error", ("harness_integrity", "fault_effect")),
+    M("pd_fault_reported_no_effect", "pd",
+      lambda r: effect_event(r).update(effect=None, error="ControlError: no answer from proxy"),
+      "error", ("fault_effect",)),
+    M("pd_fault_effect_counts_zero", "pd",
+      lambda r: effect_event(r).update(effect={"acted": 1, "seen": 0, "unseen": 1}), "error", ("fault_effect",)),
+    M("pd_expected_fail_no_busy_wait_but_fail_fast_fails", "pd",
+      both(set_expect("fail[no_busy_wait]"), lambda r: fail_op(r, 4, "http_504", "decode", code="timeout")),
+      "deviation", ("fail_fast",)),
+    M("pd_expected_fail_no_busy_wait_and_fail_fast_fails_too", "pd",
+      both(set_expect("fail[no_busy_wait]"), pd_burn, lambda r: fail_op(r, 4, "http_504", "decode", code="timeout")),
+      "deviation", ("no_busy_wait", "fail_fast")),
+    M("pd_expected_fail_no_busy_wait_but_nothing_fails", "pd", set_expect("fail[no_busy_wait]"), "deviation", ()),
+    M("pd_probe_lacks_threads_and_fds", "pd", lambda r: [final(r, "decode:0").pop(k) for k in ("threads", "fds")],
+      "deviation", ("no_leaks",)),
+    M("pd_probe_threads_unreadable", "pd", _set(lambda r: final(r, "proxy"), threads=-1), "deviation", ("no_leaks",)),
+    M("pd_http_504_after_20s_policy_fail", "pd", pd_504_after_20s, "deviation", ("fail_fast", "bounded_return")),
+    M("pd_recompute_http_502_after_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "decode"),
+      "deviation", ("fail_fast",)),
+    M("pd_op_outside_any_window_fails", "pd",
+      lambda r: fail_op(r, far_ok_ops(r, 1)[0]["id"], "connect", code="ConnectionRefusedError"),
+      "deviation", ("failures_explained",)),
+    M("pd_stalled_op", "pd", lambda r: stall_op(r, far_ok_ops(r, 1)[0]["id"]), "deviation",
+      ("no_stall", "bounded_return"), verdict="stall"),
+    M("pd_wrong_completion_text", "pd",
+      lambda r: r.completion(9).update(value=r.completion(9)["value"] + " river"), "deviation", ("correct_output",)),
+    M("pd_kv_usage_not_back_to_baseline", "pd",
+      lambda r: final(r, "decode:0")["counters"].update(kv_cache_usage_perc=0.0125), "deviation", ("drained",)),
+    M("pd_request_waiting_at_the_end", "pd",
+      lambda r: final(r, "prefill:0")["counters"].update(num_requests_waiting=1), "deviation", ("drained",)),
+    M("pd_decode_burns_cpu_in_a_quiet_fault_interval", "pd", pd_burn, "deviation", ("no_busy_wait",)),
+    M("pd_decode_pulled_no_tokens", "pd",
+      lambda r: [p["counters"].update({EXT: 0}) for p in r.probes("decode:0")], "deviation", ("kv_transferred",)),
+    M("pd_secret_prompt_in_a_server_log", "pd",
+      lambda r: r.logs.update({"server-logs/decode-0.log": r.logs["server-logs/decode-0.log"]
+                               + f"INFO Received request cmpl-3: prompt: '{pd_prompts(r)[3]['prompt']}'\n"}),
+      "deviation", ("log_hygiene",)),
+    M("pd_reference_output_in_the_proxy_log", "pd",
+      lambda r: r.logs.update({"logs/03-pd-proxy.log": r.logs["logs/03-pd-proxy.log"]
+                               + f"answer{pd_prompts(r)[1]['expected']}\n"}), "deviation", ("log_hygiene",)),
+    M("pd_workload_exit_code_4", "pd", lambda r: r.events("workload_exit")[-1].update(returncode=4), "error",
+      ("workload_ran",)),
+    # ---- one per other check, and the broken-run shapes
+    M("pd_ok_op_over_deadline_plus_tolerance", "pd", lambda r: r.retime(12, 13000.0), "deviation",
+      ("bounded_return",)),
+    M("pd_first_op_after_the_window_fails", "pd",
+      lambda r: fail_op(r, 7, "http_502", "decode"), "deviation", ("recovery",)),
+    M("pd_proxy_dead_at_the_end", "pd", _set(lambda r: final(r, "proxy"), alive=False), "deviation", ("node_alive",)),
+    M("pd_decode_final_probe_lost", "pd",
+      drop_probe("decode:0", "final"),
+      "deviation", ("node_alive", "no_leaks")),
+    M("pd_run_hit_its_cap", "pd", lambda r: r.end.update(reason="cap"), "deviation", ("no_stall",), verdict="stall"),
+    M("pd_leftovers_after_teardown", "pd",
+      lambda r: r.add(event("leftovers", 15.5, what_left=["pid 4103 (node pd-proxy)"])), "error",
+      ("harness_integrity",)),
+    M("pd_proxy_silent_at_the_end", "pd",
+      both(drop_probe("proxy", "final"),
+           lambda r: r.add(event("probe_silent", 15.0, role="proxy", kind="pd-proxy", pid=PD_PIDS["proxy"],
+                                 when="final"))),
+      "error", ("harness_integrity", "node_alive")),
+    M("pd_no_workload_exit_recorded", "pd", lambda r: r.remove(lambda x: x.get("what") == "workload_exit"), "error",
+      ("workload_ran",)),
+    M("pd_workload_issued_2_of_14_ops", "pd",
+      lambda r: r.remove(lambda x: x.get("type") == "op" and x["id"] >= 3), "error", ("workload_ran",)),
+    M("pd_no_logs", "pd", lambda r: r.logs.clear(), "deviation", ("log_hygiene",)),
+    M("pd_all_probes_lost", "pd", lambda r: r.remove(lambda x: x.get("type") == "probe"), "error",
+      ("harness_integrity",)),
+    M("pd_fault_records_lost", "pd",
+      lambda r: r.remove(lambda x: x.get("type") == "fault" or x.get("what") in ("fault_effect", "fault_started")),
+      "deviation", ("recovery", "no_busy_wait")),
+    M("pd_fault_start_record_lost", "pd",
+      lambda r: r.remove(lambda x: x.get("type") == "fault" and x.get("phase") == "start"), "error", ("no_busy_wait",)),
+    # ---- values of the wrong type: never read as holding
+    M("pd_elapsed_ms_as_string", "pd", lambda r: r.completion(3).update(elapsed_ms="170.0"), "error",
+      ("bounded_return",)),
+    M("pd_final_counters_as_strings", "pd",
+      lambda r: final(r, "decode:0").update(counters=strings(final(r, "decode:0")["counters"])), "deviation",
+      ("drained", "kv_transferred")),
+    M("pd_threads_as_string", "pd", _set(lambda r: final(r, "proxy"), threads="4"), "deviation", ("no_leaks",)),
+    M("pd_workload_returncode_as_string", "pd", lambda r: r.events("workload_exit")[-1].update(returncode="0"),
+      "error", ("workload_ran",)),
+]
+
+
+def lookup_hash_in_log(run: Run) -> None:
+    run.logs["logs/client-workload.log"] = run.logs.get("logs/client-workload.log", "") + \
+        f"lookup failed for block {lookup_preload()[2]}\n"
+
+
+def lookup_server_final(run: Run) -> dict:
+    return [p for p in run.probes("server", "final")][-1]
+
+
+def lookup_server_close_killed(run: Run) -> None:
+    run.meta["not_applicable"].pop("clean_close", None)
+    run.add(event("server_close", 2.5, survived=False, exit_code=-11, close_ms=None))
+
+
+LOOKUP_ALL = ("lookup", "golden_server_kill")
+LOOKUP_FAULTED = ("lookup", "golden_server_kill")
+LOOKUP_MUTANTS = [
+    *[M(f"{b}_ok_lookups_far_from_fault_time_out", b,
+        lambda r: [fail_op(r, o["id"], "timeout") for o in far_ok_ops(r, 2)],
+        "deviation", ("failures_explained", "metrics_match")) for b in LOOKUP_ALL],
+    *[M(f"{b}_fail_open_returns_nonzero", b, lambda r: fail_op(r, ops_in_window(r, True)[0]["id"], "timeout", value=5),
+        "deviation", ("fail_open",)) for b in LOOKUP_FAULTED],
+    *[M(f"{b}_lookup_raised_to_the_caller", b,
+        lambda r: fail_op(r, ops_in_window(r, True)[0]["id"], "raised", phase="info", value=None, code="ZMQError"),
+        "deviation", ("fail_open",)) for b in LOOKUP_FAULTED],
+    *[M(f"{b}_wrong_hit", b, lambda r: r.completion(ok_ops(r)[5]["id"]).update(value=ok_ops(r)[5]["expected"] + 16),
+        "deviation", ("correct_hits",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_server_lost_a_reply", b,
+        lambda r: lookup_server_final(r)["counters"].update(
+            requests=lookup_server_final(r)["counters"]["requests"] + 1),
+        "deviation", ("exactly_one_reply",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_client_counter_off_by_one", b,
+        lambda r: final(r, "client")["counters"].update(ok=final(r, "client")["counters"]["ok"] + 1),
+        "deviation", ("metrics_match",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_server_fd_leak", b, lambda r: lookup_server_final(r).update(fds=lookup_server_final(r)["fds"] + 3),
+        "deviation", ("no_leaks",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_block_hash_in_a_log", b, lookup_hash_in_log, "deviation", ("log_hygiene",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_expected_fail_fail_open_but_nothing_fails", b, set_expect("fail[fail_open]"), "deviation", ())
+      for b in LOOKUP_ALL],
+    *[M(f"{b}_fault_effect_zero", b, lambda r: effect_event(r).update(effect={"acted": 1, "seen": 0, "unseen": 1}),
+        "error", ("fault_effect",)) for b in LOOKUP_FAULTED],
+    *[M(f"{b}_fault_failed_to_start", b, add_fault_error, "error", ("harness_integrity", "fault_effect"))
+      for b in LOOKUP_FAULTED],
+    *[M(f"{b}_workload_exit_code_4", b, lambda r: r.events("workload_exit")[-1].update(returncode=4), "error",
+        ("workload_ran",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_stalled_lookup", b, lambda r: stall_op(r, far_ok_ops(r, 1)[0]["id"]), "deviation", ("no_stall",),
+        verdict="stall") for b in LOOKUP_ALL],
+    *[M(f"{b}_lookup_over_deadline", b, lambda r: r.retime(far_ok_ops(r, 1)[0]["id"], 400.0), "deviation",
+        ("bounded_return",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_first_lookup_after_the_window_times_out", b,
+        lambda r: fail_op(r, next(o["id"] for o in r.ops() if o["t_invoke"] >= _first_window(r)["stop"]), "timeout"),
+        "deviation", ("recovery",)) for b in LOOKUP_FAULTED],
+    *[M(f"{b}_server_dead_at_the_end", b, lambda r: lookup_server_final(r).update(alive=False), "deviation",
+        ("node_alive",)) for b in LOOKUP_ALL],
+    M("lookup_server_close_took_the_process_down", "lookup", lookup_server_close_killed, "deviation",
+      ("clean_close",)),
+    M("lookup_fault_window_without_start_record", "lookup",
+      lambda r: r.remove(lambda x: x.get("type") == "fault" and x.get("phase") == "start"), "error",
+      ("metrics_match",)),
+]
+
+
+def lw_op(op_id: int, **done) -> Callable[[Run], None]:
+    return lambda r: r.completion(op_id).update(**done)
+
+
+LAYERWISE_MUTANTS = [
+    M("layerwise_request_left_waiting", "layerwise",
+      lw_op(5, phase="info", value="waiting", outcome="stalled", code="still_waiting"), "deviation",
+      ("left_waiting",)),
+    M("layerwise_failed_load_with_blocks_unreported", "layerwise",
+      lw_op(6, phase="fail", value="failed", outcome="failed_load", blocks_reported=2), "deviation",
+      ("left_waiting",)),
+    M("layerwise_decode_did_not_answer", "layerwise",
+      lw_op(7, phase="info", value=None, outcome="raised", code="ControlError"), "deviation", ("left_waiting",)),
+    M("layerwise_listener_never_answered", "layerwise",
+      lambda r: r.events("listener_probe")[2].update(answered=False, reply=None, tries=3, elapsed_ms=3301.0),
+      "deviation", ("listener_answers",)),
+    M("layerwise_listener_answered_on_second_try", "layerwise",
+      lambda r: r.events("listener_probe")[0].update(tries=2, elapsed_ms=1102.0), "deviation",
+      ("listener_answers",)),
+    M("layerwise_no_listener_probe_recorded", "layerwise",
+      lambda r: r.remove(lambda x: x.get("what") == "listener_probe"), "deviation", ("listener_answers",)),
+    M("layerwise_prefill_partial_send", "layerwise",
+      lambda r: final(r, "prefill")["counters"].update(partial_sends=1), "deviation", ("layers_complete",)),
+    M("layerwise_workload_exit_code_4", "layerwise", lambda r: r.events("workload_exit")[-1].update(returncode=4),
+      "error", ("workload_ran",)),
+]
+
+
+
+def decode_probes(run: Run) -> list[dict]:
+    return [p for p in run.probes("decode:0") if p.get("kind") == "vllm"]
+
+
+def d_pulled_nothing(run: Run) -> None:
+    """Every decode probe's external-KV counter stays at its process's baseline."""
+    base_of = {p["pid"]: p["counters"].get(EXT, 0) for p in decode_probes(run) if p.get("when") == "baseline"}
+    for p in decode_probes(run):
+        p["counters"][EXT] = base_of.get(p["pid"], 0)
+
+
+def reference_in_log(run: Run) -> None:
+    ref = next(o["expected"] for o in run.ops() if len(o.get("expected") or "") >= 16)
+    run.logs["logs/01-pd-proxy.log"] += f"decode answered: {ref!r}\n"
+
+
+GOLDEN_PD = ("golden_pd_baseline", "golden_pd_abort")
+GOLDEN_PD_MUTANTS = [
+    M("golden_pd_baseline_15_of_16_http_502", "golden_pd_baseline",
+      lambda r: [fail_op(r, o["id"], "http_502", "decode") for o in r.ops()[1:]],
+      "deviation", ("failures_explained", "fail_fast")),
+    *[M(f"{b}_two_ok_far_from_fault_become_http_500", b,
+        lambda r: [fail_op(r, o["id"], "http_500", "decode") for o in far_ok_ops(r, 2)],
+        "deviation", ("failures_explained",)) for b in GOLDEN_PD],
+    M("golden_pd_abort_fault_effect_zero", "golden_pd_abort",
+      lambda r: effect_event(r).update(effect={"aborted_by.decode_wait": 0.0, "abort_missed": 3.0}), "error",
+      ("fault_effect",)),
+    M("golden_pd_abort_fault_failed_to_start", "golden_pd_abort", add_fault_error, "error",
+      ("harness_integrity", "fault_effect")),
+    M("golden_pd_abort_http_504_after_20s", "golden_pd_abort",
+      lambda r: (lambda i: (fail_op(r, i, "http_504", "decode", code="timeout"), retire_worker_after(r, i),
+                            r.retime(i, 20000.0)))(ops_in_window(r, True)[0]["id"]),
+      "deviation", ("fail_fast", "bounded_return")),
+    M("golden_pd_abort_first_op_after_the_window_fails", "golden_pd_abort",
+      lambda r: fail_op(r, next(o["id"] for o in r.ops() if o["t_invoke"] >= _first_window(r)["stop"]),
+                        "http_502", "decode"), "deviation", ("recovery",)),
+    *[M(f"{b}_wrong_completion_text", b,
+        lambda r: r.completion(ok_ops(r)[-1]["id"]).update(value=ok_ops(r)[-1]["value"] + " river"), "deviation",
+        ("correct_output",)) for b in GOLDEN_PD],
+    *[M(f"{b}_kv_usage_not_back_to_baseline", b,
+        lambda r: final(r, "decode:0")["counters"].update(kv_cache_usage_perc=0.02), "deviation", ("drained",))
+      for b in GOLDEN_PD],
+    *[M(f"{b}_decode_pulled_no_tokens", b, d_pulled_nothing, "deviation", ("kv_transferred",)) for b in GOLDEN_PD],
+    *[M(f"{b}_reference_output_in_a_log", b, reference_in_log, "deviation", ("log_hygiene",)) for b in GOLDEN_PD],
+    *[M(f"{b}_workload_exit_code_4", b, lambda r: r.events("workload_exit")[-1].update(returncode=4), "error",
+        ("workload_ran",)) for b in GOLDEN_PD],
+    *[M(f"{b}_stalled_op", b, lambda r: stall_op(r, far_ok_ops(r, 1)[0]["id"]), "deviation", ("no_stall",),
+        verdict="stall") for b in GOLDEN_PD],
+    *[M(f"{b}_proxy_dead_at_the_end", b, _set(lambda r: final(r, "proxy"), alive=False), "deviation",
+        ("node_alive",)) for b in GOLDEN_PD],
+]
+
+MUTANTS = PD_MUTANTS + GOLDEN_PD_MUTANTS + LOOKUP_MUTANTS + LAYERWISE_MUTANTS
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.id)
+def test_mutant_is_caught(m: Mutant, tmp_path) -> None:
+    run = base(m.base)
+    m.mutate(run)
+    j = judge(run, tmp_path)
+    assert j.outcome == m.outcome, j.why()
+    assert j.outcome in ("deviation", "error")
+    assert set(m.killers) <= set(j.failing), j.why()
+    if m.verdict:
+        assert j.verdict == m.verdict, j.why()
+
+
+def test_mutant_ids_are_unique() -> None:
+    ids = [m.id for m in MUTANTS]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("family", ["pd", "lookup", "layerwise"])
+def test_every_check_has_a_mutant_that_kills_it(family: str) -> None:
+    """Each of the family's own checks, and each generic one in some family, is a killer."""
+    killed = {k for m in MUTANTS if FAMILY_OF[m.base] == family for k in m.killers}
+    fam = get_family(family)
+    assert set(fam.checks.checks) <= killed, sorted(set(fam.checks.checks) - killed)
+    if family == "pd":  # the generic ones: every one of them is killed in the pd family
+        assert set(C.checks_for(fam)) <= killed, sorted(set(C.checks_for(fam)) - killed)
+
+
+# --------------------------------------------------------------------------- controls: these must stay as expected
+
+
+CONTROLS = [
+    M("pd_expected_fail_no_busy_wait_and_only_it_fails", "pd", both(set_expect("fail[no_busy_wait]"), pd_burn),
+      "as_expected", ("no_busy_wait",)),
+    M("pd_recompute_http_502_before_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "bootstrap"),
+      "as_expected", ()),
+    M("pd_stalled_op_expected_stall", "pd",
+      both(set_expect("stall[bounded_return,fail_fast,no_stall]"), lambda r: stall_op(r, 6)), "as_expected",
+      ("no_stall", "fail_fast", "bounded_return")),
+]
+
+
+@pytest.mark.parametrize("m", CONTROLS, ids=lambda m: m.id)
+def test_control_stays_as_expected(m: Mutant, tmp_path) -> None:
+    """What the mutants must not over-kill: the claimed failure, or a failure the policy allows."""
+    run = base(m.base)
+    m.mutate(run)
+    j = judge(run, tmp_path)
+    assert j.outcome == "as_expected", j.why()
+    assert set(j.failing) == set(m.killers), j.why()
+
+
+@pytest.mark.parametrize("family, check, base_name", [("pd", "correct_output", "pd"), ("lookup", "fail_open", "lookup"),
+                                                      ("pd", "no_stall", "pd")])
+def test_a_checker_that_raises_is_an_error(family: str, check: str, base_name: str, monkeypatch, tmp_path) -> None:
+    def boom(inp, opts):  # noqa: ARG001
+        raise ZeroDivisionError("checker bug")
+
+    registry = get_family(family).checks.checks if check in get_family(family).checks.checks else C.GENERIC.checks
+    monkeypatch.setitem(registry, check, boom)
+    j = judge(base(base_name), tmp_path)
+    assert (j.verdict, j.outcome) == ("error", "error"), j.why()
+    assert check in j.failing and j.checks[check]["message"].startswith(V.RAISED)
+    k = judge_inline(base(base_name))
+    assert (k.verdict, k.outcome) == ("error", "error")
+
+
+def test_golden_journals_are_small_real_runs() -> None:
+    paths = sorted(GOLDEN.glob("*.jsonl"))
+    assert 1 <= len(paths) <= 3
+    for path in paths:
+        assert path.stat().st_size < 200_000, path
+        text = path.read_text()
+        meta = json.loads(text.splitlines()[0])
+        assert meta["type"] == "meta" and meta["family"] in ("lookup", "pd") and meta["t0"] is not None
+        assert "/tmp/" not in text  # no path that could exist on a test machine (README)
+
+
+# --------------------------------------------------------------------------- holes: broken, yet read as expected
+
+
+def hole(reason: str, raises: type[BaseException] = AssertionError):
+    """A strict xfail that only an assertion (the outcome read as expected) satisfies: a mutator
+    that breaks on a changed history shape fails the test instead of hiding in the xfail."""
+    return pytest.mark.xfail(strict=True, reason=reason, raises=raises)
+
+
+def h_truncated_prompt_in_log(run: Run) -> None:
+    """vLLM logs a request's prompt cut at --max-log-len: the first 60 characters, words of <16."""
+    p = pd_prompts(run)[3]["prompt"]
+    run.logs["server-logs/decode-0.log"] += f"INFO Received request cmpl-3: prompt: '{p[:60]}', params: ...\n"
+
+
+def h_truncated_reference_in_log(run: Run) -> None:
+    """A real run's reference output, cut at 40 characters in the proxy's log."""
+    ref = max((o["expected"] for o in run.ops() if isinstance(o.get("expected"), str)), key=len)
+    run.logs["logs/01-pd-proxy.log"] += f"decode answered: {ref[:40]!r}...\n"
+
+
+def h_golden_late_failure_without_elapsed(run: Run) -> None:
+    """(The run has one worker: its later ops stay, so that recovery still sees the heal.)"""
+    op_id = ops_in_window(run, True)[0]["id"]
+    run.retime(op_id, 20000.0)
+    run.completion(op_id).pop("elapsed_ms")
+
+
+def h_late_failure_without_elapsed(value) -> Callable[[Run], None]:
+    def f(run: Run) -> None:
+        fail_op(run, 6, "http_502", "decode")
+        retire_worker_after(run, 6)
+        run.retime(6, 20000.0)  # by its timestamps: 20 s
+        done = run.completion(6)
+        if value is _MISSING:
+            done.pop("elapsed_ms")
+        else:
+            done["elapsed_ms"] = value
+    return f
+
+
+_MISSING = object()
+
+
+def h_nan_kv_usage(run: Run) -> None:
+    final(run, "decode:0")["counters"]["kv_cache_usage_perc"] = float("nan")
+
+
+def h_nan_cpu_first_interval(run: Run) -> None:
+    pd_burn(run, since=7.0)
+    s = next(p for p in run.probes("decode:0", "sample") if abs(p["t"] - T0 - 6.5) < 1e-6)
+    s["counters"]["cpu_s"] = float("nan")
+
+
+def h_duplicate_fault_id(run: Run) -> None:
+    """A second window under the same id, before the real one, whose kill did nothing."""
+    run.add({"type": "fault", "id": 0, "name": "kill", "phase": "start", "t": T0 + 0.4, "params": {"node": "decode:0"}},
+            {"type": "fault", "id": 0, "name": "kill", "phase": "stop", "t": T0 + 0.9, "healed_by": "schedule"},
+            event("fault_effect", 0.9001, fault="kill", id=0, effect={"acted": 1, "seen": 0, "unseen": 1},
+                  required={"acted": 1, "seen": 1}))
+
+
+def h_meta_disables_harness_integrity(run: Run) -> None:
+    run.meta["checks"]["harness_integrity"] = {"enabled": False}
+    run.add(event("fault_error", 2.503, fault="stop", phase="start", error="HarnessError: node not running"),
+            event("leftovers", 15.5, what_left=["pid 4103 (node pd-proxy)"]))
+
+
+def h_meta_says_fault_effect_not_applicable(run: Run) -> None:
+    run.meta["not_applicable"]["fault_effect"] = "no fault is scheduled"
+    effect_event(run)["effect"] = {"acted": 0, "seen": 0, "unseen": 0}
+
+
+def h_scheduled_fault_never_ran(run: Run) -> None:
+    """lookup, recovery disabled by the scenario: the server_kill scheduled in the meta never ran
+    (no fault records, no kill); the server served throughout."""
+    for o in [o for o in run.ops() if o.get("phase") != "ok"]:
+        run.completion(o["id"]).update(phase="ok", outcome="ok", code="", value=o["expected"], matched=o["expected"])
+    run.remove(lambda x: x.get("type") == "fault" or x.get("what") in ("fault_effect", "fault_started",
+                                                                        "process_kill", "process_start"))
+    run.remove(lambda x: x.get("type") == "probe" and x.get("node") == "server" and x.get("pid") == 502
+               and x.get("when") == "baseline")
+    run.remove(lambda x: x.get("type") == "probe" and x.get("node") == "server" and x.get("when") == "last")
+    n = len(ok_ops(run))
+    srv = lookup_server_final(run)
+    srv.update(pid=501)
+    srv["counters"].update(requests=n, replies=n, ok=n)
+    final(run, "client")["counters"].update(ok=n, timeout=0, socket_rebuilds=0)
+
+
+def h_duplicate_op_id(run: Run) -> None:
+    """Op 9 failed far from any fault; a later op was journalled under the same id and succeeded."""
+    fail_op(run, 9, "http_500", "decode")
+    for r in run.records:
+        if r.get("type") == "op" and r.get("id") == 11:
+            r["id"] = 9
+
+
+def h_failure_without_invoke_record(run: Run) -> None:
+    op_id = far_ok_ops(run, 1)[0]["id"]
+    fail_op(run, op_id, "http_502", "decode")
+    run.remove(lambda x: x.get("type") == "op" and x.get("id") == op_id and x.get("phase") == "invoke")
+
+
+def h_final_probe_without_baseline(run: Run) -> None:
+    run.remove(lambda x: x.get("type") == "probe" and x.get("node") == "decode:0" and x.get("when") == "baseline")
+    final(run, "decode:0").update(threads=140, fds=300)
+
+
+HOLES = [
+    pytest.param("pd", h_truncated_prompt_in_log, "deviation", ("log_hygiene",),
+                 marks=hole("log_hygiene: a 16+ character piece of a prompt is found only as one run of letters or "
+                            "digits, so a prompt cut short in a log (words < 16 chars) passes"),
+                 id="hole_log_hygiene_truncated_prompt"),
+    pytest.param("golden_pd_baseline", h_truncated_reference_in_log, "deviation", ("log_hygiene",),
+                 marks=hole("log_hygiene, on a real pd journal: a reference output cut at 40 characters in a log "
+                            "passes"), id="hole_log_hygiene_truncated_reference_golden_pd"),
+    pytest.param("golden_pd_abort", h_golden_late_failure_without_elapsed, "deviation", ("fail_fast", "bounded_return"),
+                 marks=hole("bounded_return/fail_fast, on a real pd journal: a 502 whose timestamps span 20 s but "
+                            "that lacks elapsed_ms reads as fast"), id="hole_elapsed_ms_missing_golden_pd"),
+    pytest.param("pd", h_late_failure_without_elapsed(_MISSING), "deviation", ("fail_fast", "bounded_return"),
+                 marks=hole("bounded_return/fail_fast read elapsed_ms only: a completion without it counts as 0 ms "
+                            "though its timestamps span 20 s"),
+                 id="hole_elapsed_ms_missing_on_a_20s_failure"),
+    pytest.param("pd", h_late_failure_without_elapsed(float("nan")), "deviation", ("fail_fast", "bounded_return"),
+                 marks=hole("bounded_return/fail_fast: elapsed_ms NaN compares False with every bound"),
+                 id="hole_elapsed_ms_nan_on_a_20s_failure"),
+    pytest.param("pd", h_late_failure_without_elapsed(150.0), "deviation", ("fail_fast", "bounded_return"),
+                 marks=hole("bounded_return/fail_fast trust elapsed_ms over t_complete - t_invoke"),
+                 id="hole_elapsed_ms_understates_a_20s_failure"),
+    pytest.param("pd", h_nan_kv_usage, "deviation", ("drained",),
+                 marks=hole("drained: a NaN gauge (Prometheus text may carry NaN) is compared, and NaN > baseline is "
+                            "False"), id="hole_drained_nan_kv_usage"),
+    pytest.param("pd", h_nan_cpu_first_interval, "deviation", ("no_busy_wait",),
+                 marks=hole("no_busy_wait: a NaN cpu_s makes the first judged interval's fraction NaN; no later "
+                            "fraction compares greater, so a node burning 0.95 of a core passes"),
+                 id="hole_no_busy_wait_nan_cpu_hides_a_burn"),
+    pytest.param("pd", lambda r: r.remove(lambda x: x.get("what") == "fault_effect"), "error", ("fault_effect",),
+                 marks=hole("fault_effect: a window of a fault that requires an effect but has no fault_effect "
+                            "event is 'unmeasured' and passes"), id="hole_fault_effect_event_missing"),
+    pytest.param("pd", lambda r: effect_event(r).update(effect={"acted": float("nan"), "seen": float("nan")}), "error",
+                 ("fault_effect",),
+                 marks=hole("fault_effect: a NaN count is not < its requirement"), id="hole_fault_effect_nan_counts"),
+    pytest.param("pd", h_duplicate_fault_id, "error", (),
+                 marks=hole("two windows under one fault id merge into one and fault_effect keeps the last event per "
+                            "id: the first window's zero effect is hidden"), id="hole_duplicate_fault_id"),
+    pytest.param("pd", h_meta_disables_harness_integrity, "error", ("harness_integrity",),
+                 marks=hole("the meta line's checks may disable an error check (harness_integrity, workload_ran, "
+                            "fault_effect): a fault_error and leftovers then read as expected"),
+                 id="hole_meta_disables_harness_integrity"),
+    pytest.param("pd", h_meta_says_fault_effect_not_applicable, "error", ("fault_effect",),
+                 marks=hole("the meta line's not_applicable may list fault_effect though fault windows exist"),
+                 id="hole_meta_fault_effect_not_applicable_with_windows"),
+    pytest.param("pd", lambda r: r.remove(lambda x: x.get("type") == "end"), "error", (),
+                 marks=hole("a journal without its end record (the runner never finished it) is judged as a run"),
+                 id="hole_no_end_record"),
+    pytest.param("lookup_norecovery", h_scheduled_fault_never_ran, "error", ("fault_effect",),
+                 marks=hole("a fault the meta line schedules but the journal never shows (no window) is not "
+                            "noticed when recovery is disabled: fault_effect judges windows only"),
+                 id="hole_scheduled_fault_never_ran"),
+    pytest.param("pd_recompute", lambda r: fail_op(r, 4, "http_500"), "deviation", ("fail_fast",),
+                 marks=hole("fail_fast under recompute: a failure that names no error_phase (a 500 passed through, "
+                            "a reset connection) is taken as one before D was asked"),
+                 id="hole_recompute_failure_without_error_phase"),
+    pytest.param("pd_recompute", lambda r: fail_op(r, 4, "connect", phase="info", code="ConnectionResetError"),
+                 "deviation", ("fail_fast",),
+                 marks=hole("fail_fast under recompute: a connection reset after the request was sent (info/connect) "
+                            "is not counted"), id="hole_recompute_connection_reset"),
+    pytest.param("pd", h_duplicate_op_id, "deviation", ("failures_explained",),
+                 marks=hole("J.ops merges records by id: a later op journalled under a failed op's id overwrites "
+                            "the failure"), id="hole_duplicate_op_id_hides_a_failure"),
+    pytest.param("pd", h_failure_without_invoke_record, "deviation", ("failures_explained",),
+                 marks=hole("failures_explained: an op without an invoke record has t_invoke 0.0, so its span covers "
+                            "every fault window and any failure is explained"),
+                 id="hole_failure_without_invoke_record_is_explained"),
+    pytest.param("pd", h_final_probe_without_baseline, "deviation", ("no_leaks",),
+                 marks=hole("no_leaks compares baselines only: a node with a final probe and no baseline (140 "
+                            "threads) is never compared"), id="hole_final_probe_without_baseline"),
+]
+
+
+@pytest.mark.parametrize("base_name, mutate, want, killers", HOLES)
+def test_hole(base_name: str, mutate, want: str, killers: tuple, tmp_path) -> None:
+    run = base(base_name)
+    mutate(run)
+    j = judge(run, tmp_path)
+    assert j.outcome == want, j.why()
+    assert set(killers) <= set(j.failing), j.why()
+
+
+@pytest.mark.parametrize("mutate", [
+    pytest.param(lambda r: r.completion(5).pop("phase"), id="op_completion_without_phase"),
+    pytest.param(lambda r: r.invoke(5).pop("id"), id="op_without_id"),
+    pytest.param(lambda r: next(x for x in r.records if x.get("type") == "fault").pop("t"),
+                 id="fault_record_without_t"),
+])
+@hole("a malformed record (no phase, id or t) raises KeyError while the CheckInput is built, outside "
+      "run_checks' guard: `pdchaos check` (and the runner) crash instead of judging error", raises=KeyError)
+def test_malformed_record_is_an_error_not_a_crash(mutate, tmp_path) -> None:
+    run = base("pd")
+    mutate(run)
+    j = judge(run, tmp_path)
+    assert j.outcome == "error", j.why()
+
+
+def test_nan_survives_the_journal(tmp_path) -> None:
+    """The NaN holes are real journal content: the writer and reader keep NaN (json allows it)."""
+    run = base("pd")
+    h_nan_kv_usage(run)
+    J.write_journal(tmp_path / "j.jsonl", run.records)
+    back = J.read_journal(tmp_path / "j.jsonl")
+    fin = next(r for r in back if r.get("type") == "probe" and r.get("node") == "decode:0" and r.get("when") == "final")
+    assert math.isnan(fin["counters"]["kv_cache_usage_perc"])
+
+
+def test_windows_are_where_the_builders_say() -> None:
+    assert [(w["start"] - T0, w["stop"] - T0) for w in base("pd").windows()] == [PD_WINDOW]
+    assert [(round(w["start"] - T0, 3), round(w["stop"] - T0, 3)) for w in base("lookup").windows()] == [LOOKUP_WINDOW]

@@ -4,7 +4,7 @@ vllm-ascend 0.23.0.post1 (``kv_pool/ascend_store/``) asks worker rank 0 how many
 KV pool holds over a ZMQ REQ/REP pair: ``LookupKeyClient`` on the scheduler side (created lazily by
 ``KVPoolScheduler.get_num_new_matched_tokens`` when its ``client`` is None) and ``LookupKeyServer``
 on the worker side (created by ``AscendStoreConnector.__init__`` on rank 0, non-layerwise). Neither
-has a deadline, an error reply or an exception boundary (../shared/upstream-facts.md, section 1).
+has a deadline, an error reply or an exception boundary (DESIGN.md, first section).
 
 This module puts :mod:`connector_patch.lookup` in their place, on the same ipc path
 (``get_zmq_rpc_path_lookup``), without editing vllm-ascend:

@@ -1,9 +1,10 @@
 """The hardened MooncakeConnector: vLLM's own connector (vLLM 0.32.0,
 ``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py``) with the fewest
-methods overridden to apply the rules of :mod:`connector_patch.pd`. This is the only module of
-``connector_patch`` that imports vLLM (with :mod:`connector_patch.vllm_plugin`, which registers it);
-it runs inside a vLLM server, never in the harness. DESIGN.md maps each override to the upstream
-path it changes and to the scenario that shows the gap.
+methods overridden to apply the rules of :mod:`connector_patch.pd`. It imports vLLM, as do
+:mod:`connector_patch.vllm_plugin` (which registers it) and the two vllm-ascend connectors
+(``ascend_store.py``, ``ascend_layerwise.py``); it runs inside a vLLM server, never in the
+harness. DESIGN.md maps each override to the upstream path it changes and to the scenario that
+shows the gap.
 
 Selected by ``"kv_connector": "HardenedMooncakeConnector"`` in ``--kv-transfer-config``; settings in
 ``kv_connector_extra_config`` (:class:`connector_patch.pd.settings.Settings`): ``kv_load_timeout_ms``
@@ -92,6 +93,11 @@ class HardenedStats(MooncakeKVConnectorStats):
 
 
 class HardenedPromMetrics(KVConnectorPromMetrics):
+    """``vllm:pdchaos_kv_failures_total{code}`` from :class:`HardenedStats`' ``failure_codes``.
+    Nothing of upstream's is replaced: vLLM 0.32.0's MooncakeConnector exports no Prometheus
+    metric (its ``build_prom_metrics`` is the base class's, None); its stats reach vLLM's "KV
+    Transfer metrics" log line, which :class:`HardenedStats` keeps (tests/test_pd_claims.py)."""
+
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._failures = self._counter_cls(
@@ -121,6 +127,8 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         if pending is not None and any(pending[1]):
             self._loading[request.request_id] = flatten_blocks(pending[1])
 
+    # Not reached with vLLM 0.32: vLLM calls the connector's update_connector_output, and
+    # MooncakeConnector keeps the base class's empty one (see DESIGN.md, after the table).
     def update_connector_output(self, connector_output):
         for rid in connector_output.finished_recving or ():
             self._loading.pop(rid, None)
@@ -146,7 +154,9 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         if self._loading.pop(rid, None) is not None:
             # D: finished (aborted, or failed: FINISHED_ERROR) before its load was reported in
             # finished_recving. vLLM keeps such a request's blocks until that report, which the
-            # worker sends once P cannot write into them; P is asked to cancel meanwhile
+            # worker sends once P cannot write into them; P is asked to cancel meanwhile. (A load
+            # that ended OK is still here too, update_connector_output not being reached: the
+            # worker finds it neither tracked nor open and does nothing with it.)
             self._to_cancel.add(rid)
             return False, None
         return self._p_request_finished(request, block_ids)
@@ -221,9 +231,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
 
     async def _cancelled(self, cancel: dict) -> None:
         """The scheduler finished these requests while their loads were in flight (aborted; or
-        failed, already reported by their invalid blocks): True when the ledger still tracked the
-        load (not reported yet). Each gets its finished_recving once P cannot write (at once when
-        settled); its pulls ask P to cancel meanwhile."""
+        failed, already reported by their invalid blocks; or ended OK, see request_finished):
+        True when the ledger still tracked the load (not reported yet). Each gets its
+        finished_recving once P cannot write (at once when settled); its pulls ask P to cancel
+        meanwhile."""
         for rid, tracked in cancel.items():
             if tracked and self.settlements.want(rid, "recv"):
                 self._act(rid, "recv")
@@ -353,10 +364,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         request. Here the load fails at its deadline at the latest, earlier when the socket monitor
         sees that nobody listens at P's address (refused twice) or that the connection died
         (closed, or 3 heartbeats missed); a FINISH that leaves an asked request unnamed fails it;
-        after a peer failure P's cached address is forgotten. When P may still write (timeout,
-        connection lost, request aborted), the pull keeps listening and asks P to cancel every 2 s;
-        it settles on P's last word, P's acknowledgement, a refused port, or the bound (abort
-        timeout + 60 s after the pull)."""
+        after a peer failure P's cached addresses are marked stale (:meth:`_forget_peer`). When P
+        may still write (timeout, connection lost, request aborted), the pull keeps listening and
+        asks P to cancel every 2 s; it settles on P's last word, P's acknowledgement, a refused
+        port, or the bound (abort timeout + 60 s after the pull)."""
         req_ids = set(pull_metas)
         engine_id = next(iter(pull_metas.values())).remote_engine_id
         t0 = time.monotonic()
@@ -525,7 +536,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         pull, never past a load deadline. Upstream steps back to back, 0.9-2.3 cores, while a
         request waits for KV or P keeps blocks for D; this cuts the worker's part (measured: the
         node from ~1.6 to ~1.1 cores) but not vLLM's engine core, which spins on its worker's
-        queue, and it cost normal-path latency here (bench pd: p50 x1.3-1.4 with it, x1.09
+        queue, and it cost normal-path latency here (bench pd: p50 x1.3-1.4 with it, x1.07
         without), so it is off by default."""
         now = time.monotonic()
         if self._idle_since is None:

@@ -6,8 +6,12 @@ must not release: with TP > 1 another rank may still be writing from the same bl
 ranks agree, round by round: each contributes 1 (drained here) or 0 for every request of an
 agreed, sorted list of candidates, the vector is all-reduced with MIN, and exactly the requests
 at 1 everywhere are released, by every rank in the same round. The all-reduce is injected
-(``torch.distributed.all_reduce(..., op=MIN)`` on a CPU group in vLLM; the identity with TP = 1),
-so this module stays free of torch.
+(``torch.distributed.all_reduce(..., op=MIN)`` on a CPU group, as tests/helpers/drain_gloo.py does
+with real Gloo; the identity with TP = 1), so this module stays free of torch.
+
+The hardened connector does not use it with vLLM 0.32: vLLM's ``KVOutputAggregator`` frees a
+request only once every rank reported it in ``finished_sending``, and upstream expires a transfer
+on a rank only when nothing of it is being sent there.
 
 State changes happen under the lock; the callbacks (the all-reduce, a notification to D) run
 outside it.

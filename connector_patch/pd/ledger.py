@@ -1,6 +1,6 @@
 """D's KV loads: each with a deadline, outcomes from any thread, reported to the scheduler once.
 
-Why (measured on vLLM 0.32.0's MooncakeConnector, README "What the upstream connector does"): a
+Why (measured on vLLM 0.32.0's MooncakeConnector: the scenarios of ``scenarios/pd/``): a
 request waiting for remote KV leaves WAITING_FOR_REMOTE_KVS only through ``finished_recving``;
 upstream reports a failed pull there when P *says* it failed (seed 001, merged), but a dead,
 frozen, silent or partitioned P leaves D waiting for its ZMQ receive timeout (abort timeout + 60
@@ -15,7 +15,8 @@ Rules (seed 001's, plus the deadline):
   scheduler asserts the request is still known, and it may not be;
 - ``expect`` pulls per request (one per remote TP rank it reads from): the load is OK once every
   pull said OK; any failure fails it, and an OK arriving later for a failed load never completes
-  it (the request is reported once, as failed);
+  it (the request is reported once, as failed). The hardened connector counts the pulls with
+  upstream's own ``PullReqMeta.pull_tasks_count`` and starts each load here with ``expect=1``;
 - outcomes come from the receiver threads through a thread-safe queue; :meth:`collect` (the
   worker thread, once per step) applies them and the deadlines, and returns what to report.
 """

@@ -12,10 +12,11 @@ So a load whose pulls are in flight is *open*; each pull (one per P side channel
 P cannot write for it any more: P answered it (OK, error, abort, FINISH), P acknowledged D's
 cancel for it while not writing it (a hardened P then never writes it), P's side-channel port
 refuses connections (the process and its transfer engine are gone), or the bound passed (abort
-timeout + 60 s after the pull, upstream's own). What the scheduler asks to do with the blocks of a failed or aborted load
-(``release``: report it in ``finished_sending``, as P does for blocks it kept; ``recv``: report it
-in ``finished_recving``, which frees an aborted load) waits for that. A load that never opened
-(its bootstrap query failed) is settled by definition. Thread-safe.
+timeout + 60 s after the pull, upstream's own). What is to be done with the blocks of a failed or
+aborted load waits for that: the hardened worker asks for ``recv`` (report the request in
+``finished_recving``, which frees the blocks vLLM kept for it); ``release`` (report it in
+``finished_sending``, as P does for blocks it kept) is a rule the subclass no longer uses. A load
+that never opened (its bootstrap query failed) is settled by definition. Thread-safe.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ vLLM's Mooncake connector).
 Bounded twice: at most ``capacity`` entries (4096 by default; the oldest go first) and each for
 ``ttl_s`` = max(abort timeout, 300 s), so a pull that comes late still finds its answer while
 memory stays bounded whatever the abort rate. Recording the same id again keeps its first status
-and refreshes its time (idempotent). Thread-safe: the engine's worker thread records, the
-side-channel listener looks up.
+and refreshes its time (idempotent). Thread-safe. In the hardened P the records are written and
+read on the worker's sender event loop (``record_send_reqs``, ``fetch_finished_sending_reqs``,
+``send_kv_to_decode`` and the side-channel listener's cancel handling).
 """
 
 from __future__ import annotations

@@ -53,6 +53,9 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A pydantic field type: YAML "200ms" -> 0.2 (seconds)."""
 
 
+LASTING = 1e9  # a tail_s for damage that may last to the end of the run
+
+
 class FaultParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,10 +74,11 @@ class FaultContext(Protocol):
     def event(self, what: str, **fields: Any) -> None: ...
     def roles(self, spec: str) -> list[str]: ...
     def start_node(self, role: str) -> Any: ...
-    def stop_node(self, role: str) -> None: ...
-    def kill_node(self, role: str) -> None: ...
-    def restart_node(self, role: str, *, kill: bool = False) -> None: ...
-    def signal_node(self, role: str, sig: int) -> None: ...
+    # each says whether the intended state was seen after (gone, replaced, stopped), None if unknown
+    def stop_node(self, role: str) -> bool | None: ...
+    def kill_node(self, role: str) -> bool | None: ...
+    def restart_node(self, role: str, *, kill: bool = False) -> bool | None: ...
+    def signal_node(self, role: str, sig: int) -> bool | None: ...
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict: ...
     def node(self, role: str) -> Any: ...  # its endpoints, process and control channel
     def taint(self, role: str, why: str) -> None: ...  # never lend this node to a later scenario
@@ -96,6 +100,10 @@ class Fault(abc.ABC):
     # node to stop, a proxy to re-arm): a schedule must leave the recovery check this much more
     # time after the window (harness/schema.py, validate_recovery_gaps).
     heal_allowance_s: ClassVar[float] = 0.0
+    # How long after its heal a failure may still be this fault's doing (failures_explained); None:
+    # the family's default (harness/family.py fault_tail_s). A fault whose damage can outlast the
+    # heal for good (a listener thread it killed) says so with LASTING.
+    tail_s: ClassVar[float | None] = None
 
     def __init__(self, params: FaultParams, ctx: FaultContext):
         self.params = params
@@ -125,6 +133,18 @@ class Fault(abc.ABC):
 
     def expected_categories(self) -> tuple[str, ...]:
         return self.categories
+
+    def effect(self) -> dict[str, Any] | None:
+        """What this window did, as counts (requests held, pids signalled and the state seen
+        after): read by the runner right after the heal and journalled (``fault_effect``). None:
+        this fault cannot count what it did (a toxic). Counts, codes and phases only: no ids."""
+        return None
+
+    def required_effect(self) -> dict[str, float]:
+        """The least each count of :meth:`effect` must reach for the window to have done what its
+        kind must do (``fault_effect`` fails the run as a harness error otherwise: a fault that
+        did nothing tested nothing). Empty: nothing required."""
+        return {}
 
     def possible_categories(self) -> tuple[str, ...]:
         """Every category that this fault explains: the expected ones and ``may_cause``."""

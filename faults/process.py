@@ -10,7 +10,7 @@ its ``server``).
 from __future__ import annotations
 
 import signal
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -33,7 +33,9 @@ class _NodeFault(OnceFault):
     def targets(self) -> list[str]:
         return self.ctx.roles(self.fixed_node or self.params.node)
 
-    def act(self, role: str) -> None:
+    def act(self, role: str) -> bool | None:
+        """Act on one role; True when the topology saw the intended state after (the process
+        gone, frozen, or replaced), False when it did not, None when it cannot tell."""
         raise NotImplementedError
 
     def undo(self, role: str) -> None:
@@ -41,9 +43,17 @@ class _NodeFault(OnceFault):
 
     def inject(self) -> None:
         self._roles: list[str] = []
+        self._seen: list[bool | None] = []
         for role in self.targets():
-            self.act(role)
+            self._seen.append(self.act(role))
             self._roles.append(role)
+
+    def effect(self) -> dict[str, Any] | None:
+        seen = getattr(self, "_seen", [])
+        return {"acted": len(seen), "seen": sum(1 for x in seen if x), "unseen": sum(1 for x in seen if x is False)}
+
+    def required_effect(self) -> dict[str, float]:
+        return {"acted": 1, "seen": 1}
 
     def heal(self) -> None:
         while self._roles:  # each role leaves the list once undone: a retried heal resumes
@@ -57,8 +67,8 @@ class Down(_NodeFault):
 
     name = "node_down"
 
-    def act(self, role: str) -> None:
-        self.ctx.stop_node(role)
+    def act(self, role: str) -> bool | None:
+        return self.ctx.stop_node(role)
 
     def undo(self, role: str) -> None:
         self.ctx.start_node(role)
@@ -71,8 +81,8 @@ class Kill(_NodeFault):
 
     name = "kill"
 
-    def act(self, role: str) -> None:
-        self.ctx.kill_node(role)
+    def act(self, role: str) -> bool | None:
+        return self.ctx.kill_node(role)
 
     def undo(self, role: str) -> None:
         self.ctx.start_node(role)
@@ -85,8 +95,8 @@ class Stop(_NodeFault):
 
     name = "stop"
 
-    def act(self, role: str) -> None:
-        self.ctx.signal_node(role, signal.SIGSTOP)
+    def act(self, role: str) -> bool | None:
+        return self.ctx.signal_node(role, signal.SIGSTOP)
 
     def undo(self, role: str) -> None:
         self.ctx.signal_node(role, signal.SIGCONT)
@@ -104,5 +114,5 @@ class Restart(_NodeFault):
     name = "restart"
     Params = RestartParams
 
-    def act(self, role: str) -> None:
-        self.ctx.restart_node(role, kill=self.params.kill)
+    def act(self, role: str) -> bool | None:
+        return self.ctx.restart_node(role, kill=self.params.kill)

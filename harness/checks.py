@@ -11,12 +11,14 @@ alone, with the options and the applicability saved in the journal's meta line.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from . import journal as J
+from .verdicts import RAISED
 
 
 @dataclass
@@ -96,6 +98,26 @@ def _first(ids: list, n: int = 5) -> list:
     return ids[:n]
 
 
+def op_elapsed_ms(o: dict) -> float:
+    """How long an op took, ms: the larger of its own ``elapsed_ms`` and its journal timestamps
+    (an op cannot understate its time); infinite when neither is a finite number (a stalled or
+    malformed op can never read as quick)."""
+    vals = []
+    e = o.get("elapsed_ms")
+    if e is not None and not finite(e):
+        return math.inf  # a time that is not a number: the op's record is broken, never quick
+    if e is not None:
+        vals.append(float(e))
+    a, b = o.get("t_invoke"), o.get("t_complete")
+    if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (a, b)):
+        vals.append((b - a) * 1000.0)
+    return max(vals) if vals else math.inf
+
+
+def finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -107,14 +129,14 @@ def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
     limit = deadline + tol
     if not inp.all_ops:
         return _r(False, "no op in the history: nothing returned, so nothing was bounded")
-    late = [o for o in inp.all_ops if o.get("outcome") == "stalled" or (o.get("elapsed_ms") or 0) > limit]
-    worst = max((o.get("elapsed_ms") or 0 for o in inp.all_ops), default=0)
+    late = [o for o in inp.all_ops if o.get("outcome") == "stalled" or op_elapsed_ms(o) > limit]
+    worst = max((op_elapsed_ms(o) for o in inp.all_ops), default=0)
     n = len(inp.all_ops)
     det = {"limit_ms": limit, "deadline_ms": deadline, "tolerance_ms": tol, "worst_ms": worst,
            "late_ops": _first([o["id"] for o in late])}
     if late:
         o = late[0]
-        how = "never returned" if o.get("outcome") == "stalled" else f"took {o['elapsed_ms']:.1f} ms"
+        how = "never returned" if o.get("outcome") == "stalled" else f"took {op_elapsed_ms(o):.1f} ms"
         return _r(False, f"{len(late)} of {n} ops over deadline+tolerance ({deadline:g}+{tol:g} ms); "
                          f"op {o['id']} {how}", **det)
     return _r(True, f"all {n} ops within {deadline:g}+{tol:g} ms (worst {worst:.1f} ms)", **det)
@@ -189,6 +211,11 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
         if e.get("what") == "probe_silent" and e.get("when") in ("baseline", "final"):
             problems.append(f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} gave no {e.get('when')} probe")
     finals = {p.get("pid"): p for p in inp.probes if p.get("when") == "final"}
+    based = {p.get("pid") for p in inp.probes if p.get("when") == "baseline"}
+    for pid, fin in finals.items():
+        if pid not in based:
+            problems.append(f"{fin.get('node')} ({fin.get('kind') or 'node'}) pid {pid}: a final probe but no "
+                            f"baseline to compare it with")
     for b in (p for p in inp.probes if p.get("when") == "baseline"):
         who = f"{b.get('node')} ({b.get('kind') or 'node'}) pid {b.get('pid')}"
         fin = finals.get(b.get("pid"))
@@ -198,8 +225,13 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
             continue
         compared.append(str(b.get("node")))
         for k in ("threads", "fds"):
-            if (fin.get(k) or 0) > (b.get(k) or 0) + slack:
-                problems.append(f"{who}: {k} {b.get(k)} -> {fin.get(k)}")
+            before, after = b.get(k), fin.get(k)
+            if not _count_value(before) or not _count_value(after):
+                # a probe without the value cannot show the node is back: that fails, never passes
+                problems.append(f"{who}: its {'baseline' if not _count_value(before) else 'final'} probe has no "
+                                f"{k} count ({before!r} -> {after!r})")
+            elif after > before + slack:
+                problems.append(f"{who}: {k} {before} -> {after}")
     if problems:
         return _r(False, "; ".join(problems[:4]), problems=problems)
     if not compared:
@@ -207,6 +239,12 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     return _r(True, f"threads and fds back to baseline ({', '.join(sorted(set(compared)))})")
 
 
+def _count_value(v: Any) -> bool:
+    """A usable count: a non-negative number (probes say -1 where /proc could not be read)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+
+SLICE = 24
 _PIECES = (re.compile(r"[0-9a-fA-F]{16,}"), re.compile(r"[0-9A-Za-z]{16,}"))
 
 
@@ -216,15 +254,21 @@ def log_hygiene(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     character piece of one, nor any text matching the family's pattern (e.g. 32+ hex digits)."""
     if not inp.logs:
         return _r(False, "no logs captured: every node writes one, so something lost them")
+    missing = sorted(n.split(":", 1)[1] for n in inp.logs if n.startswith("missing:"))
+    if missing:
+        return _r(False, f"{len(missing)} log(s) the run names could not be read: {', '.join(missing[:3])}")
     pattern = re.compile(inp.log_pattern) if inp.log_pattern else None
     secrets = [x.lower() for x in inp.secrets if len(x) >= 16]
+    # a secret cut short is still a leak: every SLICE-character slice (step SLICE // 2) of a long
+    # secret is looked for, so any 1.5 * SLICE characters of it in a log are found
+    slices = {x[i:i + SLICE] for x in secrets if len(x) > SLICE for i in range(0, len(x) - SLICE + 1, SLICE // 2)}
     hits = []
     for name, text in inp.logs.items():
         if pattern is not None and pattern.search(text):
             hits.append(name)
             continue
         low_text = text.lower()
-        if any(x in low_text for x in secrets) or any(
+        if any(x in low_text for x in secrets) or any(x in low_text for x in slices) or any(
                 any(run in x for x in secrets) for pat in _PIECES for run in (r.lower() for r in pat.findall(text))):
             hits.append(name)
     if hits:
@@ -261,6 +305,16 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     """The run itself went as planned: every fault started and healed without error, every probe
     of a running node answered (baseline, before a stop, final), nothing outlived the teardown."""
     bad = [e for e in inp.events if e.get("what") in HARNESS_PROBLEMS]
+    if not any(r.get("type") == "end" for r in inp.records):
+        return _r(False, "the journal has no end record: the run did not finish writing its history")
+    seen: set = set()
+    for r in inp.records:
+        if r.get("type") in ("op", "fault"):
+            key = (r.get("type"), r.get("id"), r.get("phase") if r.get("type") == "fault" or
+                   r.get("phase") == "invoke" else "done")
+            if key in seen:
+                return _r(False, f"two {key[0]} records for id {key[1]} ({key[2]}): the history is not one run's")
+            seen.add(key)
     if bad:
         e = bad[0]
         detail = e.get("error") or e.get("what_left") or e.get("fault") or (
@@ -312,6 +366,105 @@ def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"every one of {len(inp.all_ops)} ops returned")
 
 
+@check("fault_effect")
+def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every fault window did what its kind must do: the counts its fault reported at the heal
+    (``fault_effect`` events: requests held or redirected, processes seen gone or stopped) reach
+    what the fault requires (``required`` in the event and in the meta line's fault list). A
+    scheduled fault that never opened a window, a window whose fault requires an effect and
+    reported none, or less, tested nothing: the run is a harness error, never a verdict. Faults
+    that cannot count what they did (toxics) are listed as unmeasured."""
+    effects: dict = {}
+    for e in inp.events:
+        if e.get("what") == "fault_effect":
+            if e.get("id") in effects:
+                return _r(False, f"two fault_effect records for fault {e.get('id')}: the history is not one run's")
+            effects[e.get("id")] = e
+    scheduled = {f.get("id"): f for f in inp.meta.get("faults") or []}
+    problems, judged, unmeasured = [], 0, []
+    windows = {w.get("id"): w for w in inp.windows}
+    for fid, f in scheduled.items():
+        if fid not in windows or windows[fid].get("start") is None:
+            problems.append(f"{f.get('type')} (fault {fid}) was scheduled but never started")
+    for w in inp.windows:
+        e = effects.get(w.get("id")) or {}
+        req = e.get("required") or (scheduled.get(w.get("id")) or {}).get("required") or {}
+        if not req:
+            unmeasured.append(str(w.get("name")))
+            continue
+        judged += 1
+        eff = e.get("effect")
+        if not isinstance(eff, dict):
+            problems.append(f"{w.get('name')} (window {w.get('id')}) reported no effect"
+                            + (f": {e['error']}" if e.get("error") else ""))
+            continue
+        short = [f"{k} {eff.get(k)!r} < {v:g}" for k, v in req.items() if not finite(eff.get(k)) or eff.get(k) < v]
+        if short:
+            problems.append(f"{w.get('name')} (window {w.get('id')}) did not act: {', '.join(short)}")
+    if problems:
+        return _r(False, f"{len(problems)} fault windows without their effect; {problems[0]}", problems=problems[:5])
+    note = f"; unmeasured: {', '.join(sorted(set(unmeasured)))}" if unmeasured else ""
+    return _r(True, f"{judged} fault windows showed their effect{note}", judged=judged, unmeasured=len(unmeasured))
+
+
+def op_categories(o: dict) -> set[str]:
+    """The categories a failed op is known by: its ``outcome`` (``http_502``, ``timeout``,
+    ``stalled``) and, when the client learnt where it failed, ``outcome@error_phase``."""
+    cat = str(o.get("outcome") or "unknown")
+    return {cat, f"{cat}@{o['error_phase']}"} if o.get("error_phase") else {cat}
+
+
+@check("failures_explained")
+def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
+    """Every op the client saw fail (any phase but ok, stalled ones included) is explained by a
+    fault: its span overlaps a fault window (start to heal, plus the tail the fault declares,
+    ``tail_s`` in the journal's fault list) of a fault that declares it may cause that failure
+    (``explains``: ``outcome`` or ``outcome@error_phase``; a fault that explains any failure also
+    explains a stalled op: a client without a deadline hangs where it would have failed).
+    Outside windows and tails every op
+    succeeds, unless the scenario allows a category anywhere (option ``allow``). Lists the
+    unexplained ones."""
+    allow = set(opts.get("allow") or ())
+    faults = {f.get("id"): f for f in inp.meta.get("faults") or []}
+    end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
+    failed = [o for o in inp.all_ops if o.get("phase") != "ok"]
+    unexplained, by = [], {}
+    for o in failed:
+        cats = op_categories(o)
+        if cats & allow:
+            continue
+        a, b = o.get("t_invoke"), o.get("t_complete")
+        b = end if b is None else b
+        ok = False
+        if not finite(a) or not finite(b):  # no invoke record: its span is unknown, so nothing explains it
+            unexplained.append(o)
+            by["no_span"] = by.get("no_span", 0) + 1
+            continue
+        for w in inp.windows:
+            f = faults.get(w.get("id"), {})
+            explains = set(f.get("explains") or ())
+            if explains:  # a fault that may fail a call may also hang one in a client without a deadline
+                explains.add("stalled")
+            if w.get("start") is None or not (explains & cats):
+                continue
+            if a <= float(w["stop"]) + float(f.get("tail_s") or 0.0) and b >= w["start"]:
+                ok = True
+                break
+        if not ok:
+            unexplained.append(o)
+            key = "/".join(sorted(cats))
+            by[key] = by.get(key, 0) + 1
+    if unexplained:
+        o = unexplained[0]
+        t0 = inp.meta.get("t0") or 0.0
+        return _r(False, f"{len(unexplained)} of {len(failed)} failed ops not explained by a fault window "
+                         f"({', '.join(f'{n} x {k}' for k, n in sorted(by.items()))}); first: op {o['id']} "
+                         f"{o.get('outcome')} invoked at {o.get('t_invoke', 0.0) - t0:.2f} s",
+                  unexplained=_first([o["id"] for o in unexplained], 20), by_category=by)
+    return _r(True, f"{len(failed)} failed ops, each in the window of a fault that explains it"
+              + (f" (allowed anywhere: {', '.join(sorted(allow))})" if allow else ""), failed=len(failed))
+
+
 # --------------------------------------------------------------------------- running
 
 
@@ -322,17 +475,21 @@ def run_checks(inp: CheckInput, config: dict[str, dict], checks: dict[str, Check
     run. A check that returns None from a history it should have decided fails, saying why."""
     out = []
     na = not_applicable or {}
+    from .verdicts import ERROR_CHECKS
+
+    faults = (getattr(inp, "meta", None) or {}).get("faults") if hasattr(inp, "meta") else None
     for name, fn in (CHECKS if checks is None else checks).items():
         opts = config.get(name, {})
-        if opts.get("enabled", True) is False:
+        guard = name in ERROR_CHECKS and not (name == "fault_effect" and not faults)
+        if opts.get("enabled", True) is False and not guard:
             continue
-        if name in na:
+        if name in na and not guard:
             out.append(CheckResult(name, None, f"not applicable: {na[name]}"))
             continue
         try:
             r = fn(inp, opts)
         except Exception as exc:  # a checker bug must show, not pass
-            r = CheckResult(name, False, f"checker error: {type(exc).__name__}: {exc}")
+            r = CheckResult(name, False, f"{RAISED}{type(exc).__name__}: {exc}")
         if r.ok is None:
             r.ok, r.message = False, f"undecided: {r.message}"
         out.append(r)
@@ -340,28 +497,52 @@ def run_checks(inp: CheckInput, config: dict[str, dict], checks: dict[str, Check
 
 
 def verdict(results: list[CheckResult]) -> str:
-    if any(r.name == "no_stall" and r.ok is False for r in results):
-        return "stall"
-    if any(r.ok is False for r in results):
-        return "fail"
-    return "pass"
+    """error / stall / fail / pass: see harness/verdicts.py."""
+    from .verdicts import of_results
+
+    return of_results(results)[0]
 
 
-def load_input(journal_path: str | Path) -> tuple[CheckInput, dict[str, Checker]]:
-    """The check input of a saved run and the checks its family runs (found from the meta line)."""
+def run_logs(jp: Path, records: list[dict]) -> dict[str, str]:
+    """Every log of one scenario run: the nodes' logs (``logs/``), servers' own logs in the run's
+    folder (``server-logs/``), and every log a ``server_log`` event names (a warm server's log
+    lives in the run folder and spans the scenarios it served). A named log that cannot be found
+    is listed under ``missing:<name>`` with empty text, so log_hygiene cannot pass it unread."""
+    logs: dict[str, str] = {}
+    for sub in ("logs", "server-logs"):
+        for log in sorted((jp.parent / sub).glob("*.log")):
+            logs[f"{sub}/{log.name}"] = log.read_text(encoding="utf-8", errors="replace")
+    for e in records:
+        if e.get("type") != "event" or e.get("what") != "server_log" or not e.get("path"):
+            continue
+        p = Path(str(e["path"]))
+        # absolute when written; a run folder moved since: the same name under this run's folders
+        tries = [p, jp.parent / "server-logs" / p.name, jp.parent.parent.parent / "pooled-logs" / p.name]
+        found = next((t for t in tries if t.is_file()), None)
+        key = f"{found.parent.name}/{found.name}" if found is not None else f"missing:{p.name}"
+        if key not in logs:
+            logs[key] = found.read_text(encoding="utf-8", errors="replace") if found is not None else ""
+    return logs
+
+
+def load_input(journal_path: str | Path, records: list[dict] | None = None) -> tuple[CheckInput, dict[str, Checker]]:
+    """The check input of a saved run and the checks its family runs (found from the meta line);
+    ``records`` replaces the journal's own (a run judged as another target)."""
     from .family import DEFAULT_FAMILY, get_family
 
     jp = Path(journal_path)
-    records = J.read_journal(jp)
+    records = J.read_journal(jp) if records is None else records
     family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
-    logs = {}
-    for log in sorted((jp.parent / "logs").glob("*.log")):
-        logs[log.name] = log.read_text(encoding="utf-8", errors="replace")
-    inp = CheckInput(records, logs, family.log_secrets(jp.parent), family.log_pattern)
+    inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern)
     return inp, checks_for(family)
 
 
-def check_saved(journal_path: str | Path) -> list[CheckResult]:
-    """Re-run the checks of one saved scenario run, with the options and applicability it saved."""
-    inp, checks = load_input(journal_path)
+def check_saved(journal_path: str | Path, records: list[dict] | None = None) -> list[CheckResult]:
+    """Re-run the checks of one saved scenario run, with the options and applicability it saved
+    (or those of ``records``' meta line)."""
+    try:
+        inp, checks = load_input(journal_path, records)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed record: judged, not a crash
+        return [CheckResult("harness_integrity", False, f"the journal cannot be read as a history: "
+                                                        f"{type(exc).__name__}: {exc}")]
     return run_checks(inp, inp.meta.get("checks") or {}, checks, inp.meta.get("not_applicable") or {})

@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("harness.cmd_list", "list scenarios"),
     "schema": ("harness.cmd_schema", "print the scenario JSON Schema"),
     "check": ("harness.cmd_check", "re-run the checks of a saved run offline"),
+    "mutate": ("harness.cmd_mutate", "judge the baseline's runs against the hardened target's claims: every "
+                                     "claimed gain must be told apart (the mutation score)"),
     "report": ("harness.cmd_report", "regenerate plots and summaries of a saved run"),
     "compare": ("harness.cmd_compare", "compare two runs"),
     "doctor": ("harness.cmd_doctor", "list the tools present and what their absence disables"),

@@ -16,6 +16,7 @@ from . import checks as C
 from . import journal as J
 from .errors import UsageError
 from .journal import iter_runs, meta
+from . import verdicts as V
 from .outputs import counts, outcome_of, run_status, tally
 
 MARK = {"as_expected": "", "deviation": " DEVIATION", "skipped": " SKIPPED", "error": " ERROR"}
@@ -25,6 +26,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object per scenario/target")
     p.add_argument("--strict", action="store_true", help="a skipped scenario run fails the check: exit 1")
+    p.add_argument("--as", dest="as_target", metavar="TARGET",
+                   help="judge every run as if it were TARGET's: that target's expectation and options, from "
+                        "the scenario file the run names (e.g. upstream's runs against hardened's claims: each "
+                        "scenario that claims a hardened gain must then deviate)")
+
+
+def judged_as(records: list[dict], target: str) -> list[dict]:
+    """The records with the meta line of ``target`` instead: its expectation, applicability and
+    target-keyed options, read from the scenario file the meta line names (the current file)."""
+    from .schema import load_scenario
+
+    m = meta(records)
+    path = m.get("file")
+    if not path or not Path(path).is_file():
+        raise UsageError(f"--as {target}: the run names scenario file {path!r}, which is not here")
+    sc = load_scenario(path)
+    if target not in sc.model.targets and target not in sc.family.targets:
+        raise UsageError(f"--as {target}: {path} has no target {target!r} (targets: {', '.join(sc.family.targets)})")
+    na = dict(sc.family.not_applicable(sc, target))
+    if not sc.faults:
+        na.setdefault("recovery", "no fault is scheduled")
+        na.setdefault("fault_effect", "no fault is scheduled")
+    from .runner import Runner
+
+    new_meta = {**m, "target": target, "judged_as_from": m.get("target"), "expect": sc.model.expected(target),
+                "not_applicable": na, "checks": Runner._check_config(sc)}
+    return [new_meta if r.get("type") == "meta" else r for r in records]
 
 
 def _not_run(records: list[dict]) -> tuple[str, str] | None:
@@ -40,19 +68,24 @@ def _not_run(records: list[dict]) -> tuple[str, str] | None:
     return None
 
 
-def recheck(run_dir: Path) -> list[dict]:
+def recheck(run_dir: Path, as_target: str | None = None) -> list[dict]:
     out = []
     for scenario, target, path in iter_runs(run_dir):
         records = J.read_journal(path)
+        if as_target:
+            records = judged_as(records, as_target)
         expected = meta(records).get("expect", "pass")
         row = {"scenario": scenario, "target": target, "expected": expected}
         not_run = _not_run(records)
         if not_run:
             row.update(verdict=not_run[0], reason=not_run[1], checks=[])
         else:
-            results = C.check_saved(path)
-            row.update(verdict=C.verdict(results), reason="", checks=[r.to_dict() for r in results])
-        row["outcome"] = outcome_of(row["verdict"], expected)
+            results = C.check_saved(path, records)
+            verdict, failing = V.of_results(results)
+            row.update(verdict=verdict, failing=failing, reason="", checks=[r.to_dict() for r in results])
+        row["outcome"] = outcome_of(row["verdict"], expected, row.get("failing"))
+        if row["outcome"] == "deviation":
+            row["reason"] = V.difference(row["verdict"], expected, row.get("failing"))
         out.append(row)
     return out
 
@@ -66,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if summary.exists():
         for r in json.loads(summary.read_text()).get("results", []):
             saved[(r["scenario"], r["target"])] = r.get("verdict")
-    rows = recheck(run_dir)
+    rows = recheck(run_dir, getattr(args, "as_target", None))
     if not rows:
         raise UsageError(f"{run_dir}: no journals (*/*/journal.jsonl) in this folder")
     for row in rows:

@@ -149,6 +149,25 @@ class Family:
         run, and reported as not applicable — never as passing)."""
         return {}
 
+    # The failure categories generic faults (faults/) may cause in this family's workload, in the
+    # family's own vocabulary (a killed node is an HTTP 502 to the pd family's client), by fault name.
+    generic_explains: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def fault_explains(self, fault: Any) -> tuple[str, ...]:
+        """The op failure categories (``outcome``, or ``outcome@error_phase``) a fault instance may
+        cause in this family's workload: what ``failures_explained`` accepts in its window. What
+        the fault class declares (``possible_categories``) and ``generic_explains`` for it."""
+        own = tuple(fault.possible_categories())
+        return tuple(dict.fromkeys(own + tuple(self.generic_explains.get(fault.name, ()))))
+
+    def fault_tail_s(self, fault: Any, scenario: Any) -> float:
+        """How long after a fault's window closed a failure may still be its doing (a peer that
+        needs a moment to be found again): the fault's own ``tail_s``, else its heal allowance plus
+        one second."""
+        if getattr(fault, "tail_s", None) is not None:
+            return float(fault.tail_s)
+        return float(getattr(fault, "heal_allowance_s", 0.0) or 0.0) + 1.0
+
     def excluded(self, scenario: Any, target: str) -> str | None:
         """(``scenario``: the loaded scenario, ``.faults`` with its random faults drawn, the
         model's blocks as attributes.) Why this target of this scenario does not apply under the family's launch profile (a

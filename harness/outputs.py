@@ -2,10 +2,11 @@
 
 Every scenario/target run has exactly one outcome:
 
-``as_expected``  it ran and its verdict is one the scenario expects;
-``deviation``    it ran and its verdict is not one the scenario expects;
+``as_expected``  it ran, and its verdict and the set of checks that failed are one the scenario expects;
+``deviation``    it ran, and its verdict or its failing set is not one the scenario expects;
 ``skipped``      it did not run here (a tool or a privilege is missing), with the reason; never a pass;
-``error``        the harness could not run it to the end (a topology or harness failure, Ctrl-C).
+``error``        the harness could not run it to the end (a topology or harness failure, Ctrl-C), or
+                 the run cannot be judged (harness_integrity or workload_ran failed, a checker raised).
 
 Exit status (``pdchaos run`` and ``pdchaos check``): 1 on any deviation or error, else 0; with
 ``--strict`` a skipped run also makes it 1.
@@ -19,15 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from . import verdicts as V
+
 # summary.json "counts": outcome -> key
 COUNT_KEYS = {"as_expected": "as_expected", "deviation": "deviations", "skipped": "skipped", "error": "errors"}
 
 
-def outcome_of(verdict: str, expected: str | None) -> str:
-    """The outcome of a verdict against what the scenario expects (alternatives as ``fail|stall``)."""
-    if verdict in ("skipped", "error"):
-        return verdict
-    return "as_expected" if verdict in str(expected or "").split("|") else "deviation"
+def outcome_of(verdict: str, expected: str | None, failing: list[str] | None = None) -> str:
+    """The outcome of a verdict and its failing checks against what the scenario expects
+    (harness/verdicts.py: alternatives as ``fail[a,b]|stall[no_stall]``)."""
+    return V.outcome(verdict, expected, failing)
 
 
 @dataclass
@@ -44,10 +46,11 @@ class Result:
     setup_s: float = 0.0
     teardown_s: float = 0.0
     family: str = ""
+    failing: list[str] = field(default_factory=list)  # the checks that failed (the expectation names them)
 
     @property
     def outcome(self) -> str:
-        return outcome_of(self.verdict, self.expected)
+        return outcome_of(self.verdict, self.expected, self.failing)
 
     @property
     def as_expected(self) -> bool:
@@ -112,7 +115,7 @@ def write_junit(path: Path, results: list[Result]) -> None:
             ET.SubElement(case, "error", message=r.reason or "harness error")
         elif outcome == "deviation":
             failed = [c for c in r.checks if c["ok"] is False]
-            msg = f"verdict {r.verdict}, expected {r.expected}"
+            msg = V.difference(r.verdict, r.expected, r.failing)
             el = ET.SubElement(case, "failure", message=msg)
             el.text = "\n".join(f"{c['name']}: {c['message']}" for c in failed) or msg
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -26,6 +26,7 @@ from faults.base import Fault, load_registry
 
 from . import checks as C
 from . import journal as J
+from . import verdicts as V
 from .errors import HarnessError
 from .journal import JournalWriter, read_journal
 from .outputs import Result, write_junit, write_summary  # noqa: F401 - re-exported for callers
@@ -63,6 +64,14 @@ def missing_requirements(scenario: LoadedScenario, services: dict[str, Any]) -> 
         if not ok:
             return f"isolated hosts unavailable: {why}"
     return None
+
+
+def fault_meta(sc: LoadedScenario, fault: Fault) -> dict:
+    """What the journal's meta line says of one scheduled fault instance: the failure categories it
+    should cause (metrics_match), those it explains and for how long after its heal
+    (failures_explained), and the effect its window must show (fault_effect)."""
+    return {"categories": list(fault.expected_categories()), "explains": list(sc.family.fault_explains(fault)),
+            "tail_s": float(sc.family.fault_tail_s(fault, sc)), "required": dict(fault.required_effect())}
 
 
 class _Interrupted(Exception):
@@ -119,6 +128,7 @@ class Runner:
         na = dict(fam.not_applicable(sc, target))
         if not sc.faults:
             na.setdefault("recovery", "no fault is scheduled")
+            na.setdefault("fault_effect", "no fault is scheduled")
         return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
                 "deadline_ms": m.deadline * 1000.0, "tolerance_ms": m.tolerance * 1000.0, "seed": m.seed,
                 "cap_s": m.cap, "wall_start": datetime.now(timezone.utc).isoformat(),
@@ -157,9 +167,12 @@ class Runner:
             return res
         results = C.check_saved(d / "journal.jsonl")
         res.checks = [r.to_dict() for r in results]
-        res.verdict = C.verdict(results)
+        res.verdict, res.failing = V.of_results(results)
         failed = [r for r in results if r.ok is False]
         res.reason = "; ".join(f"{r.name}: {r.message}" for r in failed[:3])
+        if res.outcome == "deviation":
+            res.reason = V.difference(res.verdict, res.expected, res.failing) + (f" -- {res.reason}" if res.reason
+                                                                                  else "")
         (d / "checks.json").write_text(json.dumps(res.checks, indent=1))
         return res
 
@@ -171,7 +184,8 @@ class Runner:
         res.verdict, res.reason = verdict, why
         return res
 
-    def _check_config(self, sc: LoadedScenario) -> dict:
+    @staticmethod
+    def _check_config(sc: LoadedScenario) -> dict:
         cfg = {}
         for name, opts in sc.model.checks.items():
             o = opts.model_dump()
@@ -200,8 +214,7 @@ class _ScenarioRun:
         try:
             for fm, f in zip(self.meta["faults"], self.sc.faults):  # what each fault should cause here
                 fault = self._instance(f)
-                fm["categories"] = list(fault.expected_categories())
-                fm["explains"] = list(fault.possible_categories())
+                fm.update(fault_meta(self.sc, fault))
                 self.faults.append(fault)
             self.topo.start()
             for i, fault in enumerate(self.faults):  # slow preparations happen before t0, not in the window
@@ -325,4 +338,22 @@ class _ScenarioRun:
             return False
         self.jw.write({"type": "fault", "id": fid, "name": fault.name, "phase": "stop", "t": time.monotonic(),
                        "healed_by": by})
+        self._record_effect(fault, fid)
         return True
+
+    def _record_effect(self, fault: Fault, fid: int) -> None:
+        """What the window did (the fault's counts) and what its kind requires: fault_effect judges."""
+        try:
+            required = dict(fault.required_effect())
+        except Exception as exc:  # noqa: BLE001 - recorded; fault_effect then fails
+            required, error = {}, f"{type(exc).__name__}: {exc}"
+        else:
+            error = None
+        try:
+            effect = fault.effect()
+        except Exception as exc:  # noqa: BLE001 - recorded; fault_effect fails when something was required
+            effect, error = None, f"{type(exc).__name__}: {exc}"
+        if effect is None and not required and error is None:
+            return
+        self.topo.event("fault_effect", fault=fault.name, id=fid, effect=effect, required=required,
+                        **({"error": error} if error else {}))

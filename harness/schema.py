@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
+                      create_model, model_validator)
 
 from faults.base import Duration, load_registry
 
+from . import verdicts as V
 from .checks import checks_for
 from .errors import UsageError
 from .family import DEFAULT_FAMILY, Family, get_family, known_families
@@ -53,6 +54,11 @@ class CheckOptions(_Strict):
     within: int = Field(1, ge=1, description="recovery: the first N ops after a window must include a success")
     tolerance: Duration | None = Field(None, description="bounded_return: overrides the scenario tolerance")
     slack: int = Field(0, ge=0, description="no_leaks: allowed extra threads/fds")
+    allow: list[str] = Field(default_factory=list, description="failures_explained: op failure categories "
+                             "(outcome or outcome@error_phase) the scenario allows outside fault windows")
+    fail_within: dict[str, Duration] = Field(default_factory=dict, description="fail_fast (pd): per target, "
+                                             "the most a failed request may take (measured); hardened's "
+                                             "default is kv_load_timeout + 2 s")
     max_cpu: float | None = Field(None, gt=0, le=64, description="no_busy_wait (pd): most of a core a waiting "
                                                                   "node may burn during a fault (default 0.5)")
 
@@ -101,13 +107,38 @@ class _ScenarioBase(_Strict):
                                  f"({self.workload.duration:g}s)")
         validate_recovery_gaps(self, self.faults)
         validate_faults_fit(self, self.faults)
+        self._check_expectations()
         get_family(self.family).validate(self)
         return self
 
     def expected(self, target: str) -> str:
-        """The expected verdict as text: "pass", or "fail|stall" for a list."""
-        e = self.expect.get(target, "pass")
-        return e if isinstance(e, str) else "|".join(e)
+        """The expectation as text (harness/verdicts.py): ``pass``, ``fail[no_busy_wait]``, or
+        alternatives ``fail[a]|stall[no_stall]``. Every target has one (validated)."""
+        e = self.expect.get(target)
+        if e is None:
+            return ""  # not validated yet: no claim, so nothing matches it
+        alts = e if isinstance(e, list) else [e]
+        return V.text(V.Alternative(a, frozenset() if a == "pass" else None) if isinstance(a, str) else
+                      V.Alternative(a.verdict, frozenset(a.failing), frozenset(a.may_fail)) for a in alts)
+
+    def _check_expectations(self) -> None:
+        """Every target the scenario runs has an expectation (no implicit ``pass``), and each
+        names checks this scenario runs (not one it disables)."""
+        missing = [t for t in self.targets if t not in self.expect]
+        if missing:
+            raise ValueError(f"expect: no expectation for target(s) {', '.join(missing)} that the scenario runs; "
+                             f"add e.g. `{missing[0]}: pass` or `{missing[0]}: {{verdict: fail, failing: [CHECK]}}`")
+        disabled = {n for n, o in self.checks.items() if not o.enabled}
+        guarded = sorted(disabled & set(V.ERROR_CHECKS))
+        if guarded:
+            raise ValueError(f"checks: {', '.join(guarded)} cannot be disabled: when it fails the run cannot be "
+                             f"judged at all")
+        for target, e in self.expect.items():
+            for a in (e if isinstance(e, list) else [e]):
+                off = sorted((set(getattr(a, "failing", [])) | set(getattr(a, "may_fail", []))) & disabled)
+                if off:
+                    raise ValueError(f"expect.{target}: failing names {', '.join(off)}, which this scenario "
+                                     f"disables (checks: ... enabled: false)")
 
     def check_options(self, name: str) -> CheckOptions:
         return self.checks.get(name, CheckOptions())
@@ -178,9 +209,10 @@ def scenario_model(family: str = DEFAULT_FAMILY):
     """The Scenario model of one family, built once its faults and checks are loaded."""
     if family not in _MODELS:
         fam = get_family(family)
-        verdicts = Literal["pass", "fail", "stall"]
         targets = Literal[fam.targets]  # type: ignore[valid-type]
         check_names = Literal[tuple(checks_for(fam))]  # type: ignore[valid-type]
+        expectation = _expectation_model(family, check_names)
+        one = Union[Literal["pass"], expectation]  # type: ignore[valid-type]
         _MODELS[family] = create_model(
             f"Scenario_{family}", __base__=_ScenarioBase,
             family=(Literal[family], Field(family, description=fam.description)),  # type: ignore[valid-type]
@@ -189,13 +221,62 @@ def scenario_model(family: str = DEFAULT_FAMILY):
             workload=(fam.Workload, Field(default_factory=fam.Workload)),
             faults=(list[_fault_union(fam)], Field(default_factory=list)),
             checks=(dict[check_names, CheckOptions], Field(default_factory=dict)),
-            expect=(dict[targets, Union[verdicts, list[verdicts]]], Field(
+            expect=(dict[targets, Annotated[Union[one, list[one]], BeforeValidator(_no_bare_failure)]], Field(
                 default_factory=dict,
-                description="the verdict expected per target (default pass); a list when several are honest "
-                            "outcomes, e.g. [fail, stall] for a baseline that stalls only if a request was in "
-                            "flight")),
+                description="per target the scenario runs (each must have one): `pass`, or the verdict and "
+                            "the exact set of checks that fail, {verdict: fail, failing: [no_busy_wait]}; a "
+                            "list when several are honest outcomes (e.g. a stall only if a request was in "
+                            "flight)")),
         )
     return _MODELS[family]
+
+
+def _no_bare_failure(v: Any) -> Any:
+    """A bare ``fail`` or ``stall`` claims nothing about which checks fail: refused, with the fix."""
+    for x in (v if isinstance(v, list) else [v]):
+        if x in ("fail", "stall"):
+            raise ValueError(f"a bare {x!r} does not say which checks fail: write "
+                             f"{{verdict: {x}, failing: [CHECK, ...]}} (the exact set of failing checks"
+                             + (", no_stall among them" if x == "stall" else "") + ")")
+    return v
+
+
+def _expectation_model(family: str, check_names: Any):
+    def consistent(self):
+        names = set(self.failing)
+        if len(names) != len(self.failing):
+            raise ValueError("failing names a check twice")
+        both = sorted(names & set(self.may_fail))
+        if both:
+            raise ValueError(f"{', '.join(both)} both in failing and may_fail")
+        if self.verdict == "pass" and self.may_fail:
+            raise ValueError("verdict pass with may_fail: a check that fails makes the verdict fail")
+        if "no_stall" in self.may_fail:
+            raise ValueError("no_stall in may_fail: a stall is its own verdict; list the stall as an alternative")
+        if set(self.may_fail) & set(V.ERROR_CHECKS):
+            raise ValueError("may_fail names a check whose failure is a harness error")
+        if self.verdict == "pass" and names:
+            raise ValueError("verdict pass with failing checks: a failing check makes the verdict fail or stall")
+        if self.verdict == "fail" and (not names or "no_stall" in names):
+            raise ValueError("verdict fail needs failing checks, and not no_stall (that is the verdict stall)")
+        if self.verdict == "stall" and "no_stall" not in names:
+            raise ValueError("verdict stall: failing must include no_stall (the check whose failure is a stall)")
+        bad = sorted(names & set(V.ERROR_CHECKS))
+        if bad:
+            raise ValueError(f"failing names {', '.join(bad)}: when it fails the run is a harness error, "
+                             f"which no expectation can claim")
+        return self
+
+    return create_model(
+        f"Expectation_{family}", __base__=_Strict,
+        verdict=(Literal["pass", "fail", "stall"], Field(..., description="the verdict")),
+        failing=(list[check_names], Field(default_factory=list,  # type: ignore[valid-type]
+                                          description="exactly the checks that fail (pass: none)")),
+        may_fail=(list[check_names], Field(default_factory=list,  # type: ignore[valid-type]
+                                           description="checks measured to fail in some runs and hold in "
+                                                       "others (say why in the description)")),
+        __validators__={"consistent": model_validator(mode="after")(consistent)},
+    )
 
 
 def json_schema() -> dict:

@@ -88,6 +88,31 @@ class Node:
         return self.proc.log_path
 
 
+def _gone(proc: Any, wait_s: float = 2.0) -> bool:
+    """The process has exited (waits a little: a SIGKILL is not instant)."""
+    end = time.monotonic() + wait_s
+    while proc.alive and time.monotonic() < end:
+        time.sleep(0.01)
+    return not proc.alive
+
+
+def _seen_stopped(pid: int, wait_s: float = 1.0) -> bool | None:
+    """The process is in state T (stopped) in /proc, within ``wait_s``; None without /proc."""
+    path = f"/proc/{pid}/stat"
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state in ("T", "t"):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
+
+
 class BaseTopology:
     """Nodes by role; a family subclass implements :meth:`node_spec` and :meth:`start`."""
 
@@ -299,15 +324,23 @@ class BaseTopology:
                        returncode=node.proc.returncode)
         return node
 
-    def stop_node(self, role: str) -> None:
-        self._retire(role, "stop")
+    def stop_node(self, role: str) -> bool | None:
+        """Stop the node; whether its process was seen gone after (None: no such node)."""
+        node = self._retire(role, "stop")
+        return None if node is None else _gone(node.proc)
 
-    def kill_node(self, role: str) -> None:
-        self._retire(role, "kill")
+    def kill_node(self, role: str) -> bool | None:
+        """SIGKILL the node; whether its process was seen gone after (None: no such node)."""
+        node = self._retire(role, "kill")
+        return None if node is None else _gone(node.proc)
 
-    def restart_node(self, role: str, *, kill: bool = False) -> None:
-        self._retire(role, "kill" if kill else "stop")
-        self.start_node(role)
+    def restart_node(self, role: str, *, kill: bool = False) -> bool | None:
+        """Stop (or kill) the node and start it again; whether a new process replaced the old one."""
+        old = self._retire(role, "kill" if kill else "stop")
+        new = self.start_node(role)
+        if old is None:
+            return None
+        return _gone(old.proc) and new.proc.alive and new.proc.pid != old.proc.pid
 
     def swap_node(self, role: str, spec: NodeSpec) -> None:
         """Replace the node of ``role`` by another (e.g. a fake peer on the same endpoints);
@@ -329,15 +362,19 @@ class BaseTopology:
         self.event("process_signal", kind=node.kind, role=node.role, pid=node.proc.pid,
                    signal=signal.Signals(sig).name)
 
-    def signal_node(self, role: str, sig: int) -> None:
+    def signal_node(self, role: str, sig: int) -> bool | None:
+        """Signal the node's process group. For SIGSTOP, whether its process was then seen
+        stopped (state T in /proc: local processes; None where that cannot be read)."""
         node = self.node(role)
         if not node.proc.alive:
             raise HarnessError(f"signal {signal.Signals(sig).name}: node {role!r} is not running")
         self._signal(node, sig)
         if sig == signal.SIGSTOP:
             node.frozen = True
-        elif sig == signal.SIGCONT:
+            return _seen_stopped(node.proc.pid)
+        if sig == signal.SIGCONT:
             node.frozen = False
+        return None
 
     # ------------------------------------------------------------------ control and probes
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:

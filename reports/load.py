@@ -16,6 +16,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harness import verdicts as V
 from typing import Any
 
 from harness import journal as J
@@ -132,7 +134,7 @@ def _as_expected(r: dict) -> bool | None:
     if isinstance(r.get("as_expected"), bool):
         return r["as_expected"] and r.get("verdict") not in ("skipped", "error")
     if r.get("verdict") and r.get("expected"):
-        return str(r["verdict"]) in str(r["expected"]).split("|")
+        return V.outcome(str(r["verdict"]), str(r["expected"]), r.get("failing")) == "as_expected"
     return None
 
 

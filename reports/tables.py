@@ -11,6 +11,8 @@ import html
 import math
 from dataclasses import dataclass, field
 
+from harness import verdicts as V
+
 from . import data as D
 from .load import Layout, Result, Run
 
@@ -65,8 +67,9 @@ def ratio_cell(after: Result | None, before: Result | None, metric: str) -> str:
 
 
 def expected_words(expected: str) -> str:
-    """The runner writes alternatives as ``fail|stall``: shown as "fail or stall"."""
-    return " or ".join(e for e in expected.split("|") if e)
+    """The runner writes alternatives as ``fail[a]|stall[no_stall]``: shown as "fail (failing: a) or
+    stall (failing: no_stall)"."""
+    return V.words(expected) if expected else ""
 
 
 def verdict_cell(r: Result | None) -> str:

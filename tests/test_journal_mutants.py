@@ -333,11 +333,11 @@ PD_MUTANTS = [
       ("harness_integrity",)),
     M("pd_fault_records_lost", "pd",
       lambda r: r.remove(lambda x: x.get("type") == "fault" or x.get("what") in ("fault_effect", "fault_started")),
-      "deviation", ("recovery", "no_busy_wait")),
+      "error", ("fault_effect", "recovery", "no_busy_wait")),
     M("pd_fault_start_record_lost", "pd",
       lambda r: r.remove(lambda x: x.get("type") == "fault" and x.get("phase") == "start"), "error", ("no_busy_wait",)),
     # ---- values of the wrong type: never read as holding
-    M("pd_elapsed_ms_as_string", "pd", lambda r: r.completion(3).update(elapsed_ms="170.0"), "error",
+    M("pd_elapsed_ms_as_string", "pd", lambda r: r.completion(3).update(elapsed_ms="170.0"), "deviation",
       ("bounded_return",)),
     M("pd_final_counters_as_strings", "pd",
       lambda r: final(r, "decode:0").update(counters=strings(final(r, "decode:0")["counters"])), "deviation",
@@ -680,75 +680,41 @@ def h_final_probe_without_baseline(run: Run) -> None:
     final(run, "decode:0").update(threads=140, fds=300)
 
 
+# holes found by trying to break the checks, each closed since: kept as mutants that must stay caught
 HOLES = [
     pytest.param("pd", h_truncated_prompt_in_log, "deviation", ("log_hygiene",),
-                 marks=hole("log_hygiene: a 16+ character piece of a prompt is found only as one run of letters or "
-                            "digits, so a prompt cut short in a log (words < 16 chars) passes"),
                  id="hole_log_hygiene_truncated_prompt"),
-    pytest.param("golden_pd_baseline", h_truncated_reference_in_log, "deviation", ("log_hygiene",),
-                 marks=hole("log_hygiene, on a real pd journal: a reference output cut at 40 characters in a log "
-                            "passes"), id="hole_log_hygiene_truncated_reference_golden_pd"),
-    pytest.param("golden_pd_abort", h_golden_late_failure_without_elapsed, "deviation", ("fail_fast", "bounded_return"),
-                 marks=hole("bounded_return/fail_fast, on a real pd journal: a 502 whose timestamps span 20 s but "
-                            "that lacks elapsed_ms reads as fast"), id="hole_elapsed_ms_missing_golden_pd"),
+    pytest.param("golden_pd_baseline", h_truncated_reference_in_log, "deviation", ("log_hygiene",), id="hole_log_hygiene_truncated_reference_golden_pd"),
+    pytest.param("golden_pd_abort", h_golden_late_failure_without_elapsed, "deviation", ("fail_fast", "bounded_return"), id="hole_elapsed_ms_missing_golden_pd"),
     pytest.param("pd", h_late_failure_without_elapsed(_MISSING), "deviation", ("fail_fast", "bounded_return"),
-                 marks=hole("bounded_return/fail_fast read elapsed_ms only: a completion without it counts as 0 ms "
-                            "though its timestamps span 20 s"),
                  id="hole_elapsed_ms_missing_on_a_20s_failure"),
     pytest.param("pd", h_late_failure_without_elapsed(float("nan")), "deviation", ("fail_fast", "bounded_return"),
-                 marks=hole("bounded_return/fail_fast: elapsed_ms NaN compares False with every bound"),
                  id="hole_elapsed_ms_nan_on_a_20s_failure"),
     pytest.param("pd", h_late_failure_without_elapsed(150.0), "deviation", ("fail_fast", "bounded_return"),
-                 marks=hole("bounded_return/fail_fast trust elapsed_ms over t_complete - t_invoke"),
                  id="hole_elapsed_ms_understates_a_20s_failure"),
-    pytest.param("pd", h_nan_kv_usage, "deviation", ("drained",),
-                 marks=hole("drained: a NaN gauge (Prometheus text may carry NaN) is compared, and NaN > baseline is "
-                            "False"), id="hole_drained_nan_kv_usage"),
+    pytest.param("pd", h_nan_kv_usage, "deviation", ("drained",), id="hole_drained_nan_kv_usage"),
     pytest.param("pd", h_nan_cpu_first_interval, "deviation", ("no_busy_wait",),
-                 marks=hole("no_busy_wait: a NaN cpu_s makes the first judged interval's fraction NaN; no later "
-                            "fraction compares greater, so a node burning 0.95 of a core passes"),
                  id="hole_no_busy_wait_nan_cpu_hides_a_burn"),
-    pytest.param("pd", lambda r: r.remove(lambda x: x.get("what") == "fault_effect"), "error", ("fault_effect",),
-                 marks=hole("fault_effect: a window of a fault that requires an effect but has no fault_effect "
-                            "event is 'unmeasured' and passes"), id="hole_fault_effect_event_missing"),
+    pytest.param("pd", lambda r: r.remove(lambda x: x.get("what") == "fault_effect"), "error", ("fault_effect",), id="hole_fault_effect_event_missing"),
     pytest.param("pd", lambda r: effect_event(r).update(effect={"acted": float("nan"), "seen": float("nan")}), "error",
-                 ("fault_effect",),
-                 marks=hole("fault_effect: a NaN count is not < its requirement"), id="hole_fault_effect_nan_counts"),
-    pytest.param("pd", h_duplicate_fault_id, "error", (),
-                 marks=hole("two windows under one fault id merge into one and fault_effect keeps the last event per "
-                            "id: the first window's zero effect is hidden"), id="hole_duplicate_fault_id"),
+                 ("fault_effect",), id="hole_fault_effect_nan_counts"),
+    pytest.param("pd", h_duplicate_fault_id, "error", (), id="hole_duplicate_fault_id"),
     pytest.param("pd", h_meta_disables_harness_integrity, "error", ("harness_integrity",),
-                 marks=hole("the meta line's checks may disable an error check (harness_integrity, workload_ran, "
-                            "fault_effect): a fault_error and leftovers then read as expected"),
                  id="hole_meta_disables_harness_integrity"),
     pytest.param("pd", h_meta_says_fault_effect_not_applicable, "error", ("fault_effect",),
-                 marks=hole("the meta line's not_applicable may list fault_effect though fault windows exist"),
                  id="hole_meta_fault_effect_not_applicable_with_windows"),
     pytest.param("pd", lambda r: r.remove(lambda x: x.get("type") == "end"), "error", (),
-                 marks=hole("a journal without its end record (the runner never finished it) is judged as a run"),
                  id="hole_no_end_record"),
     pytest.param("lookup_norecovery", h_scheduled_fault_never_ran, "error", ("fault_effect",),
-                 marks=hole("a fault the meta line schedules but the journal never shows (no window) is not "
-                            "noticed when recovery is disabled: fault_effect judges windows only"),
                  id="hole_scheduled_fault_never_ran"),
     pytest.param("pd_recompute", lambda r: fail_op(r, 4, "http_500"), "deviation", ("fail_fast",),
-                 marks=hole("fail_fast under recompute: a failure that names no error_phase (a 500 passed through, "
-                            "a reset connection) is taken as one before D was asked"),
                  id="hole_recompute_failure_without_error_phase"),
     pytest.param("pd_recompute", lambda r: fail_op(r, 4, "connect", phase="info", code="ConnectionResetError"),
-                 "deviation", ("fail_fast",),
-                 marks=hole("fail_fast under recompute: a connection reset after the request was sent (info/connect) "
-                            "is not counted"), id="hole_recompute_connection_reset"),
-    pytest.param("pd", h_duplicate_op_id, "deviation", ("failures_explained",),
-                 marks=hole("J.ops merges records by id: a later op journalled under a failed op's id overwrites "
-                            "the failure"), id="hole_duplicate_op_id_hides_a_failure"),
+                 "deviation", ("fail_fast",), id="hole_recompute_connection_reset"),
+    pytest.param("pd", h_duplicate_op_id, "error", ("harness_integrity",), id="hole_duplicate_op_id_hides_a_failure"),
     pytest.param("pd", h_failure_without_invoke_record, "deviation", ("failures_explained",),
-                 marks=hole("failures_explained: an op without an invoke record has t_invoke 0.0, so its span covers "
-                            "every fault window and any failure is explained"),
                  id="hole_failure_without_invoke_record_is_explained"),
-    pytest.param("pd", h_final_probe_without_baseline, "deviation", ("no_leaks",),
-                 marks=hole("no_leaks compares baselines only: a node with a final probe and no baseline (140 "
-                            "threads) is never compared"), id="hole_final_probe_without_baseline"),
+    pytest.param("pd", h_final_probe_without_baseline, "deviation", ("no_leaks",), id="hole_final_probe_without_baseline"),
 ]
 
 
@@ -767,8 +733,6 @@ def test_hole(base_name: str, mutate, want: str, killers: tuple, tmp_path) -> No
     pytest.param(lambda r: next(x for x in r.records if x.get("type") == "fault").pop("t"),
                  id="fault_record_without_t"),
 ])
-@hole("a malformed record (no phase, id or t) raises KeyError while the CheckInput is built, outside "
-      "run_checks' guard: `pdchaos check` (and the runner) crash instead of judging error", raises=KeyError)
 def test_malformed_record_is_an_error_not_a_crash(mutate, tmp_path) -> None:
     run = base("pd")
     mutate(run)

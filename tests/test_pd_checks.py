@@ -3,6 +3,8 @@ fails the bad ones it exists for (no real node needed here; tests/test_pd_nodes.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness import checks as C
@@ -97,11 +99,33 @@ def test_no_busy_wait() -> None:
 
 
 def test_fail_fast() -> None:
-    assert run("fail_fast", [meta(), *op(1, 0), *op(2, 1, phase="fail", value=None, outcome="http_502")]).ok is True
+    def run_as(m: dict, *ops: list[dict]):
+        return run("fail_fast", [m, *[r for o in ops for r in o]])
+
+    hardened = meta(target="hardened", topology={"kv_load_failure_policy": "fail", "kv_load_timeout": 2.0})
+    fast = op(2, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=2500.0)
+    assert run_as(hardened, op(1, 0), fast).ok is True  # within kv_load_timeout 2 s + the 2 s margin
+    slow = op(2, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=4500.0)
+    r = run_as(hardened, op(1, 0), slow)
+    assert r.ok is False and "longer than 4 s" in r.message
+    # a bound the scenario declares for a target (measured) replaces the default
+    assert run("fail_fast", [hardened, *op(1, 0), *slow], {"fail_within": {"hardened": 5.0}}).ok is True
+    # upstream promises no bound: a failure without a declared one cannot be judged
+    r = run_as(meta(), op(1, 0), fast)
+    assert r.ok is False and "no bound declared for target upstream" in r.message
+    assert run("fail_fast", [meta(), *op(1, 0), *fast], {"fail_within": {"upstream": 3.0}}).ok is True
+    assert run_as(meta(), op(1, 0)).ok is True  # nothing failed
+    # a hang made visible: the proxy's own 504 at its timeout, or the client giving up
+    r = run_as(hardened, op(3, 1, phase="fail", value=None, outcome="http_504", elapsed_ms=1000.0))
+    assert r.ok is False and "504" in r.message
     hung = [meta(), *op(1, 0, phase="info", value=None, outcome="stalled", elapsed_ms=30000)]
     assert run("fail_fast", hung).ok is False
+    # recompute: a failure after D was asked fails; one before (P's bootstrap) is another check's
     recompute = meta(topology={"kv_load_failure_policy": "recompute"})
-    assert run("fail_fast", [recompute, *op(1, 0, phase="fail", value=None, outcome="http_500")]).ok is False
+    assert run_as(recompute, op(1, 0, phase="fail", value=None, outcome="http_500")).ok is False
+    before_d = op(1, 0, phase="fail", value=None, outcome="http_502")
+    before_d[1]["error_phase"] = "bootstrap"
+    assert run_as(recompute, before_d).ok is True
 
 
 def test_kv_transferred() -> None:
@@ -116,10 +140,11 @@ def test_no_busy_wait_is_not_applicable_without_faults(tmp_path) -> None:
     from harness.schema import load_scenario
 
     f = tmp_path / "b.yaml"
-    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\n")
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n")
     sc = load_scenario(f)
     assert "no_busy_wait" in FAM.not_applicable(sc, "upstream")
-    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nfaults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n")
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n"
+                 "faults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n")
     assert FAM.not_applicable(load_scenario(f), "upstream") == {}
 
 
@@ -127,7 +152,11 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
+        self.counters: dict = {}  # the proxy's stats counters, as the test moves them
+
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields) -> dict:
+        if cmd == "stats":
+            return {"counters": json.loads(json.dumps(self.counters))}
         self.calls.append((role, cmd, fields))
         return {}
 
@@ -147,8 +176,14 @@ def test_proxy_hook_faults_set_and_clear_their_hook(name, params, first) -> None
     cls = load_registry("pd")[name]
     ctx = Recorder()
     fault = cls(cls.Params(**params), ctx)
+    key = next(iter(fault.required_effect()))  # the proxy counter its window must raise
+    ctx.counters = {"aborted_by": {"decode_wait": 4, "after_prefill": 2}, "held": 1, "bad_params": 0}
     fault.start()
     assert ctx.calls == [first]
+    head, _, leaf = key.rpartition(".")
+    where = ctx.counters[head] if head else ctx.counters
+    where[leaf] = where.get(leaf, 0) + 2  # two requests took the hook during the window
     fault.stop()
     fault.stop()  # healed once
     assert ctx.calls[-1][:2] == ("proxy", "clear") and len([c for c in ctx.calls if c[1] == "clear"]) == 1
+    assert fault.effect()[key] == 2  # counted from the proxy's own counters, before and after

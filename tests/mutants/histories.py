@@ -129,7 +129,7 @@ class Run:
 @lru_cache(maxsize=None)
 def _meta_json(yaml_text: str, target: str) -> str:
     from faults.base import load_registry
-    from harness.runner import Runner
+    from harness.runner import Runner, fault_meta
     from harness.schema import load_scenario
 
     with tempfile.TemporaryDirectory(prefix="pdc-mut-") as tmp:
@@ -142,9 +142,7 @@ def _meta_json(yaml_text: str, target: str) -> str:
     for fm, f in zip(meta["faults"], sc.faults):  # as _ScenarioRun.execute fills them in
         cls = registry[f.type]
         fault = cls(cls.Params.model_construct(**{k: getattr(f, k) for k in cls.Params.model_fields}), None)
-        fm["categories"] = list(fault.expected_categories())
-        fm["explains"] = list(sc.family.fault_explains(fault))
-        fm["tail_s"] = float(sc.family.fault_tail_s(fault, sc))
+        fm.update(fault_meta(sc, fault))  # as _ScenarioRun.execute does
         required.append(dict(fault.required_effect()))
     meta.update(file=f"scenarios/mutants/{sc.name}.yaml", wall_start="2026-12-01T12:00:00+00:00", t0=T0)
     return json.dumps({"meta": meta, "required": required})

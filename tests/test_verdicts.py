@@ -1,0 +1,129 @@
+"""Verdicts and expectations (harness/verdicts.py, harness/schema.py): an expectation names the
+checks that must fail; a run whose failing set differs deviates and says how; a run the harness
+could not judge is an error that no expectation matches; no target runs without an expectation."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from harness import verdicts as V
+from harness.checks import CheckResult, run_checks
+from harness.errors import UsageError
+from harness.schema import load_scenario
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _res(**oks) -> list[CheckResult]:
+    return [CheckResult(n, ok, "msg") for n, ok in oks.items()]
+
+
+def test_text_round_trip():
+    for text in ("pass", "fail[no_busy_wait]", "fail[a,b,c?]|stall[bounded_return,no_stall]"):
+        assert V.text(V.parse(text)) == text
+    assert V.parse("") == [V.Alternative("pass", frozenset())]
+    assert V.parse("fail|stall") == [V.Alternative("fail", None), V.Alternative("stall", None)]
+
+
+def test_expected_fail_is_met_only_by_the_failure_it_claims():
+    exp = "fail[no_busy_wait]"
+    assert V.outcome("fail", exp, ["no_busy_wait"]) == "as_expected"
+    assert V.outcome("fail", exp, ["fail_fast"]) == "deviation"  # another failure
+    assert V.outcome("fail", exp, ["fail_fast", "no_busy_wait"]) == "deviation"  # more than claimed
+    assert V.outcome("pass", exp, []) == "deviation"
+    assert V.outcome("pass", "pass", []) == "as_expected"
+    assert V.outcome("fail", "pass", ["recovery"]) == "deviation"
+
+
+def test_may_fail_bounds_the_set_both_ways():
+    exp = "fail[recovery,bounded_return?]"
+    assert V.outcome("fail", exp, ["recovery"]) == "as_expected"
+    assert V.outcome("fail", exp, ["bounded_return", "recovery"]) == "as_expected"
+    assert V.outcome("fail", exp, ["bounded_return"]) == "deviation"  # the required one held
+    assert V.outcome("fail", exp, ["recovery", "no_leaks"]) == "deviation"
+
+
+def test_alternatives_and_old_unnamed_expectations():
+    exp = "fail[recovery]|stall[bounded_return,no_stall]"
+    assert V.outcome("stall", exp, ["bounded_return", "no_stall"]) == "as_expected"
+    assert V.outcome("stall", exp, ["no_stall"]) == "deviation"
+    # a journal saved before expectations named checks: any failing set of that verdict
+    assert V.outcome("fail", "fail|stall", ["anything"]) == "as_expected"
+
+
+def test_error_verdicts_never_match():
+    for check in V.ERROR_CHECKS:
+        verdict, failing = V.of_results(_res(**{check: False, "recovery": True}))
+        assert verdict == "error" and failing == [check]
+        assert V.outcome(verdict, "fail[" + check + "]", failing) == "error"
+    raised = [CheckResult("recovery", False, V.RAISED + "KeyError: 'x'")]
+    assert V.of_results(raised)[0] == "error"
+    assert V.of_results(_res(no_stall=False, recovery=False)) == ("stall", ["no_stall", "recovery"])
+    assert V.of_results(_res(no_stall=True, recovery=None)) == ("pass", [])
+
+
+def test_a_raising_checker_is_an_error_not_a_fail():
+    def boom(inp, opts):  # noqa: ARG001
+        raise RuntimeError("bug")
+
+    results = run_checks(object(), {}, {"mine": boom})
+    assert V.of_results(results)[0] == "error"
+
+
+def test_difference_names_the_checks():
+    msg = V.difference("fail", "fail[no_busy_wait]", ["fail_fast"])
+    assert "fail_fast failed unexpectedly" in msg and "no_busy_wait did not fail" in msg
+    assert "expected fail[no_busy_wait]" in msg
+    assert "verdict pass, not fail" in V.difference("pass", "fail[x]", []) or "x did not fail" in \
+        V.difference("pass", "fail[x]", [])
+    assert V.words("fail[a,b?]|stall[no_stall]") == "fail (failing: a; may fail: b) or stall (failing: no_stall)"
+
+
+SCENARIO = """\
+name: t-expect
+family: lookup
+seed: 1
+targets: [hardened, legacy]
+workload: {{duration: 3s, concurrency: 1, rate: 20}}
+faults:
+  - {{type: slow_peer, at: 1s, for: 0.5s, delay: 500ms}}
+{checks}
+expect:
+{expect}
+"""
+
+
+def _load(tmp_path, expect: str, checks: str = ""):
+    p = tmp_path / "s.yaml"
+    p.write_text(SCENARIO.format(expect=textwrap.indent(expect, "  "), checks=checks))
+    return load_scenario(p)
+
+
+def test_schema_accepts_named_expectations(tmp_path):
+    sc = _load(tmp_path, "hardened: pass\nlegacy: [{verdict: fail, failing: [recovery], may_fail: [bounded_return]},"
+                         " {verdict: stall, failing: [no_stall, recovery]}]")
+    assert sc.model.expected("hardened") == "pass"
+    assert sc.model.expected("legacy") == "fail[recovery,bounded_return?]|stall[no_stall,recovery]"
+
+
+@pytest.mark.parametrize("expect, checks, words", [
+    ("hardened: pass\nlegacy: fail", "", "a bare 'fail' does not say which checks fail"),
+    ("hardened: pass\nlegacy: [pass, stall]", "", "a bare 'stall'"),
+    ("hardened: pass", "", "no expectation for target(s) legacy"),
+    ("hardened: pass\nlegacy: {verdict: stall, failing: [recovery]}", "", "must include no_stall"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: []}", "", "verdict fail needs failing checks"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: [no_stall]}", "", "verdict fail needs failing checks"),
+    ("hardened: pass\nlegacy: {verdict: pass, failing: [recovery]}", "", "verdict pass with failing"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: [harness_integrity]}", "", "harness error"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: [no_such_check]}", "", "legacy"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: [recovery], may_fail: [recovery]}", "", "both in failing"),
+    ("hardened: pass\nlegacy: {verdict: fail, failing: [no_leaks]}", "checks: {no_leaks: {enabled: false}}",
+     "disables"),
+])
+def test_schema_refuses_claims_that_name_nothing_or_cannot_hold(tmp_path, expect, checks, words):
+    with pytest.raises(UsageError) as e:
+        _load(tmp_path, expect, checks)
+    assert words in str(e.value)
+    assert "s.yaml" in str(e.value)  # names the file (and line)

@@ -19,6 +19,11 @@ class LayerwiseFamily(Family):
                    "per-layer sender, D's metaserver POST")
     targets = ("upstream", "hardened")
     baseline_target = "upstream"
+    # what a generic fault (a Toxiproxy toxic on the link P dials D through) may cause in this
+    # family's workload (workload.py outcomes): a load that fails, or a request D refuses
+    generic_explains = dict.fromkeys(("latency", "bandwidth", "slow_close", "timeout", "reset_peer", "slicer",
+                                      "limit_data", "down", "kill", "stop", "restart", "node_down"),
+                                     ("failed_load", "refused"))
     Topology = LayerwiseTopologySpec
     Workload = LayerwiseWorkloadSpec
     fault_modules = (f"{PKG}.faults",)

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from faults.base import Duration, Fault, FaultParams, OnceFault, register
+from faults.base import LASTING, Duration, Fault, FaultParams, OnceFault, register
 
 # what each probe sends after the REQ envelope (never a real request id: "x")
 PROBES: dict[str, list[bytes]] = {
@@ -37,6 +37,9 @@ class ListenerGarbage(OnceFault):
 
     family = "layerwise"
     name = "listener_garbage"
+    # upstream D's listener thread may die of it for good: later loads then fail or never finish
+    may_cause = ("failed_load",)
+    tail_s = LASTING
 
     class Params(FaultParams):
         tries: int = Field(3, ge=1, le=5, description="tries per message (upstream's sender: 3)")
@@ -85,6 +88,7 @@ class TransferError(Fault):
 
     family = "layerwise"
     name = "transfer_error"
+    may_cause = ("failed_load",)
 
     class Params(FaultParams):
         mode: Literal["raise", "ret"] = Field("raise", description="raise: the engine raises; ret: it returns -1")
@@ -102,6 +106,7 @@ class MetaserverFault(Fault):
 
     family = "layerwise"
     name = "metaserver_fault"
+    may_cause = ("failed_load", "refused")
 
     class Params(FaultParams):
         mode: Literal["error", "hang", "drop"] = Field("hang", description="error: HTTP 500; hang: never answers; "

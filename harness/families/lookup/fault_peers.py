@@ -85,6 +85,7 @@ class MalformedReply(_SwapFault):
 
     name = "malformed_reply"
     categories = ("protocol", "timeout")
+    may_cause = ("raised",)  # a client without a versioned error protocol (today's) raises on some kinds
 
     class Params(FaultParams):
         kind: ReplyKind = Field(description="which broken reply (wire.py REPLY_KINDS)")

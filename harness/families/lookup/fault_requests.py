@@ -30,7 +30,7 @@ from pydantic import Field
 
 from connector_patch.lookup.protocol import MAX_TOKEN_LEN, Code, ProtocolError, decode_reply, encode_u32
 
-from faults.base import Duration, FaultContext, FaultParams, OnceFault, register
+from faults.base import LASTING, Duration, FaultContext, FaultParams, OnceFault, register
 
 RequestKind = Literal["frame_count", "int_width", "bad_msgpack", "bad_group_ids", "non_hex_hashes",
                       "oversized_token_len", "hbm_over_token_len", "too_many_hashes"]
@@ -101,7 +101,11 @@ class MalformedRequests(OnceFault):
 
     name = "malformed_requests"
     family = "lookup"
-    categories = ()  # the workload's own lookups are not affected
+    categories = ()  # the workload's own lookups are not affected (the hardened server)
+    # today's server thread may die of one (vllm-ascend's LookupKeyServer): every later lookup then
+    # waits for ever, whatever comes after the window
+    may_cause = ("timeout",)
+    tail_s = LASTING
 
     class Params(FaultParams):
         kinds: list[RequestKind] = Field(default_factory=lambda: list(REQUEST_KINDS), min_length=1,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r
+import math
+
+from harness.checks import CheckInput, CheckResult, _first, _r, finite, op_elapsed_ms
 
 from .family import FAMILY
 
@@ -29,7 +31,8 @@ def _gauge(counters: dict, name: str) -> float | None:
         key = key.split(":", 1)[-1] if ":" in key.split("{")[0] else key
         return key if "{" in name else key.split("{")[0]
 
-    vals = [float(v) for k, v in (counters or {}).items() if isinstance(v, (int, float)) and bare(k) == name]
+    vals = [float(v) for k, v in (counters or {}).items()
+            if isinstance(v, (int, float)) and math.isfinite(v) and bare(k) == name]
     return sum(vals) if vals else None
 
 
@@ -121,7 +124,12 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
             in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
             running = max(_gauge(x.get("counters") or {}, "num_requests_running") or 0 for x in (a, b))
             cpu_a, cpu_b = (a.get("counters") or {}).get("cpu_s"), (b.get("counters") or {}).get("cpu_s")
-            if not in_fault or running or cpu_a is None or cpu_b is None or b["t"] <= a["t"] \
+            if not finite(cpu_a) or not finite(cpu_b):
+                if in_fault:
+                    return _r(False, f"{node}: a sample during a fault has no CPU time ({cpu_a!r} -> {cpu_b!r}): "
+                                     f"cannot tell whether it waited quietly")
+                continue
+            if not in_fault or running or b["t"] <= a["t"] \
                     or not _quiet(inp.all_ops, a["t"], b["t"]):
                 continue
             judged += 1
@@ -139,24 +147,68 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
                     f"intervals, {quiet_s:.1f} s node-time)", worst_cpu=round(worst[0], 3))
 
 
+FAIL_MARGIN_S = 2.0  # the hardened D's failed load reaches the client within kv_load_timeout + this
+BEFORE_D = ("bootstrap", "prefill", "proxy")  # proxy phases that end before D is asked: no KV load involved
+
+
+def _fail_bound(inp: CheckInput, opts: dict) -> tuple[float | None, str]:
+    """(bound in seconds, where it comes from) for a failed request of this run's target: the
+    scenario's ``fail_within`` for the target (measured), else the hardened D's promise
+    (kv_load_timeout + FAIL_MARGIN_S), else none (upstream promises no bound)."""
+    target = inp.meta.get("target")
+    topo = inp.meta.get("topology") or {}
+    declared = (opts.get("fail_within") or {}).get(target)
+    if declared is not None:
+        return float(declared), f"the scenario's fail_within for {target}"
+    if target == "hardened" and topo.get("mixed", "none") != "upstream_decode":
+        load = float(topo.get("kv_load_timeout", 2.0))
+        return load + FAIL_MARGIN_S, f"kv_load_timeout {load:g} s + {FAIL_MARGIN_S:g} s margin"
+    return None, f"no bound declared for target {target} (checks: fail_fast: fail_within: {{{target}: ...}})"
+
+
 @check("fail_fast")
-def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    """A failed KV load ends the request, as the failure policy says: with ``fail`` every failed
-    request came back as an HTTP error (none hung until the client gave up); with ``recompute``
-    none failed (D computed the prefill itself)."""
+def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
+    """A failed KV load ends the request promptly, as the failure policy says.
+
+    ``fail``: every failed request came back as an HTTP error within the bound its target
+    promises (hardened: the load deadline ``kv_load_timeout`` plus FAIL_MARGIN_S; upstream: what
+    the scenario declares from measurement in ``fail_within``; without a bound, any failure fails
+    the check: it cannot be judged). A proxy's 504 (its own timeout ran out) or a request the
+    client gave up on is a hang made visible, never a fast failure.
+    ``recompute``: no request whose failure involved a KV load (the proxy had asked D) failed: D
+    computed the prompt itself. Failures before D was asked (P's bootstrap, P) are other checks'."""
     policy = (inp.meta.get("topology") or {}).get("kv_load_failure_policy", "fail")
     if not inp.ops:
         return _r(False, "no request in the history")
-    hung = [o for o in inp.ops if o.get("outcome") == "stalled"]
     failed = [o for o in inp.ops if o.get("phase") != "ok"]
-    if policy == "recompute" and failed:
-        o = failed[0]
-        return _r(False, f"policy recompute, but {len(failed)} requests failed; op {o['id']} {o.get('outcome')}")
+    if policy == "recompute":
+        # a failure counts unless the proxy said it ended before D was asked
+        loads = [o for o in failed if o.get("error_phase") not in BEFORE_D]
+        if loads:
+            o = loads[0]
+            return _r(False, f"policy recompute, but {len(loads)} requests failed after D was asked; op {o['id']} "
+                             f"{o.get('outcome')} (phase {o.get('error_phase')})", failed=_first([x["id"] for x in loads]))
+        return _r(True, f"policy recompute: no request failed after D was asked ({len(failed)} failed before)")
+    hung = [o for o in failed if o.get("outcome") in ("stalled", "http_504")]
     if hung:
         o = hung[0]
-        return _r(False, f"{len(hung)} requests hung until the client gave up (op {o['id']} after "
-                         f"{(o.get('elapsed_ms') or 0) / 1000:.1f} s) instead of failing")
-    return _r(True, f"policy {policy}: {len(failed)} failed requests, each as a prompt HTTP error")
+        how = "the client gave up" if o.get("outcome") == "stalled" else "the proxy's own timeout answered 504"
+        return _r(False, f"{len(hung)} requests hung until {how} (op {o['id']} after "
+                         f"{op_elapsed_ms(o) / 1000:.1f} s) instead of failing",
+                  hung=_first([x["id"] for x in hung]))
+    if not failed:
+        return _r(True, "policy fail: no request failed")
+    bound, source = _fail_bound(inp, opts)
+    worst = max(op_elapsed_ms(o) / 1000 for o in failed)
+    if bound is None:
+        return _r(False, f"{len(failed)} requests failed (worst {worst:.2f} s) and {source}: cannot tell whether "
+                         f"they failed fast")
+    late = [o for o in failed if op_elapsed_ms(o) / 1000 > bound]
+    if late:
+        return _r(False, f"{len(late)} of {len(failed)} failed requests took longer than {bound:g} s ({source}); "
+                         f"worst {worst:.2f} s", late=_first([o["id"] for o in late]), worst_s=round(worst, 3))
+    return _r(True, f"policy fail: {len(failed)} failed requests, each an HTTP error within {bound:g} s ({source}; "
+                    f"worst {worst:.2f} s)", worst_s=round(worst, 3))
 
 
 @check("kv_transferred")

@@ -102,7 +102,18 @@ class FakePrefillPeer(OnceFault):
         self.ctx.event("fake_prefill_peer", mode=self.params.mode, redirected=n,
                        queries=fake.get("query_answers"), pulls=fake.get("pulls"), answers=fake.get("answers"),
                        unanswered=fake.get("unanswered"), malformed_pulls=fake.get("malformed_pulls"))
+        answers = fake.get("query_answers") if isinstance(fake.get("query_answers"), dict) else {}
+        d_queries = sum(int(v or 0) for k, v in answers.items() if k != "proxy") if answers else None
+        self._effect = {"redirected": n, "d_queries": d_queries, "pulls": fake.get("pulls")}
         return n
+
+    def effect(self) -> dict | None:
+        return getattr(self, "_effect", None)
+
+    def required_effect(self) -> dict[str, float]:
+        # a redirected request reached the fake: D asked its bootstrap (not counting the proxy's
+        # own query; the modes that fail the bootstrap end there, the others are pulled from)
+        return {"redirected": 1, "d_queries": 1}
 
     def heal(self) -> None:
         redirected = None
@@ -117,9 +128,7 @@ class FakePrefillPeer(OnceFault):
         self.ctx.stop_node(ROLE)  # a no-op once it is stopped
         if error is not None:
             raise error
-        if redirected == 0:
-            raise RuntimeError("fake_prefill_peer: no request was redirected to the fake during the fault window "
-                               "(the fake started late or no request came): nothing was tested")
+        del redirected  # fault_effect judges it (no redirect: the window tested nothing, a harness error)
 
 
 def _redirected(ctx) -> int | None:  # noqa: ANN001 - a FaultContext

@@ -34,6 +34,16 @@ class PDFamily(Family):
               ("num_requests_kv_fetch_by_stage{stage=in_progress}", "KV fetches in progress"),
               ("rate(cpu_s)", "CPU (fraction of a core)"))
 
+    # What a generic fault (faults/) may cause in this family's client, in its vocabulary
+    # (workload.py: outcome http_<status>, connect, stalled; @error_phase where the proxy named
+    # it): a node a fault stops, kills, freezes or cuts off makes the proxy answer 502 (refused,
+    # bad answer) or 504 (its timeout), the client's connection fail, or, with a connector that
+    # waits forever, the request stall.
+    generic_explains = dict.fromkeys(
+        ("kill", "stop", "restart", "node_down", "partition", "refuse", "bandwidth_limit", "latency", "bandwidth",
+         "slow_close", "timeout", "reset_peer", "slicer", "limit_data", "down"),
+        ("http_500", "http_502", "http_503", "http_504", "connect", "stalled"))
+
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link
         return set() | ({"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set())

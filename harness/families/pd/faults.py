@@ -9,9 +9,23 @@ kv_transfer_params. Process faults on P and D are the generic ones (``kill``, ``
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from faults.base import Duration, FaultParams, OnceFault, register
+
+
+def _counters(ctx) -> dict:  # noqa: ANN001 - a FaultContext
+    return ctx.control("proxy", "stats").get("counters") or {}
+
+
+def _count(counters: dict, key: str) -> float:
+    """A proxy counter by dotted key (``aborted_by.decode_wait``)."""
+    v: Any = counters
+    for part in key.split("."):
+        v = v.get(part, 0) if isinstance(v, dict) else 0
+    return float(v or 0)
 
 
 class _ProxyHook(OnceFault):
@@ -20,6 +34,32 @@ class _ProxyHook(OnceFault):
     # acts on: a scenario/target whose proxy speaks another is left out of the run, not run for
     # nothing (PDFamily.excluded)
     proxy_protocols: tuple[str, ...] = ("bootstrap", "kv-params", "layerwise")
+    # the proxy counters (harness/families/pd/proxy.py stats) this hook's window must raise
+    counts: tuple[str, ...] = ()
+
+    def __init__(self, params, ctx):  # noqa: ANN001
+        super().__init__(params, ctx)
+        self._before: dict | None = None
+        self._effect: dict | None = None
+
+    def start(self) -> None:
+        self._before = _counters(self.ctx) if self.counts else None
+        super().start()
+
+    def stop(self) -> None:
+        if self._active and self.counts and self._effect is None:
+            try:  # what the window did, read before the hooks are cleared
+                after = _counters(self.ctx)
+                self._effect = {k: _count(after, k) - _count(self._before or {}, k) for k in self.counts}
+            except Exception:  # noqa: BLE001 - unknown: fault_effect says the window reported nothing
+                self._effect = None
+        super().stop()
+
+    def effect(self) -> dict | None:
+        return self._effect
+
+    def required_effect(self) -> dict[str, float]:
+        return {self.counts[0]: 1} if self.counts else {}
 
     def heal(self) -> None:
         self.ctx.control("proxy", "clear")
@@ -38,6 +78,7 @@ class HoldAfterPrefill(_ProxyHook):
     name = "hold_after_prefill"
     proxy_protocols = ("bootstrap", "kv-params")  # layerwise: P is asked by D's POST, no phase in between
     Params = HoldParams
+    counts = ("held", "hold_released", "hold_expired")
 
     def inject(self) -> None:
         self.ctx.control("proxy", "hold", phase="after_prefill", count=self.params.count,
@@ -61,6 +102,7 @@ class AbortWhileDecodeWaits(_ProxyHook):
     name = "abort_while_decode_waits"
     Params = AbortParams
     categories = ("http_502",)
+    counts = ("aborted_by.decode_wait", "abort_missed")
 
     def inject(self) -> None:
         self.ctx.control("proxy", "abort", phase="decode_wait", count=self.params.count,
@@ -80,6 +122,7 @@ class AbortAfterPrefill(_ProxyHook):
     proxy_protocols = ("bootstrap", "kv-params")
     Params = CountParams
     categories = ("http_502",)
+    counts = ("aborted_by.after_prefill",)
 
     def inject(self) -> None:
         self.ctx.control("proxy", "abort", phase="after_prefill", count=self.params.count)
@@ -93,6 +136,8 @@ class BadTransferParams(_ProxyHook):
     name = "bad_transfer_params"
     proxy_protocols = ("bootstrap",)  # the keys it drops exist in vLLM's Mooncake protocol only
     Params = CountParams
+    counts = ("bad_params",)
+    may_cause = ("http_500", "http_502", "http_504", "stalled")  # upstream D then waits for ever
 
     def inject(self) -> None:
         self.ctx.control("proxy", "bad_params", count=self.params.count,

@@ -16,7 +16,7 @@ import json
 
 from pydantic import Field
 
-from faults.base import FaultParams, OnceFault, register
+from faults.base import LASTING, FaultParams, OnceFault, register
 
 ANSWER_WAIT_MS = 1000
 
@@ -34,6 +34,9 @@ class SideChannelGarbage(OnceFault):
     proxy_protocols = ("bootstrap",)  # vLLM's side channel, found through P's bootstrap server
     family = "pd"
     Params = SideGarbageParams
+    # upstream P's listener thread dies of it for good: every later request may stall or fail
+    may_cause = ("http_502", "http_504", "stalled")
+    tail_s = LASTING
 
     def inject(self) -> None:
         import zmq
@@ -62,3 +65,10 @@ class SideChannelGarbage(OnceFault):
         finally:
             zc.term()
         ctx.event("side_channel_garbage", frames=self.params.frames, answered=answered, reply_bytes=size)
+        self._effect = {"sent": 1, "answered": int(answered)}
+
+    def effect(self) -> dict | None:
+        return getattr(self, "_effect", None)
+
+    def required_effect(self) -> dict[str, float]:
+        return {"sent": 1}  # whether P answered is the system's part: judged by node_alive and the workload

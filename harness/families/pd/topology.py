@@ -8,7 +8,7 @@ a node that a fault killed is started again on the same ports. Under ``pdchaos r
 and the next one starts them with the same settings; the journal says so (``node_reused``, with
 where the server's log is). vLLM's own logs go to ``server-logs/<role>.log`` in the scenario's
 folder, or, for a server that may be reused, ``pooled-logs/<role>-<n>.log`` in the run folder
-(they are vLLM's, not the harness's, and are kept out of ``log_hygiene``).
+(``server_log`` events name each one; ``log_hygiene`` reads them beside the harness's logs).
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ class PDTopology(BaseTopology):
             n = len(list(self.pooled_logs.glob(f"{role.replace(':', '-')}-*.log"))) + 1
             path = self.pooled_logs / f"{role.replace(':', '-')}-{n}.log"
         self._server_log[role] = str(path)
+        self.event("server_log", role=role, path=str(path))  # log_hygiene reads it (vLLM's own log)
         return path
 
     # ------------------------------------------------------------------ warm reuse (harness/pool.py)

@@ -27,9 +27,11 @@ Process life:
   logs and may hold prompt text. This node logs only states, pids, times and counts.
 * ``READY`` is printed once ``/health`` answers 200 (and, for a prefill node with the Mooncake
   connector, its bootstrap ``/query`` names an engine) and one warm-up completion of a fixed
-  prompt came back 200 (``--no-warm-up`` skips it), within ``--startup-timeout-s``. When vLLM
-  exits first or the time runs out: one ``error:`` line with the tail of vLLM's start-up log (no
-  request has been served yet, so it holds no prompt), vLLM is stopped, exit 2.
+  prompt came back 200 (``--no-warm-up`` skips it), within ``--startup-timeout-s``; then one
+  ``/metrics`` scrape and the group's thread and fd counts at READY (the floor of the ``stats``
+  counts, see below). When vLLM exits first or the time runs out: one ``error:`` line with the
+  tail of vLLM's start-up log (no request has been served yet, so it holds no prompt), vLLM is
+  stopped, exit 2.
 * SIGTERM/SIGINT (or the runner's death): SIGTERM to every other process of the group (vLLM and
   its children), up to 30 s for them to end, then SIGKILL; exit 0.
 * vLLM exiting on its own after READY: one ``error:`` line (exit code and where its log is), the
@@ -42,14 +44,24 @@ forward step of many tokens); a server whose first step is small (D right after 
 shim's job) fixes it; tests/test_pd_nodes.py warms each server up with one big prompt meanwhile.
 This node does not hide it: it serves vLLM as it is.
 
-Control channel (``--control``): ``stats`` = this wrapper's own process stats (ControlServer) +
-``alive`` (vLLM's process runs and ``/health`` answers 200) + ``cpu_s`` and ``rss_mib`` (user+sys
-CPU seconds, including reaped children, and resident memory of every process of the group but
-this wrapper, from /proc) + ``counters``: vLLM's ``/metrics`` flattened (harness/families/pd/
-metrics.py: running/waiting requests, KV fetches by stage, KV cache usage, prompt tokens by
-source incl. ``external_kv_transfer``, request outcomes by finish reason, ...) plus ``cpu_s``,
-``rss_mib`` and ``metrics_ok`` (1 when the scrape worked, 0 when it failed or timed out: then
-the counters hold only those three). ``role``, ``engine_id`` (prefill) and ``server_pid`` too.
+Control channel (``--control``): ``stats`` = ``pid`` (this wrapper's) + ``alive`` (vLLM's process
+runs and ``/health`` answers 200) + what vLLM's processes (every process of the group but this
+wrapper) hold, from /proc, counted after the answer's ``/metrics`` scrape: ``group_threads``,
+``group_fds``, ``sockets``, ``processes``, and ``threads``/``fds``, the counts the runner's leak
+probes and ``no_leaks`` compare: the group's, floored at the counts measured at READY plus what
+the connector's lazy pools add with the first KV transfers (``lazy_threads``/``lazy_fds``, see
+``lazy_allowance``: measured, bounded, for the node's life), so a healthy node's first scenario
+reads as no growth and any growth beyond that shows. They replace the ControlServer's numbers of
+this wrapper (kept as ``wrapper_threads`` and ``wrapper_fds``): the leak probes must see the
+system under test, not its 3-thread wrapper. -1 where /proc cannot be read or no vLLM process is
+left. ``cpu_s`` and ``rss_mib`` (user+sys CPU seconds, including reaped children, and resident
+memory) + ``counters``: vLLM's ``/metrics`` flattened (harness/families/pd/metrics.py:
+running/waiting requests, KV fetches by stage, KV cache usage, prompt tokens by source incl.
+``external_kv_transfer``, request outcomes by finish reason, ...) plus ``cpu_s``, ``rss_mib``,
+the counts above (the probe records keep only ``counters`` besides ``threads``/``fds``) and
+``metrics_ok`` (1 when the scrape worked, 0 when it failed or timed out: then the counters hold
+only the node's own numbers). ``role``, ``engine_id`` (prefill), ``server_pid``, ``ready_threads``
+and ``ready_fds`` too.
 ``metrics`` = the scrape alone (``counters``). Every answer is bounded (~0.8 s): the runner
 probes with a 1 s deadline.
 """
@@ -165,6 +177,105 @@ def cpu_rss(pids: list[int]) -> tuple[float, float]:
         except (OSError, ValueError, IndexError):
             continue
     return round(ticks / _CLK_TCK, 2), round(pages * _PAGE_KB / 1024, 1)
+
+
+def proc_counts(pids: list[int]) -> dict[str, int]:
+    """What the processes ``pids`` hold, from /proc: ``processes`` (how many were counted),
+    ``threads`` (sum of /proc/PID/status ``Threads``), ``fds`` (entries of /proc/PID/fd) and
+    ``sockets`` (those fds that are sockets).
+
+    A pid that is gone (or a zombie, which holds no fds) by the time it is read is skipped:
+    the count is of the processes that are there. A value that cannot be read (no /proc, no
+    permission) is -1 for the whole sum, and so are all three when no process was counted: a
+    probe without the value cannot show the processes are back to their baseline (the
+    ``no_leaks`` check fails on it, as it should)."""
+    n = threads = fds = sockets = 0
+    no_threads = no_fds = False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                status = fh.read().decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone
+        except OSError:
+            status = None
+        if status is not None and re.search(r"^State:\s*[ZX]", status, re.M):
+            continue  # a zombie (or dead): nothing held any more
+        m = re.search(r"^Threads:\s*(\d+)", status or "", re.M)
+        t = int(m.group(1)) if m else None
+        if t is None:
+            try:
+                t = len(os.listdir(f"/proc/{pid}/task"))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            except OSError:
+                t = None
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone between the two reads
+        except OSError:
+            names = None
+        socks = 0
+        for name in names or ():
+            try:
+                if os.readlink(f"{fd_dir}/{name}").startswith("socket:"):
+                    socks += 1
+            except OSError:  # closed meanwhile (still counted in fds: it was open when listed)
+                pass
+        n += 1
+        if t is None:
+            no_threads = True
+        else:
+            threads += t
+        if names is None:
+            no_fds = True
+        else:
+            fds += len(names)
+            sockets += socks
+    if n == 0:
+        return {"processes": 0, "threads": -1, "fds": -1, "sockets": -1}
+    return {"processes": n, "threads": -1 if no_threads else threads,
+            "fds": -1 if no_fds else fds, "sockets": -1 if no_fds else sockets}
+
+
+# What a vLLM 0.32.0 server with vLLM's MooncakeConnector (or the hardened one, which keeps its
+# pools) starts on its first disaggregated requests, after READY, and keeps for its life: bounded
+# pools, not leaks (measured on CPU with the tiny model, concurrency 1 to 8, 100 requests; py-spy
+# for the Python threads, /proc/PID/net/tcp for the sockets):
+# * prefill: the sender pool, ThreadPoolExecutor(max_workers=kv_connector_extra_config
+#   "num_workers", 10 by default, "vllm-mooncake-sender"), one thread per send while none is idle
+#   (1 after one request, 4 after 100 at concurrency 8), plus one native thread with the first
+#   send; and the Mooncake TCP transport's connection pool to D's transfer port (4 connections,
+#   the same at concurrency 1 and 8; idle ones are closed only when a later transfer asks).
+# * decode: the worker's zmq.asyncio.Context starts its I/O and reaper threads (2) and their 4
+#   eventfd/epoll fds at the first pull; P's pooled transfer connections end on D (4 sockets).
+LAZY_SENDER_WORKERS = 10  # vLLM 0.32.0 mooncake_connector.py: kv_connector_extra_config.get("num_workers", 10)
+LAZY_PREFILL = (1, 4)  # (threads, fds) besides the sender pool
+LAZY_DECODE = (2, 8)
+
+
+def lazy_allowance(role: str, connector: str, extra: dict | None) -> tuple[int, int]:
+    """(threads, fds) a server of ``role`` with ``connector`` may start after READY and keep (see
+    above); 0 for a connector not measured here."""
+    if connector not in MOONCAKE:
+        return 0, 0
+    if role == "decode":
+        return LAZY_DECODE
+    workers = (extra or {}).get("num_workers", LAZY_SENDER_WORKERS)
+    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0 \
+        else LAZY_SENDER_WORKERS
+    return LAZY_PREFILL[0] + workers, LAZY_PREFILL[1]
+
+
+def floored(now: int, ready: int, lazy: int) -> int:
+    """The leak probes' count: ``now``, but never below the count at READY plus the allowance
+    (a server settles there once its lazy pools started); -1 stays -1 (unknown), and an unknown
+    READY count leaves ``now`` as it is."""
+    if now < 0 or ready < 0:
+        return now
+    return max(now, ready + lazy)
 
 
 def _pdeathsig_fn():
@@ -283,6 +394,7 @@ class VllmNode:
         self.engine_id: str | None = None
         self.t_start = 0.0
         self.ancestors = ancestors()
+        self.ready_counts: dict[str, int] = {"threads": -1, "fds": -1}  # set by measure_ready()
 
     @staticmethod
     def _kv_extra(args: argparse.Namespace) -> dict | None:
@@ -469,6 +581,30 @@ class VllmNode:
         group also holds whoever started us)."""
         return group_members(os.getpgrp(), exclude=self.ancestors)
 
+    def measure_ready(self, samples: int = 3, gap_s: float = 0.2) -> dict[str, int]:
+        """The group's thread and fd counts at READY (the floor of the leak probes' counts, with
+        the allowance): after one ``/metrics`` scrape, as every ``stats`` answer makes one (the
+        first scrape starts an AnyIO worker thread in vLLM's API server, which stays: measured),
+        the lowest of a few readings (a start-up file or thread may still be closing)."""
+        try:
+            scrape(self.base, timeout=2.0)
+        except MetricsError:
+            pass
+        seen = []
+        for i in range(samples):
+            if i:
+                time.sleep(gap_s)
+            seen.append(proc_counts(self.others()))
+        out = {}
+        for k in ("threads", "fds"):
+            vals = [c[k] for c in seen]
+            out[k] = -1 if min(vals) < 0 else min(vals)
+        self.ready_counts = out
+        return out
+
+    def allowance(self) -> tuple[int, int]:
+        return lazy_allowance(self.role, self.args.kv_connector, self.kv_extra)
+
     def stop_server(self) -> str:
         """SIGTERM vLLM's processes, SIGKILL what is left after the grace; returns how it ended."""
         how = "not running"
@@ -506,17 +642,41 @@ class VllmNode:
 
     # ------------------------------------------------------------------ control
     def stats(self) -> dict:
+        """The answer to ``stats``, merged over the ControlServer's own ``pid``/``threads``/``fds``
+        of this wrapper, so the runner's leak probes (``threads`` and ``fds``, which ``no_leaks``
+        compares) see vLLM, not this 3-thread wrapper: its processes (every process of the group
+        but this wrapper), counted from /proc after the ``/metrics`` scrape (which may start a
+        thread in vLLM's API server, see :meth:`measure_ready`). ``group_threads``/``group_fds``
+        are the sums now; ``threads``/``fds`` the same, floored at the counts at READY plus what
+        the connector's lazy pools add with the first transfers (:func:`lazy_allowance`), so a
+        healthy node's first scenario does not read as a leak and growth beyond that shows.
+        ``sockets`` and ``processes`` too; this wrapper's own counts under ``wrapper_threads``
+        and ``wrapper_fds``. ``pid`` stays this wrapper's (the probes match a final probe to its
+        baseline by it)."""
         alive = self.server_alive() and self.healthy(timeout=SCRAPE_BUDGET_S / 2)
-        cpu_s, rss_mib = cpu_rss(self.others())
         scraped: dict = {}
         if alive:
             try:
                 scraped = scrape(self.base, timeout=SCRAPE_BUDGET_S / 2)
             except MetricsError:
                 pass
-        counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped))}
+        pids = self.others()
+        cpu_s, rss_mib = cpu_rss(pids)
+        held = proc_counts(pids)
+        mine = proc_counts([os.getpid()])
+        lazy_t, lazy_f = self.allowance()
+        ready = getattr(self, "ready_counts", None) or {"threads": -1, "fds": -1}
+        counts = {"threads": floored(held["threads"], ready["threads"], lazy_t),
+                  "fds": floored(held["fds"], ready["fds"], lazy_f),
+                  "group_threads": held["threads"], "group_fds": held["fds"],
+                  "sockets": held["sockets"], "processes": held["processes"],
+                  "wrapper_threads": mine["threads"], "wrapper_fds": mine["fds"]}
+        # the probe records keep ``counters`` (and threads/fds): the counts go there too, for the journal
+        counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped)), **counts}
         return {"alive": alive, "role": self.role, "server_pid": self.proc.pid if self.proc else None,
-                "engine_id": self.engine_id, "cpu_s": cpu_s, "rss_mib": rss_mib, "counters": counters}
+                "engine_id": self.engine_id, "cpu_s": cpu_s, "rss_mib": rss_mib, **counts,
+                "ready_threads": ready["threads"], "ready_fds": ready["fds"],
+                "lazy_threads": lazy_t, "lazy_fds": lazy_f, "counters": counters}
 
     def metrics(self, msg: dict) -> dict:  # noqa: ARG002
         return {"counters": scrape(self.base, timeout=SCRAPE_BUDGET_S)}
@@ -574,8 +734,10 @@ def run_node(args: argparse.Namespace) -> int:
             return 0
         took = time.monotonic() - node.t_start
         _, rss = cpu_rss(node.others())
-        log.info("vllm %s: healthy after %.1f s (%d processes, RSS %.0f MiB)%s", node.role, took,
-                 len(node.others()), rss, " engine known" if node.engine_id else "")
+        ready = node.measure_ready()
+        log.info("vllm %s: healthy after %.1f s (%d processes, RSS %.0f MiB, %d threads, %d fds; allowance %d/%d)%s",
+                 node.role, took, len(node.others()), rss, ready["threads"], ready["fds"], *node.allowance(),
+                 " engine known" if node.engine_id else "")
         print("READY", flush=True)
         while not stop.wait(0.5):
             if not node.server_alive():

@@ -110,8 +110,12 @@ def test_fail_fast() -> None:
     assert r.ok is False and "longer than 4 s" in r.message
     # a bound the scenario declares for a target (measured) replaces the default
     assert run("fail_fast", [hardened, *op(1, 0), *slow], {"fail_within": {"hardened": 5.0}}).ok is True
-    # upstream promises no bound: a failure without a declared one cannot be judged
-    r = run_as(meta(), op(1, 0), fast)
+    # upstream promises no load deadline: the scenario's deadline + tolerance (12 s here) bounds it
+    assert run_as(meta(), op(1, 0), fast).ok is True
+    late = op(2, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=12500.0)
+    r = run_as(meta(), op(1, 0), late)
+    assert r.ok is False and "deadline + tolerance" in r.message
+    r = run_as(meta(deadline_ms=0, tolerance_ms=0), op(1, 0), fast)
     assert r.ok is False and "no bound declared for target upstream" in r.message
     assert run("fail_fast", [meta(), *op(1, 0), *fast], {"fail_within": {"upstream": 3.0}}).ok is True
     assert run_as(meta(), op(1, 0)).ok is True  # nothing failed

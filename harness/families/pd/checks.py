@@ -154,7 +154,7 @@ BEFORE_D = ("bootstrap", "prefill", "proxy")  # proxy phases that end before D i
 def _fail_bound(inp: CheckInput, opts: dict) -> tuple[float | None, str]:
     """(bound in seconds, where it comes from) for a failed request of this run's target: the
     scenario's ``fail_within`` for the target (measured), else the hardened D's promise
-    (kv_load_timeout + FAIL_MARGIN_S), else none (upstream promises no bound)."""
+    (kv_load_timeout + FAIL_MARGIN_S), else the scenario's deadline + tolerance (None without)."""
     target = inp.meta.get("target")
     topo = inp.meta.get("topology") or {}
     declared = (opts.get("fail_within") or {}).get(target)
@@ -163,6 +163,9 @@ def _fail_bound(inp: CheckInput, opts: dict) -> tuple[float | None, str]:
     if target == "hardened" and topo.get("mixed", "none") != "upstream_decode":
         load = float(topo.get("kv_load_timeout", 2.0))
         return load + FAIL_MARGIN_S, f"kv_load_timeout {load:g} s + {FAIL_MARGIN_S:g} s margin"
+    limit = (float(inp.meta.get("deadline_ms") or 0) + float(inp.meta.get("tolerance_ms") or 0)) / 1000.0
+    if limit > 0:
+        return limit, f"the scenario's deadline + tolerance ({target} promises no load deadline)"
     return None, f"no bound declared for target {target} (checks: fail_fast: fail_within: {{{target}: ...}})"
 
 
@@ -171,9 +174,9 @@ def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     """A failed KV load ends the request promptly, as the failure policy says.
 
     ``fail``: every failed request came back as an HTTP error within the bound its target
-    promises (hardened: the load deadline ``kv_load_timeout`` plus FAIL_MARGIN_S; upstream: what
-    the scenario declares from measurement in ``fail_within``; without a bound, any failure fails
-    the check: it cannot be judged). A proxy's 504 (its own timeout ran out) or a request the
+    promises: what the scenario declares from measurement in ``fail_within`` for the target, else
+    for hardened its load deadline ``kv_load_timeout`` plus FAIL_MARGIN_S, else (upstream promises
+    no load deadline) the scenario's own deadline + tolerance. A proxy's 504 (its own timeout ran out) or a request the
     client gave up on is a hang made visible, never a fast failure.
     ``recompute``: no request whose failure involved a KV load (the proxy had asked D) failed: D
     computed the prompt itself. Failures before D was asked (P's bootstrap, P) are other checks'."""

@@ -10,6 +10,7 @@ import pytest
 
 from harness import checks as C
 from harness.family import get_family
+from harness.verdicts import ERROR_CHECKS
 
 T0 = 100.0
 CHECKS = C.checks_for(get_family("lookup"))  # the generic checks and the lookup family's
@@ -168,15 +169,37 @@ def test_no_stall_and_verdict() -> None:
     assert run("no_stall", good).ok is True
     stalled = [meta(), *op(1, 0, complete=False)]
     assert run("no_stall", stalled).ok is False
-    assert C.verdict(C.run_checks(C.CheckInput(stalled), {}, CHECKS)) == "stall"
+    # the system's checks only: these hand-made histories have no end record, no probes and no
+    # workload exit, so the error checks (harness_integrity, workload_ran) fail on them
+    system = {k: v for k, v in CHECKS.items() if k not in ERROR_CHECKS}
+    assert C.verdict(C.run_checks(C.CheckInput(stalled), {}, system)) == "stall"
     wrong = [meta(), *op(1, 0, value=3)]
-    assert C.verdict(C.run_checks(C.CheckInput(wrong), {}, CHECKS)) == "fail"
+    assert C.verdict(C.run_checks(C.CheckInput(wrong), {}, system)) == "fail"
+    # with them, a history the harness did not finish cannot be judged: error, whatever else failed
+    assert C.verdict(C.run_checks(C.CheckInput(stalled), {}, CHECKS)) == "error"
+    assert C.verdict(C.run_checks(C.CheckInput(wrong), {}, CHECKS)) == "error"
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_every_check_can_be_disabled(name: str) -> None:
+    """Every check but those whose failure makes the run a harness error (harness_integrity,
+    workload_ran, and fault_effect once a fault is scheduled): those run even when disabled or
+    marked not applicable."""
     results = C.run_checks(C.CheckInput([meta(), *op(1, 0)]), {name: {"enabled": False}}, CHECKS)
-    assert name not in {r.name for r in results}
+    if name in ERROR_CHECKS and name != "fault_effect":  # fault_effect: no fault in this meta
+        assert name in {r.name for r in results}
+        results = C.run_checks(C.CheckInput([meta(), *op(1, 0)]), {}, CHECKS, {name: "said not applicable"})
+        assert next(r for r in results if r.name == name).ok is not None
+    else:
+        assert name not in {r.name for r in results}
+
+
+def test_fault_effect_cannot_be_disabled_once_a_fault_is_scheduled() -> None:
+    m = meta(faults=[{"id": 0, "type": "server_kill", "required": {"acted": 1, "seen": 1}}])
+    hist = [m, *op(1, 0), *fault(0, "server_kill", 1.0, 2.0)]
+    results = C.run_checks(C.CheckInput(hist), {"fault_effect": {"enabled": False}}, CHECKS)
+    r = next(r for r in results if r.name == "fault_effect")
+    assert r.ok is False and "reported no effect" in r.message
 
 
 def test_recovery_is_per_worker() -> None:
@@ -208,11 +231,18 @@ def test_workload_ran() -> None:
     assert run("workload_ran", [w, {**exit0, "returncode": 3}, *op(1, 0), *op(2, 0.1, complete=False)]).ok is True
 
 
+def end() -> dict:
+    return {"type": "end", "t": T0 + 10, "reason": "done", "stalled": 0}
+
+
 def test_harness_integrity() -> None:
-    assert run("harness_integrity", [meta(), probe("server", "final")]).ok is True
+    assert run("harness_integrity", [meta(), probe("server", "final"), end()]).ok is True
     for what in ("fault_error", "probe_failed", "leftovers", "nemesis_stuck", "probe_silent"):
-        r = run("harness_integrity", [meta(), probe("server", "final"), event(what, error="x")])
+        r = run("harness_integrity", [meta(), probe("server", "final"), event(what, error="x"), end()])
         assert r.ok is False and what in r.message
+    # a journal the run did not finish writing
+    r = run("harness_integrity", [meta(), probe("server", "final")])
+    assert r.ok is False and "no end record" in r.message
 
 
 def test_exactly_one_reply_counts_replies_sent() -> None:
@@ -287,7 +317,7 @@ def test_recovery_schedule_without_room_is_a_validation_error(tmp_path) -> None:
 
     f = tmp_path / "late.yaml"
     f.write_text("name: late\nworkload: {duration: 2s, concurrency: 2, rate: 20}\n"
-                 "faults:\n  - {type: server_kill, at: 1s, for: 950ms}\n")
+                 "faults:\n  - {type: server_kill, at: 1s, for: 950ms}\nexpect: {hardened: pass, legacy: pass}\n")
     with pytest.raises(UsageError) as e:
         load_scenario(f)
     assert "recovery" in str(e.value) and f"{f}:1" in str(e.value)
@@ -318,7 +348,7 @@ def test_bounded_return_counts_late_ops_over_all_ops() -> None:
 
 
 def test_harness_integrity_needs_a_final_probe() -> None:
-    r = run("harness_integrity", [meta()])
+    r = run("harness_integrity", [meta(), end()])
     assert r.ok is False and "final probe" in r.message
 
 

@@ -39,8 +39,11 @@ def test_toy_family_runs_through_pdchaos_run(tmp_path: Path) -> None:
     assert checks["echo_matches"]["ok"] is False
     # generic checks ran on the toy's history, with the generic kill fault by role
     kill = {c["name"]: c for c in results[("echo-kill", "plain")]["checks"]}
-    for name in ("bounded_return", "recovery", "no_leaks", "no_stall", "node_alive", "harness_integrity"):
+    for name in ("bounded_return", "recovery", "no_leaks", "no_stall", "node_alive", "harness_integrity",
+                 "failures_explained", "fault_effect"):
         assert kill[name]["ok"] is True, kill[name]
+    # the kill was seen (the process gone), and every echo it failed lies in its window
+    assert kill["fault_effect"]["details"]["judged"] == 1, kill["fault_effect"]
     # a check that does not apply is reported as such, never as passing
     shout = {c["name"]: c for c in results[("echo-kill", "shouting")]["checks"]}
     assert shout["echo_matches"]["ok"] is None and shout["echo_matches"]["message"].startswith("not applicable")

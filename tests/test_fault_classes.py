@@ -87,21 +87,28 @@ class RecordingContext:
     def event(self, what: str, **fields: Any) -> None:
         self.events.append((what, fields))
 
-    # generic (harness/topology.py)
+    # generic (harness/topology.py); each act says whether the intended state was seen after
+    # (``seen``: True, False, or None for "cannot tell"), which the process faults count (fault_effect)
+    seen: bool | None = True
+
     def start_node(self, role: str) -> None:
         self._record(("start_node", role))
 
-    def stop_node(self, role: str) -> None:
+    def stop_node(self, role: str) -> bool | None:
         self._record(("stop_node", role))
+        return self.seen
 
-    def kill_node(self, role: str) -> None:
+    def kill_node(self, role: str) -> bool | None:
         self._record(("kill_node", role))
+        return self.seen
 
-    def restart_node(self, role: str, *, kill: bool = False) -> None:
+    def restart_node(self, role: str, *, kill: bool = False) -> bool | None:
         self._record(("restart_node", role, {"kill": kill}))
+        return self.seen
 
-    def signal_node(self, role: str, sig: int) -> None:
+    def signal_node(self, role: str, sig: int) -> bool | None:
         self._record(("signal_node", role, sig))
+        return self.seen if sig == signal.SIGSTOP else None
 
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:
         self._record(("control", role, cmd, fields))
@@ -407,6 +414,22 @@ def test_generic_process_faults_act_on_the_roles_of_their_node_spec(name, node, 
     fault.stop()  # idempotent: the runner heals again at teardown
     assert ctx.calls[len(on_start):] == on_stop
     assert fault.expected_categories() == ()  # generic: no expectation on a family's counters
+    # what the window did, for fault_effect: every role acted on, each seen in its intended state
+    assert fault.effect() == {"acted": len(on_start), "seen": len(on_start), "unseen": 0}
+    assert fault.required_effect() == {"acted": 1, "seen": 1}
+
+
+@pytest.mark.parametrize("seen,effect", [(False, {"acted": 1, "seen": 0, "unseen": 1}),
+                                         (None, {"acted": 1, "seen": 0, "unseen": 0})])
+def test_a_process_fault_not_seen_to_act_reports_it(seen, effect):
+    """A kill whose process was not seen gone (or could not be looked at) is counted as such:
+    fault_effect then finds ``seen`` below the required 1."""
+    ctx = RecordingContext(roles=ROLES)
+    ctx.seen = seen
+    fault = make("kill", ctx, node="decode:0")
+    fault.start()
+    fault.stop()
+    assert fault.effect() == effect
 
 
 def test_generic_restart_with_kill_and_a_fault_never_started():

@@ -228,6 +228,7 @@ def test_no_floor_without_toxiproxy_scenarios(tmp_path: Path) -> None:
         name: plain-tcp
         topology: {transport: tcp}
         workload: {duration: 1s}
+        expect: {hardened: pass, legacy: pass}
         """))])
     with ExitStack() as stack:
         assert start_toxiproxy(plain, stack, tmp_path) is None

@@ -29,8 +29,10 @@ PDCHAOS = [sys.executable, "-m", "harness.cli"]
 TOXIC_SCENARIO = REPO / "scenarios" / "network" / "toxic-slicer.yaml"
 
 
-def _result(scenario: str, target: str, verdict: str, expected: str, reason: str = "") -> Result:
-    return Result(scenario, f"{scenario}.yaml", target, f"{scenario}/{target}", verdict, expected, reason=reason)
+def _result(scenario: str, target: str, verdict: str, expected: str, reason: str = "",
+            failing: list[str] | None = None) -> Result:
+    return Result(scenario, f"{scenario}.yaml", target, f"{scenario}/{target}", verdict, expected, reason=reason,
+                  failing=list(failing or []))
 
 
 @pytest.mark.timeout(10)
@@ -38,7 +40,15 @@ def test_a_skipped_result_is_not_as_expected():
     skipped = _result("s", "legacy", "skipped", "pass", "needs root")
     assert skipped.outcome == "skipped" and skipped.as_expected is False
     assert skipped.to_dict()["as_expected"] is False and skipped.to_dict()["outcome"] == "skipped"
-    assert _result("s", "legacy", "fail", "fail|stall").outcome == "as_expected"
+    # an expectation names the exact set of failing checks (harness/verdicts.py)
+    named = "fail[recovery]|stall[no_stall,recovery]"
+    assert _result("s", "legacy", "fail", named, failing=["recovery"]).outcome == "as_expected"
+    assert _result("s", "legacy", "stall", named, failing=["no_stall", "recovery"]).outcome == "as_expected"
+    assert _result("s", "legacy", "fail", named, failing=["no_leaks", "recovery"]).outcome == "deviation"
+    assert _result("s", "legacy", "fail", named, failing=["bounded_return"]).outcome == "deviation"
+    assert _result("s", "legacy", "pass", named).outcome == "deviation"
+    # a journal saved before expectations named their checks: its verdict alone is compared
+    assert _result("s", "legacy", "fail", "fail|stall", failing=["anything"]).outcome == "as_expected"
     assert _result("s", "legacy", "pass", "fail|stall").outcome == "deviation"
     assert _result("s", "legacy", "error", "pass").outcome == "error"
     assert counts(["as_expected", "skipped", "skipped", "error"]) == {
@@ -74,9 +84,9 @@ def mixed_run(tmp_path: Path) -> Path:
     """a: hardened as expected, legacy a deviation; b: hardened skipped, legacy an error."""
     run_dir = tmp_path / "mixed"
     specs = [("a", "hardened", "pass", "pass", "", _ops(5)),
-             ("a", "legacy", "stall", "fail", "no_stall: op 4 never returned", _ops(5, stall_last=True)),
+             ("a", "legacy", "stall", "fail[recovery]", "no_stall: op 4 never returned", _ops(5, stall_last=True)),
              ("b", "hardened", "skipped", "pass", "toxiproxy-server is not installed", None),
-             ("b", "legacy", "error", "fail", "topology: OSError: no namespaces", None)]
+             ("b", "legacy", "error", "fail[recovery]", "topology: OSError: no namespaces", None)]
     results = []
     for scenario, target, verdict, expected, reason, ops in specs:
         head = _meta(scenario, target, expected)
@@ -86,7 +96,7 @@ def mixed_run(tmp_path: Path) -> Path:
         end = {"type": "end", "t": 11.0, "reason": "done" if verdict not in ("skipped", "error") else verdict,
                "stalled": 0}
         write_journal(run_dir / scenario / target / "journal.jsonl", [head, *ops, end])
-        res = _result(scenario, target, verdict, expected, reason)
+        res = _result(scenario, target, verdict, expected, reason, ["no_stall"] if verdict == "stall" else None)
         if verdict == "stall":
             res.checks = [{"name": "no_stall", "ok": False, "message": "op 4 never returned"},
                           {"name": "recovery", "ok": None, "message": "not applicable: no fault is scheduled"}]
@@ -107,10 +117,10 @@ def test_summary_json_md_html_and_junit_count_skipped_separately(mixed_run: Path
     md = summary_md(run, {}, None)
     assert "**1 as expected, 1 deviation(s), 1 skipped, 1 error(s)**" in md
     assert "| b | ⏭️ skipped | ⚠️ error |" in md
-    assert "| a | ✅ pass | ❌ stall (expected fail) |" in md
+    assert "| a | ✅ pass | ❌ stall (expected fail (failing: recovery)) |" in md
     assert "#### Skipped (not run here)" in md and "- **b / hardened**: toxiproxy-server is not installed" in md
     assert "#### Errors" in md and "- **b / legacy**: topology: OSError: no namespaces" in md
-    assert "#### Deviations" in md and "- **a / legacy**: stall, expected fail" in md
+    assert "#### Deviations" in md and "- **a / legacy**: stall, expected fail (failing: recovery)" in md
 
     page = report_html(run, {}, None)
     assert '<span class="bad">1 as expected, 1 deviation(s), 1 skipped, 1 error(s)</span>' in page

@@ -340,7 +340,8 @@ def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
     f = tmp_path / "rf.yaml"
     f.write_text("name: t-rf\nfamily: pd\nseed: 3\nworkload: {duration: 20s, concurrency: 1, rate: 1}\n"
                  "random_faults:\n  count: 1\n  window: [1s, 6s]\n  length: [1s, 2s]\n  choices:\n"
-                 "    - {type: fake_prefill_peer, mode: error, count: 1}\n")
+                 "    - {type: fake_prefill_peer, mode: error, count: 1}\n"
+                 "expect: {upstream: pass, hardened: pass}\n")  # never run: only the plan is judged
     sc = load_scenario(f)
     assert sc.model.faults == [] and [x.type for x in sc.faults] == ["fake_prefill_peer"]
     try:

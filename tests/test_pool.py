@@ -56,7 +56,7 @@ def scenario(tmp_path: Path, name: str = "echo-plain") -> Any:
 
     p = tmp_path / f"{name}.yaml"
     p.write_text(f"name: {name}\nfamily: echo_family\ndeadline: 200ms\ncap: 20s\n"
-                 "workload: {duration: 500ms, concurrency: 1, rate: 20}\nexpect: {plain: pass}\n")
+                 "targets: [plain]\nworkload: {duration: 500ms, concurrency: 1, rate: 20}\nexpect: {plain: pass}\n")
     return load_scenario(p)
 
 

@@ -47,7 +47,7 @@ def d_cpu(x: float) -> float:
 def pd_records(*, samples: bool = True) -> list[dict]:
     recs: list[dict] = [{"type": "meta", "scenario": SCEN, "file": f"{SCEN}.yaml", "family": "pd",
                          "target": "upstream", "deadline_ms": 10000.0, "tolerance_ms": 2000.0, "seed": 1,
-                         "t0": T0, "cap_s": 60.0, "checks": {}, "expect": "stall", "targets": ["upstream"],
+                         "t0": T0, "cap_s": 60.0, "checks": {}, "expect": "stall[bounded_return,no_stall]", "targets": ["upstream"],
                          "baseline_target": "upstream", "topology": {}, "faults": []}]
     ev: list[tuple[float, dict]] = [
         (-1.0, {"type": "probe", "node": "prefill:0", "kind": "vllm", "when": "baseline", "pid": P_PIDS[0],
@@ -200,7 +200,8 @@ def _pd_run(root: Path, *, samples: bool = True) -> Path:
     write_journal(root / SCEN / "upstream" / "journal.jsonl", pd_records(samples=samples))
     (root / "summary.json").write_text(json.dumps({"run_id": "pd-gauges", "results": [
         {"scenario": SCEN, "target": "upstream", "dir": f"{SCEN}/upstream", "verdict": "stall",
-         "expected": "stall", "as_expected": True, "checks": []}]}))
+         "expected": "stall[bounded_return,no_stall]", "failing": ["bounded_return", "no_stall"],
+         "as_expected": True, "checks": []}]}))
     return root
 
 
@@ -281,7 +282,8 @@ def test_gauge_plots_render_in_the_worker_processes(tmp_path):
         recs[0]["scenario"] = s = f"{SCEN}-{k}"
         write_journal(root / s / "upstream" / "journal.jsonl", recs)
         results.append({"scenario": s, "target": "upstream", "dir": f"{s}/upstream", "verdict": "stall",
-                        "expected": "stall", "as_expected": True, "checks": []})
+                        "expected": "stall[bounded_return,no_stall]", "failing": ["bounded_return", "no_stall"],
+                        "as_expected": True, "checks": []})
     (root / "summary.json").write_text(json.dumps({"run_id": "par", "results": results}))
     warnings: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)

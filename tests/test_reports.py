@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import verdicts as V
 from harness.cli import main
 from harness.errors import UsageError
 from harness.journal import write_journal
@@ -110,8 +111,10 @@ def scenario_journal(scenario: str, target: str, *, duration: float = 6.0, rate:
     return recs
 
 
-EXPECT = {("slow-peer", "hardened"): ("pass", "pass"), ("slow-peer", "legacy"): ("fail", "fail"),
-          ("silent-server", "hardened"): ("pass", "pass"), ("silent-server", "legacy"): ("stall", "stall"),
+# (verdict, expectation as the runner writes it: the verdict and the exact set of failing checks)
+EXPECT = {("slow-peer", "hardened"): ("pass", "pass"), ("slow-peer", "legacy"): ("fail", "fail[bounded_return]"),
+          ("silent-server", "hardened"): ("pass", "pass"),
+          ("silent-server", "legacy"): ("stall", "stall[bounded_return,no_stall]"),
           ("bad-reply", "hardened"): ("pass", "pass"), ("bad-reply", "legacy"): ("fail", "pass"),
           ("normal", "hardened"): ("pass", "pass"), ("normal", "legacy"): ("pass", "pass")}
 
@@ -130,9 +133,14 @@ def make_run(root: Path, *, scenarios=("slow-peer", "silent-server", "bad-reply"
                       {"name": "fail_open", "ok": not (s == "bad-reply" and t == "legacy"),
                        "message": "op 60 raised OverflowError" if (s == "bad-reply" and t == "legacy") else "ok"},
                       {"name": "metrics_match", "ok": None, "message": "not applicable to the legacy target"}]
+            if verdict == "stall":
+                checks.append({"name": "no_stall", "ok": False, "message": "op 81 never returned"})
+            failing = sorted(c["name"] for c in checks if c["ok"] is False)
+            outcome = V.outcome(verdict, expected, failing)
             results.append({"scenario": s, "file": f"scenarios/lookup/{s}.yaml", "target": t, "dir": f"{s}/{t}",
-                            "verdict": verdict, "expected": expected, "as_expected": verdict == expected,
-                            "reason": "" if verdict == expected else "fail_open violated: op 60 raised",
+                            "verdict": verdict, "expected": expected, "failing": failing,
+                            "as_expected": outcome == "as_expected",
+                            "reason": "" if outcome == "as_expected" else "fail_open violated: op 60 raised",
                             "checks": checks})
     (root / "summary.json").write_text(json.dumps(
         {"run_id": run_id, "started": "2026-01-01T00:00:00+00:00", "elapsed_s": 42.5, "results": results}, indent=1))
@@ -531,8 +539,13 @@ def test_verdict_cells_and_ratio_cells():
     from reports.load import Result
     from reports.summary import ratio_cell, verdict_cell
 
-    r = Result("s", "legacy", "s/legacy", verdict="pass", expected="fail|stall", as_expected=False)
-    assert verdict_cell(r) == "❌ pass (expected fail or stall)"
+    # the expectation names the failing checks of each alternative
+    r = Result("s", "legacy", "s/legacy", verdict="pass", expected="fail[recovery]|stall[no_stall,recovery]",
+               as_expected=False)
+    assert verdict_cell(r) == "❌ pass (expected fail (failing: recovery) or stall (failing: no_stall, recovery))"
+    # a summary written before expectations named their checks: the verdicts alone
+    old = Result("s", "legacy", "s/legacy", verdict="pass", expected="fail|stall", as_expected=False)
+    assert verdict_cell(old) == "❌ pass (expected fail or stall)"
     r.as_expected = True
     assert verdict_cell(r) == "✅ pass"
     # a skipped run is its own outcome, even where an older summary.json said "as_expected": true
@@ -566,7 +579,9 @@ def _three_target_run(root: Path) -> Path:
             recs[0]["target"] = t
             write_journal(path, recs)
             verdict = "fail" if (s, t) == ("slow-peer", "base") else "pass"
-            results.append({"scenario": s, "target": t, "dir": f"{s}/{t}", "verdict": verdict, "expected": verdict,
+            results.append({"scenario": s, "target": t, "dir": f"{s}/{t}", "verdict": verdict,
+                            "expected": "fail[bounded_return]" if verdict == "fail" else "pass",
+                            "failing": ["bounded_return"] if verdict == "fail" else [],
                             "checks": [{"name": "bounded_return", "ok": verdict == "pass", "message": "m"},
                                        {"name": "recovery", "ok": None, "message": "not applicable: no fault"}]})
     (root / "summary.json").write_text(json.dumps({"run_id": "three", "results": results}))

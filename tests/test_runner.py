@@ -68,6 +68,7 @@ seed: 3
 deadline: 200ms
 topology: {transport: TRANSPORT, groups: 2, preload_blocks: 32}
 workload: {duration: 1s, concurrency: 2, rate: 80}
+expect: {hardened: pass, legacy: pass}
 """
 
 
@@ -111,7 +112,11 @@ topology: {transport: ipc}
 workload: {duration: 1500ms, concurrency: 1, rate: 20}
 faults:
   - {type: silent_peer, at: 300ms, for: 500ms}
-expect: {hardened: pass, legacy: stall}
+expect:
+  hardened: pass
+  # its one worker waits forever: the op never returns (no_stall, bounded_return), no op follows
+  # the window (recovery), and the hung call's thread is left behind (no_leaks)
+  legacy: {verdict: stall, failing: [bounded_return, no_leaks, no_stall, recovery]}
 """
 
 
@@ -155,6 +160,7 @@ seed: 9
 deadline: 200ms
 cap: 60s
 workload: {duration: 30s, concurrency: 1, rate: 20}
+expect: {hardened: pass, legacy: pass}
 """
 
 
@@ -269,9 +275,11 @@ def test_nodes_die_with_a_crashed_runner_and_the_next_run_sweeps(tmp_path: Path)
 def test_pytest_plugin_collects_scenarios_and_reports_deviations(tmp_path: Path) -> None:
     """`pytest --pdchaos FILE`: one item per target; a target that deviates fails with its checks."""
     ok = write(tmp_path, "fine", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 500ms"))
-    # expecting "fail" from a target that passes is a deviation the plugin must report as a failure
+    # expecting a failure from a target that passes is a deviation the plugin must report as a failure
     bad = write(tmp_path, "wrong", CLEAN.replace("TRANSPORT", "ipc").replace("duration: 1s", "duration: 500ms")
-                .replace("name: clean", "name: wrong-expectation") + "expect: {hardened: fail}\ntargets: [hardened]\n")
+                .replace("name: clean", "name: wrong-expectation")
+                .replace("expect: {hardened: pass, legacy: pass}",
+                         "expect: {hardened: {verdict: fail, failing: [bounded_return]}}\ntargets: [hardened]"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "--pdchaos", str(ok), str(bad), "-q", "-p", "no:cacheprovider",
                            "--pdchaos-runs-dir", str(tmp_path / "runs"), "--junitxml", str(tmp_path / "j.xml"),
                            "-o", "testpaths=", "--rootdir", str(tmp_path)],
@@ -279,7 +287,7 @@ def test_pytest_plugin_collects_scenarios_and_reports_deviations(tmp_path: Path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "2 passed" in out and "1 failed" in out, out
-    assert "verdict pass, expected fail" in out
+    assert "verdict pass, expected fail[bounded_return]" in out and "bounded_return did not fail" in out, out
     junit = (tmp_path / "j.xml").read_text()
     assert junit.count("<testcase") == 3
     assert list((tmp_path / "runs").glob("*/summary.json"))

@@ -57,6 +57,9 @@ class EchoFamily(Family):
     primary_ops = ("echo",)
     node_kinds = NODE_KINDS
     log_pattern = r"SECRET-[0-9]+"
+    # what the generic process faults cause in the echo workload: a worker's REQ socket times out
+    # (failures_explained accepts these in such a fault's window and tail)
+    generic_explains = dict.fromkeys(("kill", "stop", "restart", "node_down"), ("timeout",))
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
                  services: dict[str, Any]) -> BaseTopology:

@@ -149,6 +149,8 @@ class Family:
         run, and reported as not applicable — never as passing)."""
         return {}
 
+    # Options of checks this family's scenarios get unless they set them ({check: {option: value}}).
+    check_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     # The failure categories generic faults (faults/) may cause in this family's workload, in the
     # family's own vocabulary (a killed node is an HTTP 502 to the pd family's client), by fault name.
     generic_explains: ClassVar[dict[str, tuple[str, ...]]] = {}

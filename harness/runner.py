@@ -186,12 +186,14 @@ class Runner:
 
     @staticmethod
     def _check_config(sc: LoadedScenario) -> dict:
-        cfg = {}
+        """{check: options}: the family's defaults (``Family.check_defaults``), then what the
+        scenario sets (only the fields it sets)."""
+        cfg: dict = {name: dict(o) for name, o in sc.family.check_defaults.items()}
         for name, opts in sc.model.checks.items():
-            o = opts.model_dump()
+            o = opts.model_dump(exclude_unset=True)
             if o.get("tolerance") is not None:
                 o["tolerance_ms"] = o.pop("tolerance") * 1000.0
-            cfg[name] = o
+            cfg[name] = {**cfg.get(name, {}), **o}
         return cfg
 
 

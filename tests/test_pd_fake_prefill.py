@@ -735,12 +735,13 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         assert report["redirected"] == 1 and report["mode"] == "error" and report["pulls"] == 0
         assert report["queries"]["proxy"] == 1  # counts only: no id, no address
 
-        # a window in which no request came: the heal cleans up, then says nothing was tested (once)
+        # a window in which no request came: the heal cleans up, and its effect says nothing was
+        # tested (fault_effect then makes the run a harness error, never a verdict)
         idle = cls(cls.Params(mode="silent", count=1), topo)
         idle.start()
         proc = topo.node("fake-prefill:0").proc
-        with pytest.raises(RuntimeError, match="no request was redirected"):
-            idle.stop()
+        idle.stop()
+        assert idle.effect()["redirected"] == 0 < idle.required_effect()["redirected"]
         assert not proc.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
         idle.stop()  # the runner's teardown heal: quiet now
         assert [r["redirected"] for r in records if r.get("what") == "fake_prefill_peer"] == [1, 0]

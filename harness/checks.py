@@ -422,9 +422,11 @@ def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
     (``explains``: ``outcome`` or ``outcome@error_phase``; a fault that explains any failure also
     explains a stalled op: a client without a deadline hangs where it would have failed).
     Outside windows and tails every op
-    succeeds, unless the scenario allows a category anywhere (option ``allow``). Lists the
+    succeeds, unless the scenario allows a category anywhere (option ``allow``) or sets every
+    fault's tail itself (option ``tail``: damage it measured to outlast the heal). Lists the
     unexplained ones."""
     allow = set(opts.get("allow") or ())
+    tail_opt = opts.get("tail_ms")  # the scenario's own tail for every fault (damage it measured to last)
     faults = {f.get("id"): f for f in inp.meta.get("faults") or []}
     end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
     failed = [o for o in inp.all_ops if o.get("phase") != "ok"]
@@ -447,7 +449,8 @@ def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
                 explains.add("stalled")
             if w.get("start") is None or not (explains & cats):
                 continue
-            if a <= float(w["stop"]) + float(f.get("tail_s") or 0.0) and b >= w["start"]:
+            tail = float(tail_opt) / 1000.0 if tail_opt is not None else float(f.get("tail_s") or 0.0)
+            if a <= float(w["stop"]) + tail and b >= w["start"]:
                 ok = True
                 break
         if not ok:

@@ -191,8 +191,9 @@ class Runner:
         cfg: dict = {name: dict(o) for name, o in sc.family.check_defaults.items()}
         for name, opts in sc.model.checks.items():
             o = opts.model_dump(exclude_unset=True)
-            if o.get("tolerance") is not None:
-                o["tolerance_ms"] = o.pop("tolerance") * 1000.0
+            for key in ("tolerance", "tail"):
+                if o.get(key) is not None:
+                    o[f"{key}_ms"] = o.pop(key) * 1000.0
             cfg[name] = {**cfg.get(name, {}), **o}
         return cfg
 

@@ -53,6 +53,9 @@ class CheckOptions(_Strict):
     enabled: bool = True
     within: int = Field(1, ge=1, description="recovery: the first N ops after a window must include a success")
     tolerance: Duration | None = Field(None, description="bounded_return: overrides the scenario tolerance")
+    tail: Duration | None = Field(None, description="failures_explained: how long after each fault window a "
+                                  "failure may still be its doing, instead of what each fault declares (damage "
+                                  "measured to outlast the heal)")
     slack: int = Field(0, ge=0, description="no_leaks: allowed extra threads/fds")
     allow: list[str] = Field(default_factory=list, description="failures_explained: op failure categories "
                              "(outcome or outcome@error_phase) the scenario allows outside fault windows")

@@ -127,3 +127,22 @@ def test_schema_refuses_claims_that_name_nothing_or_cannot_hold(tmp_path, expect
         _load(tmp_path, expect, checks)
     assert words in str(e.value)
     assert "s.yaml" in str(e.value)  # names the file (and line)
+
+
+def test_failures_explained_tail_option_widens_every_window():
+    from harness.checks import CheckInput, failures_explained
+
+    t0 = 100.0
+    meta = {"type": "meta", "t0": t0, "faults": [{"id": 0, "type": "node_down", "explains": ["http_502"], "tail_s": 1.0}]}
+    recs = [meta,
+            {"type": "fault", "id": 0, "name": "node_down", "phase": "start", "t": t0 + 3},
+            {"type": "fault", "id": 0, "name": "node_down", "phase": "stop", "t": t0 + 10},
+            {"type": "op", "id": 1, "process": 0, "f": "complete", "phase": "invoke", "t": t0 + 12},
+            {"type": "op", "id": 1, "process": 0, "f": "complete", "phase": "fail", "t": t0 + 12.1,
+             "outcome": "http_502", "elapsed_ms": 100.0},
+            {"type": "end", "t": t0 + 20}]
+    inp = CheckInput(recs)
+    r = failures_explained(inp, {})
+    assert r.ok is False and "1 of 1 failed ops" in r.message  # 2 s after the heal, past the 1 s tail
+    assert failures_explained(inp, {"tail_ms": 5000.0}).ok is True  # the scenario's measured tail
+    assert failures_explained(inp, {"allow": ["http_502"]}).ok is True

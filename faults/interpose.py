@@ -66,3 +66,10 @@ class Interpose(OnceFault):
         if p.direction in ("request", "both"):
             out.append("server_error")
         return tuple(out)
+
+    def possible_categories(self) -> tuple[str, ...]:
+        p: Rule = self.params  # type: ignore[assignment]
+        extra: tuple[str, ...] = ()
+        if p.action in ("truncate", "rewrite") and p.direction in ("reply", "both"):
+            extra = ("raised",)  # a client without a versioned error protocol (today's) raises on a broken reply
+        return tuple(dict.fromkeys(super().possible_categories() + extra))

@@ -480,7 +480,7 @@ def run_checks(inp: CheckInput, config: dict[str, dict], checks: dict[str, Check
     na = not_applicable or {}
     from .verdicts import ERROR_CHECKS
 
-    faults = (getattr(inp, "meta", None) or {}).get("faults") if hasattr(inp, "meta") else None
+    faults = (getattr(inp, "meta", None) or {}).get("faults")
     for name, fn in (CHECKS if checks is None else checks).items():
         opts = config.get(name, {})
         guard = name in ERROR_CHECKS and not (name == "fault_effect" and not faults)

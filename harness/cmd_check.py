@@ -44,11 +44,9 @@ def judged_as(records: list[dict], target: str) -> list[dict]:
     sc = load_scenario(path)
     if target not in sc.model.targets and target not in sc.family.targets:
         raise UsageError(f"--as {target}: {path} has no target {target!r} (targets: {', '.join(sc.family.targets)})")
-    na = dict(sc.family.not_applicable(sc, target))
-    if not sc.faults:
-        na.setdefault("recovery", "no fault is scheduled")
-        na.setdefault("fault_effect", "no fault is scheduled")
-    from .runner import Runner
+    from .runner import Runner, not_applicable
+
+    na = not_applicable(sc, target)
 
     new_meta = {**m, "target": target, "judged_as_from": m.get("target"), "expect": sc.model.expected(target),
                 "not_applicable": na, "checks": Runner._check_config(sc)}

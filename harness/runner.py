@@ -66,6 +66,16 @@ def missing_requirements(scenario: LoadedScenario, services: dict[str, Any]) -> 
     return None
 
 
+def not_applicable(sc: LoadedScenario, target: str) -> dict[str, str]:
+    """{check: why} for the checks not run for this scenario and target: the family's, and those
+    that judge fault windows when no fault is scheduled."""
+    na = dict(sc.family.not_applicable(sc, target))
+    if not sc.faults:
+        na.setdefault("recovery", "no fault is scheduled")
+        na.setdefault("fault_effect", "no fault is scheduled")
+    return na
+
+
 def fault_meta(sc: LoadedScenario, fault: Fault) -> dict:
     """What the journal's meta line says of one scheduled fault instance: the failure categories it
     should cause (metrics_match), those it explains and for how long after its heal
@@ -125,10 +135,7 @@ class Runner:
         faults_meta = [{"id": i, "type": f.type, "at": f.at, "for": f.for_,
                         "params": f.model_dump(mode="json", exclude={"type", "at", "for_"}),
                         "categories": list(registry[f.type].categories)} for i, f in enumerate(sc.faults)]
-        na = dict(fam.not_applicable(sc, target))
-        if not sc.faults:
-            na.setdefault("recovery", "no fault is scheduled")
-            na.setdefault("fault_effect", "no fault is scheduled")
+        na = not_applicable(sc, target)
         return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
                 "deadline_ms": m.deadline * 1000.0, "tolerance_ms": m.tolerance * 1000.0, "seed": m.seed,
                 "cap_s": m.cap, "wall_start": datetime.now(timezone.utc).isoformat(),

@@ -217,6 +217,7 @@ class _ScenarioRun:
         self.stop_nemesis = threading.Event()
         self.nemesis: threading.Thread | None = None
         self.workload = None
+        self.horizon = self.end_at = self.op_s = 0.0  # set at t0 (execute)
 
     def execute(self, res: Result, started: float) -> str:
         m = self.sc.model
@@ -237,13 +238,14 @@ class _ScenarioRun:
             t0 = time.monotonic()
             os.kill(self.workload.pid, signal.SIGUSR1)
             self.jw.write({**self.meta, "t0": t0})
-            op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
-            end_at = t0 + m.workload.duration + op_s + 2 * GRACE_S
+            self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
+            self.horizon = t0 + m.workload.duration  # when the workload stops issuing ops (_extend moves it)
+            self.end_at = self.horizon + self.op_s + 2 * GRACE_S
             hard_cap = started + m.cap
             self.nemesis = threading.Thread(target=self._schedule, args=(t0,), daemon=True, name="nemesis")
             self.nemesis.start()
             self.topo.start_sampling()
-            while self.workload.alive and time.monotonic() < min(end_at, hard_cap):
+            while self.workload.alive and time.monotonic() < min(self.end_at, hard_cap):
                 if self.runner.interrupted:
                     raise _Interrupted()
                 time.sleep(0.02)
@@ -332,6 +334,25 @@ class _ScenarioRun:
             elif i in self.active:
                 if self._heal(self.active[i], i, "schedule"):
                     del self.active[i]  # else it stays active: teardown tries the heal once more
+                    self._extend(f.type, i)
+
+    def _extend(self, fault: str, fid: int) -> None:
+        """A heal that ended too late for the ops ``recovery`` must see after it (a node restart
+        slower than the schedule allowed for) moves the workload's end: every worker then has time
+        for them (workloadio.Horizon; bounded by the scenario's cap like the rest of the run)."""
+        m = self.sc.model
+        opts = m.checks.get("recovery")
+        if opts is not None and not opts.enabled:
+            return
+        need = time.monotonic() + m.workload.recovery_gap(opts.within if opts is not None else 1) + GRACE_S
+        if need <= self.horizon:
+            return
+        tmp = self.topo.horizon_path.with_suffix(".tmp")
+        tmp.write_text(f"{need:.6f}")
+        os.replace(tmp, self.topo.horizon_path)
+        self.topo.event("workload_extended", fault=fault, id=fid, s=round(need - self.horizon, 3))
+        self.horizon = need
+        self.end_at = max(self.end_at, need + self.op_s + 2 * GRACE_S)
 
     def _instance(self, entry: Any) -> Fault:
         cls = load_registry(self.sc.family.name)[entry.type]

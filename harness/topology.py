@@ -306,10 +306,18 @@ class BaseTopology:
             raise HarnessError(f"node {spec!r}: no such role (roles: {', '.join(self.nodes) or 'none'})")
         return found
 
+    def stale_peers(self, role: str) -> list[str]:
+        """Roles whose processes keep state about the node of ``role`` that its replacement
+        invalidates (e.g. a connection pool to its endpoints): when it is stopped or killed they
+        are tainted, never lent to a later scenario that would inherit the damage. Families say."""
+        return []
+
     def _retire(self, role: str, how: str) -> Node | None:
         node = self.nodes.pop(role, None)
         if node is None:
             return None
+        for peer in self.stale_peers(role):
+            self.taint(peer, f"it holds state about {role}, which was {'killed' if how == 'kill' else 'stopped'}")
         if node.client is not None and node.proc.alive and not node.frozen:
             self.probe_node(node, "last", timeout_ms=LAST_PROBE_TIMEOUT_MS)
         self._retired.append(node.proc)
@@ -461,10 +469,16 @@ class BaseTopology:
             self._sampler = None
 
     # ------------------------------------------------------------------ workload
+    @property
+    def horizon_path(self) -> Path:
+        """The file through which the runner extends the workload's end (workloadio.Horizon)."""
+        return self.run_dir / "workload.horizon"
+
     def start_workload(self, journal_part: Path) -> ProcHandle:
         """The workload node (the client side), configured by :meth:`workload_config`."""
         cfg_path = self.run_dir / "workload.json"
-        cfg_path.write_text(json.dumps(self.workload_config()))
+        # the runner may move the workload's end later by writing this file (harness/workloadio.py)
+        cfg_path.write_text(json.dumps({**self.workload_config(), "horizon_path": str(self.horizon_path)}))
         return self.spawn(self.workload_kind, self.workload_args(cfg_path, journal_part), side="a",
                           log_name="client-workload.log", ready_timeout_s=self.workload_ready_timeout_s)
 

@@ -69,6 +69,22 @@ def parse(text: str | None) -> list[Alternative]:
     return out or [Alternative("pass", frozenset())]
 
 
+def overlap(a: str | None, b: str | None) -> bool:
+    """Whether one run could meet both expectations: some alternative of each admits the same
+    verdict and failing set (``pass`` and ``pass|fail[no_leaks]`` overlap; ``pass`` and
+    ``fail[no_stall]`` do not). An old-style set (``fail``) admits every set of its verdict."""
+    for x in parse(a):
+        for y in parse(b):
+            if x.verdict != y.verdict:
+                continue
+            if x.failing is None or y.failing is None:
+                return True
+            need = x.failing | y.failing  # the smallest set both could see...
+            if need <= (x.failing | x.may) and need <= (y.failing | y.may):  # ...allowed by both
+                return True
+    return False
+
+
 def text(alternatives: Iterable[Alternative]) -> str:
     return "|".join(a.text() for a in alternatives)
 

@@ -1,6 +1,7 @@
-"""What every family's workload node shares: its arguments, its configuration file, and the start
+"""What every family's workload node shares: its arguments, its configuration file, the start
 signal (the runner sends SIGUSR1 at t0; it is blocked before any thread exists, so none takes it,
-and the node waits for it with ``signal.sigtimedwait``)."""
+and the node waits for it with ``signal.sigtimedwait``) and the horizon (when to stop issuing ops:
+the end of the duration, or later when the runner extends it, see :class:`Horizon`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
 
 from .errors import UsageError
 
@@ -37,11 +38,47 @@ def block_start_signal() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 
+class Horizon:
+    """When a workload stops issuing ops: ``t_end`` (``time.monotonic()``, the end of its duration),
+    or later when the runner extends it. The runner extends it when a fault heals so late that no
+    worker would have time left for the ops the ``recovery`` check must see (a node restart slower
+    than usual): it writes the new end, one float of ``time.monotonic()`` seconds (the clock is
+    the machine's, the same in every process), to the file ``horizon_path`` of the workload's
+    configuration. The file is read at most every ``REREAD_S``; a missing or unreadable file, or
+    an earlier time, leaves the end as it was (the horizon never moves back)."""
+
+    REREAD_S = 0.2
+
+    def __init__(self, t_end: float, path: str | None = None):
+        self._end, self._path, self._read_at = float(t_end), path, 0.0
+
+    def end(self) -> float:
+        now = time.monotonic()
+        if self._path and now - self._read_at >= self.REREAD_S:
+            self._read_at = now
+            try:
+                with open(self._path, encoding="ascii") as fh:
+                    later = float(fh.read().strip() or "nan")
+            except (OSError, ValueError):
+                later = float("nan")
+            if later > self._end:  # NaN compares false: ignored
+                self._end = later
+        return self._end
+
+
+End = Union[float, Horizon]
+
+
+def end_of(t_end: End) -> float:
+    return t_end.end() if isinstance(t_end, Horizon) else float(t_end)
+
+
 def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], None], *, t_start: float,
-                t_end: float, interval: float, grace: float) -> tuple[list[int], list[str]]:
+                t_end: End, interval: float, grace: float) -> tuple[list[int], list[str]]:
     """Run ``work(i, first_at)`` for workers ``0..n-1`` (worker ``i`` starts ``i * interval / n``
-    after ``t_start``, so paced workers interleave), wait for them until ``t_end + grace``, and
-    return the indices of the workers still stuck in a call and the crashes recorded (a bug in a worker is a
+    after ``t_start``, so paced workers interleave), wait for them until the horizon ``t_end``
+    (a time, or a :class:`Horizon` the runner may extend) plus ``grace``, and return the indices
+    of the workers still stuck in a call and the crashes recorded (a bug in a worker is a
     ``workload_crash`` event in the journal, never a quiet run)."""
     crashed: list[str] = []
 
@@ -55,18 +92,24 @@ def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], No
     for th in threads:
         th.start()
     for th in threads:
-        th.join(max(0.0, t_end + grace - time.monotonic()))
+        while th.is_alive():
+            left = end_of(t_end) + grace - time.monotonic()
+            if left <= 0:
+                break
+            th.join(min(left, 0.5))  # the horizon may move on meanwhile
     return [i for i, th in enumerate(threads) if th.is_alive()], crashed
 
 
-def paced(t_start: float, t_end: float, interval: float, stop: threading.Event) -> Iterator[int]:
-    """Yield 0, 1, 2, ... at ``t_start + k * interval`` (sleeping until each is due) until
-    ``t_end``, or until ``stop`` is set (the runner that started the workload died)."""
+def paced(t_start: float, t_end: End, interval: float, stop: threading.Event) -> Iterator[int]:
+    """Yield 0, 1, 2, ... at ``t_start + k * interval`` (sleeping until each is due) until the
+    horizon ``t_end`` (a time or a :class:`Horizon`), or until ``stop`` is set (the runner that
+    started the workload died)."""
     k = 0
     while True:
         due = t_start + k * interval
         now = time.monotonic()
-        if due >= t_end or now >= t_end:
+        end = end_of(t_end)
+        if due >= end or now >= end:
             return
         if due > now:
             time.sleep(due - now)

@@ -146,3 +146,28 @@ def test_failures_explained_tail_option_widens_every_window():
     assert r.ok is False and "1 of 1 failed ops" in r.message  # 2 s after the heal, past the 1 s tail
     assert failures_explained(inp, {"tail_ms": 5000.0}).ok is True  # the scenario's measured tail
     assert failures_explained(inp, {"allow": ["http_502"]}).ok is True
+
+
+@pytest.mark.parametrize("a,b,both", [
+    ("pass", "pass", True),
+    ("pass", "pass|fail[no_leaks]", True),  # the baseline may pass too: no gain can be shown
+    ("pass", "fail[no_stall]", False),
+    ("fail[no_busy_wait]", "fail[no_busy_wait,recovery?]", True),
+    ("fail[no_busy_wait]", "fail[no_busy_wait,recovery]", False),
+    ("fail[a,b?]", "fail[b,c?]", False),  # both need {a, b}, which the second does not allow (a)
+    ("fail[a,b?]", "fail[b,a?]", True),  # {a, b} meets both
+    ("stall[no_stall]", "fail[no_stall]", False),
+    ("fail", "fail[no_stall]", True),  # an old-style set admits any
+])
+def test_overlap_is_whether_one_run_could_meet_both(a, b, both):
+    assert V.overlap(a, b) is both
+    assert V.overlap(b, a) is both
+
+
+def test_mutate_claims_only_where_the_baseline_cannot_show_the_target_s_outcome(tmp_path):
+    from harness.cmd_mutate import claims
+
+    sc = _load(tmp_path, "legacy: [pass, {verdict: fail, failing: [no_leaks]}]\nhardened: pass")
+    assert claims([sc], "hardened") == []
+    sc2 = _load(tmp_path, "legacy: {verdict: fail, failing: [no_leaks]}\nhardened: pass")
+    assert [s.model.name for s, _ in claims([sc2], "hardened")] == [sc2.model.name]

@@ -28,7 +28,8 @@ from typing import Any
 from faults.control import ControlClient, process_stats
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, paced, read_config, run_workers
+from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+                                run_workers)
 
 POLL_S = 0.05
 
@@ -90,7 +91,7 @@ class Workload:
             return 0
         t0 = time.monotonic()
         t_start = t0 + float(cfg.get("start_s", 0.0))
-        t_end = t0 + float(cfg["duration_s"])
+        t_end = Horizon(t0 + float(cfg["duration_s"]), cfg.get("horizon_path"))
         interval = n / float(cfg["rate"])
 
         def work(i: int, first_at: float) -> None:

@@ -38,7 +38,8 @@ from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, paced, read_config, run_workers
+from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+                                run_workers)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class Workload:
         self.journal.write(done)
         return done.get("value")
 
-    def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: float,
+    def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: Horizon,
                interval: float, reset_at: float | None) -> None:
         for _ in paced(t_start, t_end, interval, self.orphaned):
             if reset_at is not None and time.monotonic() >= reset_at:
@@ -210,7 +211,7 @@ class Workload:
             return 0
         t_start = time.monotonic()
         duration = float(cfg["duration_s"])
-        t_end = t_start + duration
+        t_end = Horizon(t_start + duration, cfg.get("horizon_path"))
         interval = n / float(cfg["rate"])
         reset_at = cfg.get("reset_at_s")
 

@@ -183,6 +183,14 @@ class PDTopology(BaseTopology):
         return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "kv_port": self.kv_ports[role],
                 "server_log": self._server_log.get(role)}
 
+    def stale_peers(self, role: str) -> list[str]:
+        """P writes the KV blocks into D's memory through its Mooncake transfer engine, which keeps
+        what it learned of D's segment and connections to D's transfer port. A D started again on
+        the same endpoints (kill, node_down) invalidates that: P's first transfer to the new D can
+        fail (CI: a reused P failed the next scenario's first request, HTTP 502 at D, before any
+        fault). So P is not lent on once D was replaced."""
+        return [r for r in self.nodes if r.startswith("prefill")] if role.startswith("decode") else []
+
     def reusable(self, role: str, stats: dict) -> str | None:
         """Healthy and drained: nothing running or waiting, no KV block held (a request a fault
         left behind, or blocks P keeps for a pull that never came, would leak into the next

@@ -24,6 +24,9 @@ optional:
 ``go_timeout_s``       how long to wait for the start signal (default 60)
 ``grace_s``            how long workers may overrun ``duration_s`` (default request_timeout_s + 5)
 ``prepare_timeout_s``  bound on making prompts and references before READY (default 240)
+``horizon_path``       where the runner may write a later end than ``duration_s`` gives
+                       (harness/workloadio.py ``Horizon``: a fault healed too late for the
+                       ops ``recovery`` must see); prompts are reused past the prepared ones
 =====================  ====================================================================
 
 Before READY: ``ceil(duration_s * rate * 1.2) + concurrency`` unique prompts of words from the
@@ -81,7 +84,8 @@ from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import add_workload_arguments, block_start_signal, paced, read_config, run_workers
+from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+                                run_workers)
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +378,7 @@ class Workload:
         self.journal.write(done)
         self._count(done["outcome"] if done["outcome"] != "ok" else "ok")
 
-    def worker(self, idx: int, t_start: float, t_end: float, interval: float) -> None:
+    def worker(self, idx: int, t_start: float, t_end: Horizon, interval: float) -> None:
         for _ in paced(t_start, t_end, interval, self.orphaned):
             self.call(idx)
 
@@ -390,7 +394,7 @@ class Workload:
             return 0
         n = int(cfg["concurrency"])
         t_start = time.monotonic()
-        t_end = t_start + float(cfg["duration_s"])
+        t_end = Horizon(t_start + float(cfg["duration_s"]), cfg.get("horizon_path"))
         interval = n / float(cfg["rate"])
         stuck, crashed = run_workers(self.journal, "pd-workload", n,
                                      lambda i, first_at: self.worker(i, first_at, t_end, interval),

@@ -1,0 +1,128 @@
+"""The workload's horizon (harness/workloadio.py): the runner may move a workload's end later
+when a fault healed too late for the ops ``recovery`` must see; the end never moves back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from harness.workloadio import Horizon, paced, run_workers
+
+
+def test_horizon_moves_later_never_back_and_ignores_garbage(tmp_path, monkeypatch):
+    path = tmp_path / "workload.horizon"
+    t_end = time.monotonic() + 5.0
+    monkeypatch.setattr(Horizon, "REREAD_S", 0.0)
+    h = Horizon(t_end, str(path))
+    assert h.end() == t_end  # no file yet
+    path.write_text("not a number")
+    assert h.end() == t_end
+    path.write_text("nan")
+    assert h.end() == t_end
+    path.write_text(f"{t_end + 3:.6f}")
+    assert h.end() == pytest.approx(t_end + 3, abs=1e-5)
+    path.write_text(f"{t_end - 10:.6f}")  # earlier: the horizon never moves back
+    assert h.end() == pytest.approx(t_end + 3, abs=1e-5)
+    assert Horizon(t_end).end() == t_end  # no path: a plain end
+
+
+def test_paced_workers_run_on_to_the_extended_end(tmp_path, monkeypatch):
+    monkeypatch.setattr(Horizon, "REREAD_S", 0.0)
+    path = tmp_path / "workload.horizon"
+    t0 = time.monotonic()
+    h = Horizon(t0 + 0.3, str(path))
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def work(i: int, first_at: float) -> None:
+        for _ in paced(first_at, h, 0.1, stop):
+            ticks.append(time.monotonic() - t0)
+            if len(ticks) == 2:
+                path.write_text(f"{t0 + 0.8:.6f}")  # the runner extends while the worker runs
+
+    stuck, crashed = run_workers(None, "t", 1, work, t_start=t0, t_end=h, interval=0.1, grace=1.0)
+    assert not stuck and not crashed
+    assert max(ticks) > 0.6  # past the first end (0.3 s), up to the new one (0.8 s)
+    assert max(ticks) < 0.8 + 0.05
+
+
+def test_plain_end_is_unchanged(tmp_path):
+    stop = threading.Event()
+    t0 = time.monotonic()
+    got = list(paced(t0, t0 + 0.25, 0.1, stop))
+    assert got == [0, 1, 2]
+
+
+class _Topo:
+    def __init__(self, run_dir):
+        self.horizon_path = run_dir / "workload.horizon"
+        self.events: list[dict] = []
+
+    def event(self, what: str, **kw) -> None:
+        self.events.append({"what": what, **kw})
+
+
+def _run_for(tmp_path, checks: str):
+    from harness.runner import GRACE_S, _ScenarioRun
+    from harness.schema import load_scenario
+
+    p = tmp_path / "s.yaml"
+    p.write_text("name: t-horizon\nfamily: lookup\nseed: 1\ntargets: [hardened, legacy]\n"
+                 "workload: {duration: 3s, concurrency: 2, rate: 4}\n"
+                 "faults:\n  - {type: slow_peer, at: 1s, for: 0.5s, delay: 500ms}\n"
+                 f"{checks}expect: {{hardened: pass, legacy: pass}}\n")
+    run = object.__new__(_ScenarioRun)
+    run.sc, run.topo = load_scenario(p), _Topo(tmp_path)
+    now = time.monotonic()
+    run.horizon, run.op_s = now - 1.0, 2.0  # the duration already ended: a late heal
+    run.end_at = run.horizon + run.op_s + 2 * GRACE_S
+    return run, now
+
+
+def test_a_late_heal_extends_the_workload_for_the_recovery_ops(tmp_path):
+    from harness.runner import GRACE_S
+
+    run, now = _run_for(tmp_path, "checks: {recovery: {within: 2}}\n")
+    old_end_at = run.end_at
+    run._extend("slow_peer", 0)
+    need = float(run.topo.horizon_path.read_text())
+    assert need >= now + 2 * (2 / 4) + GRACE_S  # 2 ops of each worker (one every 0.5 s), then a margin
+    assert run.horizon == pytest.approx(need, abs=1e-5) and run.end_at > old_end_at
+    assert run.topo.events[0]["what"] == "workload_extended"
+    before = run.topo.horizon_path.read_text()
+    run.horizon = need + 100  # a heal in time: nothing moves
+    run._extend("slow_peer", 0)
+    assert run.topo.horizon_path.read_text() == before and len(run.topo.events) == 1
+
+
+def test_no_extension_when_recovery_is_off(tmp_path):
+    run, _ = _run_for(tmp_path, "checks: {recovery: {enabled: false}}\n")
+    run._extend("slow_peer", 0)
+    assert not run.topo.horizon_path.exists() and not run.topo.events
+
+
+def test_pd_a_replaced_decode_taints_prefill_only():
+    from types import SimpleNamespace
+
+    from harness.families.pd.topology import PDTopology
+
+    t = SimpleNamespace(nodes={"prefill:0": 1, "decode:0": 2, "proxy": 3})
+    assert PDTopology.stale_peers(t, "decode:0") == ["prefill:0"]  # P's transfer engine knew the old D
+    assert PDTopology.stale_peers(t, "prefill:0") == []
+    assert PDTopology.stale_peers(t, "proxy") == []
+
+
+def test_retire_taints_the_stale_peers():
+    from types import SimpleNamespace
+
+    from harness.topology import BaseTopology
+
+    tainted = []
+    proc = SimpleNamespace(alive=False, pid=1, kill=lambda: None, stop=lambda s: None, returncode=0)
+    t = SimpleNamespace(nodes={"decode:0": SimpleNamespace(client=None, proc=proc, frozen=False, kind="vllm")},
+                        _retired=[], stale_peers=lambda role: ["prefill:0"],
+                        taint=lambda role, why: tainted.append((role, why)), event=lambda *a, **k: None)
+    BaseTopology._retire(t, "decode:0", "kill")
+    assert tainted and tainted[0][0] == "prefill:0" and "killed" in tainted[0][1]

@@ -72,6 +72,8 @@ class PDProfile(BaseModel):
     connectors: dict[Literal["upstream", "hardened"], ConnectorProfile]
     env: dict[str, str] = Field(default_factory=dict, description="more environment for both servers")
     store: StoreProfile | None = Field(None, description="a Mooncake store master for a KV pool connector")
+    plugin_path: str | None = Field(None, description="an absolute folder put on the hardened servers' PYTHONPATH "
+                                                      "(a mutation run's plugin site: tests/mutants/system/site)")
 
     @model_validator(mode="after")
     def _rules(self) -> "PDProfile":
@@ -87,6 +89,9 @@ class PDProfile(BaseModel):
                 raise ValueError("vllm: node-env is the CPU node env; an NPU profile uses path")
         elif self.devices:
             raise ValueError("devices: only an NPU profile names devices")
+        if self.plugin_path is not None and not (Path(self.plugin_path).is_absolute()
+                                                 and Path(self.plugin_path).is_dir()):
+            raise ValueError(f"plugin_path: {self.plugin_path!r} is not an absolute path of a folder")
         if set(self.connectors) != {"upstream", "hardened"}:
             raise ValueError("connectors: name the connector of both targets, upstream and hardened")
         for key in self.env:
@@ -98,7 +103,7 @@ class PDProfile(BaseModel):
         """What a warm node's start settings depend on (harness/pool.py)."""
         return (self.name, self.device, self.vllm, self.model, self.dtype, self.max_model_len,
                 tuple(sorted(self.devices.items())), tuple(sorted(self.env.items())),
-                self.store.model_dump_json() if self.store else None)
+                self.store.model_dump_json() if self.store else None, self.plugin_path)
 
 
 def builtin_profiles() -> list[str]:

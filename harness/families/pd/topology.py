@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
-from .vllm_node import HARDENED
+from .vllm_node import is_hardened
 
 CORES = {"prefill:0": 0, "decode:0": 1}
 SIDES = {"prefill:0": "b", "decode:0": "a", "proxy": "a"}  # namespaces, with link: netns
@@ -111,6 +111,8 @@ class PDTopology(BaseTopology):
                 args += ["--vllm-from", prof.vllm]
             if prof.model:
                 args += ["--model", prof.model]
+            if prof.plugin_path:
+                args += ["--plugin-path", prof.plugin_path]
             if (prof.dtype, prof.max_model_len) != ("bfloat16", 512):
                 args += ["--dtype", prof.dtype, "--max-model-len", str(prof.max_model_len)]
             env = dict(prof.env)
@@ -122,7 +124,7 @@ class PDTopology(BaseTopology):
                 args += ["--kv-port", str(self.kv_ports[role])]
             args += ["--kv-connector", conn.name,
                      "--kv-extra", json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
-            if conn.name == HARDENED or "$KV_LOAD_TIMEOUT_MS" in json.dumps(conn.extra_config):
+            if is_hardened(conn.name) or "$KV_LOAD_TIMEOUT_MS" in json.dumps(conn.extra_config):
                 args += ["--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]

@@ -91,6 +91,16 @@ log = logging.getLogger(__name__)
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 HARDENED = "HardenedMooncakeConnector"  # connector_patch/vllm_mooncake.py, registered by its vLLM plugin
 MOONCAKE = ("MooncakeConnector", HARDENED)
+
+
+def is_hardened(conn: str) -> bool:
+    """The hardened connector, or a mutant of it (``HardenedMooncakeConnectorMutant...``, registered
+    only on a mutation run's nodes: tests/mutants/system/)."""
+    return conn.startswith(HARDENED)
+
+
+def is_mooncake(conn: str) -> bool:
+    return conn in MOONCAKE or is_hardened(conn)
 WARM_UP_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)  # 200 tokens of the tiny model, fixed
 STOP_GRACE_S = 30.0
 HEALTH_POLL_S = 0.5
@@ -138,6 +148,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--control", default=None, help="ipc endpoint of the harness control channel")
     p.add_argument("--no-warm-up", action="store_true",
                    help="print READY without the warm-up completion (a fixed ~200-token prompt)")
+    p.add_argument("--plugin-path", default=None,
+                   help="a folder put on vLLM's PYTHONPATH after the hardened plugin's (a mutation run's plugin site)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -259,7 +271,7 @@ LAZY_DECODE = (2, 8)
 def lazy_allowance(role: str, connector: str, extra: dict | None) -> tuple[int, int]:
     """(threads, fds) a server of ``role`` with ``connector`` may start after READY and keep (see
     above); 0 for a connector not measured here."""
-    if connector not in MOONCAKE:
+    if not is_mooncake(connector):
         return 0, 0
     if role == "decode":
         return LAZY_DECODE
@@ -339,7 +351,7 @@ class VllmNode:
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
         if args.kv_load_timeout_ms is not None:
-            if args.kv_connector != HARDENED and "$KV_LOAD_TIMEOUT_MS" not in (args.kv_extra or ""):
+            if not is_hardened(args.kv_connector) and "$KV_LOAD_TIMEOUT_MS" not in (args.kv_extra or ""):
                 raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline (or a "
                                      "--kv-extra that names $KV_LOAD_TIMEOUT_MS)")
             if args.kv_load_timeout_ms <= 0:
@@ -447,8 +459,8 @@ class VllmNode:
         if self.args.kv_port is not None:
             cfg["kv_port"] = self.args.kv_port
         extra = dict(self.kv_extra) if self.kv_extra is not None else (
-            {"mooncake_protocol": "tcp"} if conn in MOONCAKE else None)
-        if conn == HARDENED and self.args.kv_load_timeout_ms is not None:
+            {"mooncake_protocol": "tcp"} if is_mooncake(conn) else None)
+        if is_hardened(conn) and self.args.kv_load_timeout_ms is not None:
             extra = {**(extra or {}), "kv_load_timeout_ms": self.args.kv_load_timeout_ms}
         if extra is not None:
             cfg["kv_connector_extra_config"] = extra
@@ -497,7 +509,8 @@ class VllmNode:
             # in a MultiConnector: vLLM finds the plugin's entry point there (plugin_site.py)
             from .plugin_site import plugin_site
 
-            env["PYTHONPATH"] = os.pathsep.join([str(plugin_site())] + inherited)
+            env["PYTHONPATH"] = os.pathsep.join([str(plugin_site())] + ([a.plugin_path] if a.plugin_path else [])
+                                                + inherited)
         elif inherited:
             env["PYTHONPATH"] = os.pathsep.join(inherited)
         else:
@@ -535,7 +548,7 @@ class VllmNode:
     def wait_ready(self, stop: threading.Event) -> str | None:
         """None once ready; else why not (an error line) or "" when asked to stop."""
         deadline = self.t_start + self.args.startup_timeout_s
-        need_engine = self.role == "prefill" and self.args.kv_connector in MOONCAKE
+        need_engine = self.role == "prefill" and is_mooncake(self.args.kv_connector)
         while True:
             if stop.is_set():
                 return ""

@@ -218,6 +218,7 @@ class _ScenarioRun:
         self.nemesis: threading.Thread | None = None
         self.workload = None
         self.horizon = self.end_at = self.op_s = 0.0  # set at t0 (execute)
+        self.holding = False  # the workload runs on past its duration until _release
 
     def execute(self, res: Result, started: float) -> str:
         m = self.sc.model
@@ -235,12 +236,17 @@ class _ScenarioRun:
                 self.topo.event("fault_prepared", fault=fault.name, id=i, s=round(time.monotonic() - t_prep, 3))
             self.workload = self.topo.start_workload(self.part)
             res.setup_s = time.monotonic() - started
+            self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
+            # ``recovery`` needs ops after the last heal, however late it comes (a node restart
+            # slower than usual): the workload runs on until the nemesis sets its end (_release)
+            self.holding = bool(self.faults) and self._recovery_gap() is not None
+            if self.holding:
+                self._write_horizon(float("inf"))
             t0 = time.monotonic()
             os.kill(self.workload.pid, signal.SIGUSR1)
             self.jw.write({**self.meta, "t0": t0})
-            self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
-            self.horizon = t0 + m.workload.duration  # when the workload stops issuing ops (_extend moves it)
-            self.end_at = self.horizon + self.op_s + 2 * GRACE_S
+            self.horizon = t0 + m.workload.duration  # when the workload stops issuing ops
+            self.end_at = float("inf") if self.holding else self.horizon + self.op_s + 2 * GRACE_S
             hard_cap = started + m.cap
             self.nemesis = threading.Thread(target=self._schedule, args=(t0,), daemon=True, name="nemesis")
             self.nemesis.start()
@@ -334,25 +340,34 @@ class _ScenarioRun:
             elif i in self.active:
                 if self._heal(self.active[i], i, "schedule"):
                     del self.active[i]  # else it stays active: teardown tries the heal once more
-                    self._extend(f.type, i)
+        if self.holding:
+            self._release(events[-1][3].type, events[-1][2])
 
-    def _extend(self, fault: str, fid: int) -> None:
-        """A heal that ended too late for the ops ``recovery`` must see after it (a node restart
-        slower than the schedule allowed for) moves the workload's end: every worker then has time
-        for them (workloadio.Horizon; bounded by the scenario's cap like the rest of the run)."""
+    def _recovery_gap(self) -> float | None:
+        """How long (s) after the last heal every worker needs for the ops ``recovery`` judges;
+        None when the check is off."""
         m = self.sc.model
         opts = m.checks.get("recovery")
         if opts is not None and not opts.enabled:
-            return
-        need = time.monotonic() + m.workload.recovery_gap(opts.within if opts is not None else 1) + GRACE_S
-        if need <= self.horizon:
-            return
+            return None
+        return m.workload.recovery_gap(opts.within if opts is not None else 1)
+
+    def _write_horizon(self, end: float) -> None:
         tmp = self.topo.horizon_path.with_suffix(".tmp")
-        tmp.write_text(f"{need:.6f}")
+        tmp.write_text(f"{end:.6f}" if end != float("inf") else "inf")
         os.replace(tmp, self.topo.horizon_path)
-        self.topo.event("workload_extended", fault=fault, id=fid, s=round(need - self.horizon, 3))
-        self.horizon = need
-        self.end_at = max(self.end_at, need + self.op_s + 2 * GRACE_S)
+
+    def _release(self, fault: str, fid: int) -> None:
+        """Every scheduled heal was tried: the workload ends at its duration, or later when the last
+        heal came too late for the ops ``recovery`` must see after it (workloadio.Horizon; the
+        scenario's cap bounds it like the rest of the run)."""
+        need = time.monotonic() + (self._recovery_gap() or 0.0) + GRACE_S
+        end = max(self.horizon, need)
+        self._write_horizon(end)
+        if end > self.horizon:
+            self.topo.event("workload_extended", fault=fault, id=fid, s=round(end - self.horizon, 3))
+        self.horizon, self.holding = end, False
+        self.end_at = end + self.op_s + 2 * GRACE_S
 
     def _instance(self, entry: Any) -> Fault:
         cls = load_registry(self.sc.family.name)[entry.type]

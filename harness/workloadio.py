@@ -40,17 +40,19 @@ def block_start_signal() -> None:
 
 class Horizon:
     """When a workload stops issuing ops: ``t_end`` (``time.monotonic()``, the end of its duration),
-    or later when the runner extends it. The runner extends it when a fault heals so late that no
-    worker would have time left for the ops the ``recovery`` check must see (a node restart slower
-    than usual): it writes the new end, one float of ``time.monotonic()`` seconds (the clock is
-    the machine's, the same in every process), to the file ``horizon_path`` of the workload's
-    configuration. The file is read at most every ``REREAD_S``; a missing or unreadable file, or
-    an earlier time, leaves the end as it was (the horizon never moves back)."""
+    or what the runner says instead. The runner holds the end open (``inf``) while a fault the
+    ``recovery`` check must see healed is still active, so the workers go on past the duration
+    through a slow heal (a node restart), then writes the end: the duration's, or a little after
+    the last heal. It writes one float of ``time.monotonic()`` seconds (the machine's clock, the
+    same in every process), or ``inf``, to the file ``horizon_path`` of the workload's
+    configuration. The file is read at most every ``REREAD_S``; a missing or unreadable file
+    leaves the duration's end; the end is never before it."""
 
     REREAD_S = 0.2
 
     def __init__(self, t_end: float, path: str | None = None):
-        self._end, self._path, self._read_at = float(t_end), path, 0.0
+        self._base, self._path, self._read_at = float(t_end), path, 0.0
+        self._said = float("nan")  # the runner's word, once read
 
     def end(self) -> float:
         now = time.monotonic()
@@ -58,12 +60,10 @@ class Horizon:
             self._read_at = now
             try:
                 with open(self._path, encoding="ascii") as fh:
-                    later = float(fh.read().strip() or "nan")
+                    self._said = float(fh.read().strip() or "nan")
             except (OSError, ValueError):
-                later = float("nan")
-            if later > self._end:  # NaN compares false: ignored
-                self._end = later
-        return self._end
+                self._said = float("nan")
+        return self._base if not self._said > self._base else self._said  # NaN compares false
 
 
 End = Union[float, Horizon]

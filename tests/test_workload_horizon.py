@@ -11,7 +11,7 @@ import pytest
 from harness.workloadio import Horizon, paced, run_workers
 
 
-def test_horizon_moves_later_never_back_and_ignores_garbage(tmp_path, monkeypatch):
+def test_horizon_follows_the_runner_never_before_the_duration_and_ignores_garbage(tmp_path, monkeypatch):
     path = tmp_path / "workload.horizon"
     t_end = time.monotonic() + 5.0
     monkeypatch.setattr(Horizon, "REREAD_S", 0.0)
@@ -23,8 +23,12 @@ def test_horizon_moves_later_never_back_and_ignores_garbage(tmp_path, monkeypatc
     assert h.end() == t_end
     path.write_text(f"{t_end + 3:.6f}")
     assert h.end() == pytest.approx(t_end + 3, abs=1e-5)
-    path.write_text(f"{t_end - 10:.6f}")  # earlier: the horizon never moves back
-    assert h.end() == pytest.approx(t_end + 3, abs=1e-5)
+    path.write_text("inf")  # held open by the runner
+    assert h.end() == float("inf")
+    path.write_text(f"{t_end + 1:.6f}")  # then set: it may come back from inf
+    assert h.end() == pytest.approx(t_end + 1, abs=1e-5)
+    path.write_text(f"{t_end - 10:.6f}")  # never before the duration's end
+    assert h.end() == t_end
     assert Horizon(t_end).end() == t_end  # no path: a plain end
 
 
@@ -85,22 +89,50 @@ def test_a_late_heal_extends_the_workload_for_the_recovery_ops(tmp_path):
     from harness.runner import GRACE_S
 
     run, now = _run_for(tmp_path, "checks: {recovery: {within: 2}}\n")
-    old_end_at = run.end_at
-    run._extend("slow_peer", 0)
+    run.holding = True
+    assert run._recovery_gap() == 2 * (2 / 4)  # 2 ops of each worker, one every 0.5 s
+    run._release("slow_peer", 0)
     need = float(run.topo.horizon_path.read_text())
-    assert need >= now + 2 * (2 / 4) + GRACE_S  # 2 ops of each worker (one every 0.5 s), then a margin
-    assert run.horizon == pytest.approx(need, abs=1e-5) and run.end_at > old_end_at
-    assert run.topo.events[0]["what"] == "workload_extended"
-    before = run.topo.horizon_path.read_text()
-    run.horizon = need + 100  # a heal in time: nothing moves
-    run._extend("slow_peer", 0)
-    assert run.topo.horizon_path.read_text() == before and len(run.topo.events) == 1
+    assert need >= now + 1.0 + GRACE_S
+    assert run.horizon == pytest.approx(need, abs=1e-5) and run.end_at == run.horizon + run.op_s + 2 * GRACE_S
+    assert run.topo.events[0]["what"] == "workload_extended" and not run.holding
 
 
-def test_no_extension_when_recovery_is_off(tmp_path):
+def test_a_heal_in_time_leaves_the_duration_s_end(tmp_path):
+    run, now = _run_for(tmp_path, "checks: {recovery: {within: 2}}\n")
+    run.horizon = now + 100  # the duration ends well after the heal
+    run.holding = True
+    run._release("slow_peer", 0)
+    assert float(run.topo.horizon_path.read_text()) == pytest.approx(now + 100, abs=1e-5)
+    assert not run.topo.events  # not extended
+
+
+def test_no_hold_when_recovery_is_off(tmp_path):
     run, _ = _run_for(tmp_path, "checks: {recovery: {enabled: false}}\n")
-    run._extend("slow_peer", 0)
-    assert not run.topo.horizon_path.exists() and not run.topo.events
+    assert run._recovery_gap() is None  # execute() then neither holds the end open nor moves it
+
+
+def test_workers_run_past_the_duration_while_held_open(tmp_path, monkeypatch):
+    monkeypatch.setattr(Horizon, "REREAD_S", 0.0)
+    path = tmp_path / "workload.horizon"
+    path.write_text("inf")  # the runner holds the end open before the start signal
+    t0 = time.monotonic()
+    h = Horizon(t0 + 0.2, str(path))
+    ticks: list[float] = []
+
+    def release() -> None:
+        time.sleep(0.6)  # the last heal comes after the duration's end
+        path.write_text(f"{time.monotonic() + 0.3:.6f}")
+
+    threading.Thread(target=release, daemon=True).start()
+
+    def work(i: int, first_at: float) -> None:
+        for _ in paced(first_at, h, 0.1, threading.Event()):
+            ticks.append(time.monotonic() - t0)
+
+    stuck, crashed = run_workers(None, "t", 1, work, t_start=t0, t_end=h, interval=0.1, grace=1.0)
+    assert not stuck and not crashed
+    assert max(ticks) > 0.75 and max(ticks) < 1.2  # on through the hold, then 0.3 s after the release
 
 
 def test_pd_a_replaced_decode_taints_prefill_only():

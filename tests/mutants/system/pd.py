@@ -25,7 +25,8 @@ MUTANTS = [
     ("ListenerDies", "6. listeners always answer; threads survive", ["pd-prefill-side-channel-garbage"]),
     ("NoLateAnswer", "4. P answers a pull of a request it will never send at once",
      ["pd-stop-decode-past-abort-timeout"]),
-    ("EosFrees", "found: P keeps the prompt's KV for D also when its one token is EOS", ["pd-fake-prefill-silent"]),
+    ("EosFrees", "found: P keeps the prompt's KV for D also when its one token is EOS",
+     ["pd-eos-answer"]),
 ]
 
 

@@ -34,6 +34,7 @@ from .schema import LoadedScenario
 from .topology import BaseTopology
 
 GRACE_S = 1.0  # after the workload's duration, on top of deadline + tolerance
+RELEASE_MARGIN_S = 0.25  # after the last heal, on top of the time recovery's ops need (every worker's N due times)
 NEMESIS_JOIN_S = 15.0  # a fault start/stop is bounded (a node's READY wait is 10 s)
 
 
@@ -323,6 +324,13 @@ class _ScenarioRun:
             events.append((t0 + f.at, 0, i, f))
             events.append((t0 + f.at + f.for_, 1, i, f))
         events.sort(key=lambda e: (e[0], e[1]))
+        try:
+            self._nemesis(events)
+        finally:  # also when the schedule broke: the workload is never held open until the cap
+            if self.holding and events and not self.stop_nemesis.is_set():
+                self._release(events[-1][3].type, events[-1][2])
+
+    def _nemesis(self, events: list) -> None:
         for when, kind, i, f in events:
             if self.stop_nemesis.wait(max(0.0, when - time.monotonic())):
                 return
@@ -340,8 +348,6 @@ class _ScenarioRun:
             elif i in self.active:
                 if self._heal(self.active[i], i, "schedule"):
                     del self.active[i]  # else it stays active: teardown tries the heal once more
-        if self.holding:
-            self._release(events[-1][3].type, events[-1][2])
 
     def _recovery_gap(self) -> float | None:
         """How long (s) after the last heal every worker needs for the ops ``recovery`` judges;
@@ -361,7 +367,7 @@ class _ScenarioRun:
         """Every scheduled heal was tried: the workload ends at its duration, or later when the last
         heal came too late for the ops ``recovery`` must see after it (workloadio.Horizon; the
         scenario's cap bounds it like the rest of the run)."""
-        need = time.monotonic() + (self._recovery_gap() or 0.0) + GRACE_S
+        need = time.monotonic() + (self._recovery_gap() or 0.0) + RELEASE_MARGIN_S
         end = max(self.horizon, need)
         self._write_horizon(end)
         if end > self.horizon:

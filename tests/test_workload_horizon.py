@@ -86,14 +86,14 @@ def _run_for(tmp_path, checks: str):
 
 
 def test_a_late_heal_extends_the_workload_for_the_recovery_ops(tmp_path):
-    from harness.runner import GRACE_S
+    from harness.runner import GRACE_S, RELEASE_MARGIN_S
 
     run, now = _run_for(tmp_path, "checks: {recovery: {within: 2}}\n")
     run.holding = True
     assert run._recovery_gap() == 2 * (2 / 4)  # 2 ops of each worker, one every 0.5 s
     run._release("slow_peer", 0)
     need = float(run.topo.horizon_path.read_text())
-    assert need >= now + 1.0 + GRACE_S
+    assert need >= now + 1.0 + RELEASE_MARGIN_S
     assert run.horizon == pytest.approx(need, abs=1e-5) and run.end_at == run.horizon + run.op_s + 2 * GRACE_S
     assert run.topo.events[0]["what"] == "workload_extended" and not run.holding
 

@@ -49,7 +49,7 @@ def test_paced_workers_run_on_to_the_extended_end(tmp_path, monkeypatch):
     stuck, crashed = run_workers(None, "t", 1, work, t_start=t0, t_end=h, interval=0.1, grace=1.0)
     assert not stuck and not crashed
     assert max(ticks) > 0.6  # past the first end (0.3 s), up to the new one (0.8 s)
-    assert max(ticks) < 0.8 + 0.05
+    assert max(ticks) <= 0.8 + 0.3  # none due after the new end (a tick comes a moment after its op is due)
 
 
 def test_plain_end_is_unchanged(tmp_path):

@@ -335,8 +335,13 @@ class NetnsPair:
         self._iptables(side, ["-I", "INPUT", "1", "-j", CHAIN])
         self._chains.add(side)
 
-    def partition(self, direction: Direction = "both", mode: Mode = "drop") -> list[tuple[str, list[str]]]:
-        """Cut the link; returns the rules added (give them to :meth:`heal` to remove just these)."""
+    def partition(self, direction: Direction = "both", mode: Mode = "drop",
+                  tag: str | None = None) -> list[tuple[str, list[str]]]:
+        """Cut the link; returns the rules added (give them to :meth:`heal` to remove just these).
+        ``tag`` (letters, digits, ``-``) marks each rule with an iptables comment, so that
+        :meth:`stopped` can count the packets these rules stopped."""
+        if tag is not None and not re.fullmatch(r"[A-Za-z0-9-]{1,40}", tag):
+            raise ValueError(f"tag: {tag!r}: letters, digits and '-' only (at most 40)")
         if direction not in ("a->b", "b->a", "both"):
             raise ValueError(f"direction: {direction!r}: expected 'a->b', 'b->a' or 'both'")
         if mode not in ("drop", "reject"):
@@ -358,6 +363,8 @@ class NetnsPair:
                              [*src, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
                              [*src, "-j", "REJECT", "--reject-with", "icmp-port-unreachable"]]
                 for spec in specs:
+                    if tag is not None:  # after "-s ADDR": every spec starts with it
+                        spec = [*spec[:2], "-m", "comment", "--comment", tag, *spec[2:]]
                     self._iptables(receiver, ["-A", CHAIN, *spec])
                     added.append((receiver, spec))
                     self._rules.append((receiver, spec))
@@ -372,6 +379,22 @@ class NetnsPair:
                     continue
                 self._iptables(side, ["-D", CHAIN, *spec], check=False)
                 self._rules.remove((side, spec))
+
+    def stopped(self, tag: str) -> int:
+        """How many packets the DROP and REJECT rules marked with ``tag`` stopped, over both
+        namespaces (their iptables counters; the RETURN rules that let refusals through are not
+        counted). -1 when a counter cannot be read."""
+        total = 0
+        with self._lock:
+            for side in sorted(self._chains):
+                out = self._iptables(side, ["-L", CHAIN, "-v", "-x", "-n"], check=False)
+                if out.returncode != 0:
+                    return -1
+                for line in out.stdout.splitlines():
+                    cols = line.split()
+                    if f"/* {tag} */" in line and len(cols) > 2 and cols[0].isdigit() and cols[2] in ("DROP", "REJECT"):
+                        total += int(cols[0])
+        return total
 
     def rules(self, side: Side) -> list[str]:
         """The rules of our chain in a namespace, as ``iptables -S`` prints them."""

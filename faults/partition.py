@@ -16,7 +16,8 @@ What the runner must provide: ``ctx.netns``, a created :class:`faults.netns.Netn
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import itertools
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -37,25 +38,41 @@ class _IptablesFault(Fault):
     # again after one that failed (an iptables call timing out) tries again. OnceFault unmarks a
     # fault before healing it: a failed heal could never be retried.
     mode: str = "drop"
+    count_name: ClassVar[str] = "dropped"  # the effect: packets the rules stopped (iptables counters)
     requires = ("netns", "root")
+    _tags = itertools.count(1)
 
     def __init__(self, params: FaultParams, ctx: Any):
         super().__init__(params, ctx)
         self._rules: list | None = None
+        self._tag = f"pdchaos-{self.name}-{next(self._tags)}"
+        self._stopped: int | None = None  # packets counted at the heal, before the rules went
 
     def start(self) -> None:
         if self._rules is not None:
             return
         direction = DIRECTIONS[self.params.direction]
-        self._rules = self.ctx.netns.partition(direction, self.mode)
+        self._rules = self.ctx.netns.partition(direction, self.mode, tag=self._tag)
         self.ctx.event("partition", mode=self.mode, direction=self.params.direction, rules=len(self._rules))
 
     def stop(self) -> None:
         if self._rules is None:
             return
+        try:
+            self._stopped = self.ctx.netns.stopped(self._tag)
+        except Exception:  # noqa: BLE001 - the heal matters more than the count: fault_effect fails instead
+            self._stopped = -1
         self.ctx.netns.heal(self._rules)
         self._rules = None
         self.ctx.event("healed", mode=self.mode, direction=self.params.direction)
+
+    def effect(self) -> dict[str, Any] | None:
+        return None if self._stopped is None else {self.count_name: self._stopped}
+
+    def required_effect(self) -> dict[str, float]:
+        # every scenario sends requests across the cut while it lasts: a rule that stopped
+        # nothing cut nothing (an unreadable counter, -1, fails too)
+        return {self.count_name: 1}
 
 
 @register
@@ -74,6 +91,7 @@ class Refuse(_IptablesFault):
 
     name = "refuse"
     mode = "reject"
+    count_name = "refused"
     # ZMQ reconnects silently after a refused connect, so a REQ client sees a timeout, not an error.
     categories = ("timeout",)
     Params = LinkParams

@@ -314,12 +314,19 @@ def test_partition_refuse_bandwidth_faults(link):
     part.stop()
     part.stop()
     assert pair.rules("b") == [] and req(pair, client)["ok"] is True
+    assert part.effect()["dropped"] >= 1 and part.required_effect() == {"dropped": 1}  # the client's SYNs
+
+    quiet = REGISTRY["partition"](REGISTRY["partition"].Params(direction="server->client"), ctx)
+    quiet.start()
+    quiet.stop()  # nothing crossed while it lasted: it stopped nothing, and says so
+    assert quiet.effect() == {"dropped": 0}
 
     refuse = REGISTRY["refuse"](REGISTRY["refuse"].Params(direction="both"), ctx)
     refuse.start()
     assert client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=3)["result"] == "refused"
     refuse.stop()
     assert client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=3)["result"] == "ok"
+    assert refuse.effect()["refused"] >= 1  # the refused SYN (the RST coming back is let through, not counted)
 
     ok, _ = netns.qdisc_available("tbf")
     if ok:
@@ -330,7 +337,7 @@ def test_partition_refuse_bandwidth_faults(link):
         bw.stop()
         bw.stop()
         assert "tbf" not in _qdisc(pair, "b")
-    assert ctx.events[:4] == ["partition", "healed", "partition", "healed"]
+    assert ctx.events[:6] == ["partition", "healed", "partition", "healed", "partition", "healed"]
 
 
 def test_fault_params_are_validated():

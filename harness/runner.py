@@ -239,10 +239,11 @@ class _ScenarioRun:
             res.setup_s = time.monotonic() - started
             self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
             # ``recovery`` needs ops after the last heal, however late it comes (a node restart
-            # slower than usual): the workload runs on until the nemesis sets its end (_release)
+            # slower than usual): the workload pauses at its duration's end, if it comes first, and
+            # goes on once the nemesis sets its end (_release; workloadio.Horizon)
             self.holding = bool(self.faults) and self._recovery_gap() is not None
             if self.holding:
-                self._write_horizon(float("inf"))
+                self._write_horizon(None)
             t0 = time.monotonic()
             os.kill(self.workload.pid, signal.SIGUSR1)
             self.jw.write({**self.meta, "t0": t0})
@@ -358,9 +359,10 @@ class _ScenarioRun:
             return None
         return m.workload.recovery_gap(opts.within if opts is not None else 1)
 
-    def _write_horizon(self, end: float) -> None:
+    def _write_horizon(self, end: float | None) -> None:
+        """The workload's end (time.monotonic() s), or None: ``hold`` (workloadio.Horizon)."""
         tmp = self.topo.horizon_path.with_suffix(".tmp")
-        tmp.write_text(f"{end:.6f}" if end != float("inf") else "inf")
+        tmp.write_text("hold" if end is None else f"{end:.6f}")
         os.replace(tmp, self.topo.horizon_path)
 
     def _release(self, fault: str, fid: int) -> None:

@@ -40,30 +40,58 @@ def block_start_signal() -> None:
 
 class Horizon:
     """When a workload stops issuing ops: ``t_end`` (``time.monotonic()``, the end of its duration),
-    or what the runner says instead. The runner holds the end open (``inf``) while a fault the
-    ``recovery`` check must see healed is still active, so the workers go on past the duration
-    through a slow heal (a node restart), then writes the end: the duration's, or a little after
-    the last heal. It writes one float of ``time.monotonic()`` seconds (the machine's clock, the
-    same in every process), or ``inf``, to the file ``horizon_path`` of the workload's
-    configuration. The file is read at most every ``REREAD_S``; a missing or unreadable file
-    leaves the duration's end; the end is never before it."""
+    or later when the runner says so. The runner writes its word to the file ``horizon_path`` of
+    the workload's configuration before the start signal and after the last heal:
+
+    * ``hold``: a fault the ``recovery`` check must see healed may outlast the duration. At the
+      duration's end the workers pause (no op, as if the run had ended: a vLLM server that keeps
+      blocks for every request it was sent spins its engine and starves a node restarting beside
+      it) but do not leave;
+    * a float of ``time.monotonic()`` seconds (the machine's clock, the same in every process):
+      the end, never before the duration's. After a pause the workers go on from the moment they
+      read it, paced as before, so ``recovery`` sees their first ops after the last heal.
+
+    The file is read at most every ``REREAD_S``; a missing or unreadable file leaves the
+    duration's end."""
 
     REREAD_S = 0.2
 
     def __init__(self, t_end: float, path: str | None = None):
         self._base, self._path, self._read_at = float(t_end), path, 0.0
-        self._said = float("nan")  # the runner's word, once read
+        self._said = float("nan")  # the runner's end, once read
+        self._held = False
+
+    def _read(self) -> None:
+        now = time.monotonic()
+        if not self._path or now - self._read_at < self.REREAD_S:
+            return
+        self._read_at = now
+        try:
+            with open(self._path, encoding="ascii") as fh:
+                text = fh.read().strip()
+        except OSError:
+            text = ""
+        self._held = text == "hold"
+        try:
+            self._said = float("nan") if self._held else float(text or "nan")
+        except ValueError:
+            self._said = float("nan")
 
     def end(self) -> float:
-        now = time.monotonic()
-        if self._path and now - self._read_at >= self.REREAD_S:
-            self._read_at = now
-            try:
-                with open(self._path, encoding="ascii") as fh:
-                    self._said = float(fh.read().strip() or "nan")
-            except (OSError, ValueError):
-                self._said = float("nan")
+        self._read()
         return self._base if not self._said > self._base else self._said  # NaN compares false
+
+    def held(self) -> bool:
+        """The runner holds the workers past the end they have now (they pause, not leave)."""
+        self._read()
+        return self._held
+
+    def wait(self, stop: threading.Event, poll_s: float = 0.1) -> bool:
+        """Pause until the runner lets go (True) or ``stop`` is set (False)."""
+        while self.held():
+            if stop.wait(poll_s):
+                return False
+        return True
 
 
 End = Union[float, Horizon]
@@ -94,23 +122,29 @@ def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], No
     for th in threads:
         while th.is_alive():
             left = end_of(t_end) + grace - time.monotonic()
-            if left <= 0:
+            if left <= 0 and not (isinstance(t_end, Horizon) and t_end.held()):
                 break
-            th.join(min(left, 0.5))  # the horizon may move on meanwhile
+            th.join(min(max(left, 0.05), 0.5))  # the horizon may move on meanwhile
     return [i for i, th in enumerate(threads) if th.is_alive()], crashed
 
 
 def paced(t_start: float, t_end: End, interval: float, stop: threading.Event) -> Iterator[int]:
     """Yield 0, 1, 2, ... at ``t_start + k * interval`` (sleeping until each is due) until the
-    horizon ``t_end`` (a time or a :class:`Horizon`), or until ``stop`` is set (the runner that
-    started the workload died)."""
+    horizon ``t_end`` (a time or a :class:`Horizon`: held there, pause until the runner's word,
+    then go on from that moment), or until ``stop`` is set (the runner that started the workload
+    died)."""
     k = 0
     while True:
         due = t_start + k * interval
         now = time.monotonic()
         end = end_of(t_end)
         if due >= end or now >= end:
-            return
+            if not (isinstance(t_end, Horizon) and t_end.held()):
+                return
+            if not t_end.wait(stop):
+                return
+            t_start, k = time.monotonic(), 0  # paced from now: no burst of the ops the pause skipped
+            continue
         if due > now:
             time.sleep(due - now)
         if stop.is_set():

@@ -23,8 +23,8 @@ def test_horizon_follows_the_runner_never_before_the_duration_and_ignores_garbag
     assert h.end() == t_end
     path.write_text(f"{t_end + 3:.6f}")
     assert h.end() == pytest.approx(t_end + 3, abs=1e-5)
-    path.write_text("inf")  # held open by the runner
-    assert h.end() == float("inf")
+    path.write_text("hold")  # held by the runner: the workers pause at this end, they do not leave
+    assert h.end() == t_end and h.held() is True
     path.write_text(f"{t_end + 1:.6f}")  # then set: it may come back from inf
     assert h.end() == pytest.approx(t_end + 1, abs=1e-5)
     path.write_text(f"{t_end - 10:.6f}")  # never before the duration's end
@@ -112,32 +112,42 @@ def test_no_hold_when_recovery_is_off(tmp_path):
     assert run._recovery_gap() is None  # execute() then neither holds the end open nor moves it
 
 
-def test_workers_run_past_the_duration_while_held_open(tmp_path, monkeypatch):
+def test_held_workers_pause_at_the_duration_and_go_on_after_the_release(tmp_path, monkeypatch):
     monkeypatch.setattr(Horizon, "REREAD_S", 0.0)
     path = tmp_path / "workload.horizon"
-    path.write_text("inf")  # the runner holds the end open before the start signal
+    path.write_text("hold")  # the runner holds the workers before the start signal
     t0 = time.monotonic()
     h = Horizon(t0 + 0.2, str(path))
     ticks: list[float] = []
-
     released: list[float] = []
 
     def release() -> None:
-        time.sleep(0.6)  # the last heal comes after the duration's end
-        released.append(time.monotonic() + 0.3)
-        path.write_text(f"{released[0]:.6f}")
+        time.sleep(0.8)  # the last heal comes well after the duration's end
+        released.append(time.monotonic())
+        path.write_text(f"{released[0] + 0.35:.6f}")
 
     threading.Thread(target=release, daemon=True).start()
 
     def work(i: int, first_at: float) -> None:
         for _ in paced(first_at, h, 0.1, threading.Event()):
-            ticks.append(time.monotonic() - t0)
+            ticks.append(time.monotonic())
 
-    stuck, crashed = run_workers(None, "t", 1, work, t_start=t0, t_end=h, interval=0.1, grace=1.0)
+    stuck, crashed = run_workers(None, "t", 1, work, t_start=t0, t_end=h, interval=0.1, grace=0.5)
     assert not stuck and not crashed
-    assert max(ticks) > 0.6  # on past the duration's end (0.2 s) through the hold, up to the release
-    # and no op due after the end the runner set (ticks are taken a moment after each op is due)
-    assert max(ticks) <= released[0] - t0 + 0.3
+    before = [t for t in ticks if t < released[0]]
+    after = [t for t in ticks if t >= released[0]]
+    assert before and max(before) - t0 <= 0.2 + 0.3  # paused at the duration's end (0.2 s), no op while held
+    assert len(after) >= 3  # then paced again from the release: ops at once, +0.1, +0.2, ...
+    assert max(after) <= released[0] + 0.35 + 0.3  # and none due past the end the runner set
+
+
+def test_a_stop_ends_a_pause(tmp_path):
+    path = tmp_path / "workload.horizon"
+    path.write_text("hold")
+    stop = threading.Event()
+    h = Horizon(time.monotonic() - 1.0, str(path))
+    threading.Timer(0.2, stop.set).start()
+    assert list(paced(time.monotonic() - 1.0, h, 0.1, stop)) == []  # held at once, then stopped: no op
 
 
 def test_pd_a_replaced_decode_taints_prefill_only():

@@ -24,9 +24,10 @@ optional:
 ``go_timeout_s``       how long to wait for the start signal (default 60)
 ``grace_s``            how long workers may overrun ``duration_s`` (default request_timeout_s + 5)
 ``prepare_timeout_s``  bound on making prompts and references before READY (default 240)
-``horizon_path``       where the runner may write a later end than ``duration_s`` gives
-                       (harness/workloadio.py ``Horizon``: a fault healed too late for the
-                       ops ``recovery`` must see); prompts are reused past the prepared ones
+``horizon_path``       where the runner holds the workers at the end of ``duration_s`` and
+                       then writes a later end (harness/workloadio.py ``Horizon``: a fault
+                       healed too late for the ops ``recovery`` must see); prompts are reused
+                       past the prepared ones
 =====================  ====================================================================
 
 Before READY: ``ceil(duration_s * rate * 1.2) + concurrency`` unique prompts of words from the

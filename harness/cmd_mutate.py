@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     out = (run_dir or Path(args.runs_dir)) / "mutate.json"
     try:
         out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {out} (`pdchaos report {out.parent}` puts the score in the run's summary.md and report)")
     except OSError as exc:
         print(f"could not write {out}: {exc}")
     return 0 if killed == len(rows) else 1

@@ -103,6 +103,21 @@ def floor_md(run_dir: Path) -> list[str]:
     return lines
 
 
+def mutation_md(run_dir: Path) -> list[str]:
+    """The mutation score ``pdchaos mutate`` left in the run folder (``mutate.json``), if any."""
+    try:
+        doc = json.loads((run_dir / "mutate.json").read_text())
+        killed, total, rows = int(doc["killed"]), int(doc["total"]), list(doc["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = [f"#### Mutation score: {killed}/{total} killed (`pdchaos mutate`, target {_md(str(doc.get('target')))})", ""]
+    for r in rows:
+        if isinstance(r, dict):
+            lines.append(f"- {_md(str(r.get('result', '?')))}: {_md(str(r.get('scenario', '?')))} "
+                         f"[{_md(str(r.get('mutant', '?')))}]")
+    return lines + [""]
+
+
 def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
     lines = [f"### pd-chaos run `{_md(run.run_id)}`", "",
@@ -125,6 +140,7 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
         lines.append("")
 
     lines += floor_md(run.path)
+    lines += mutation_md(run.path)
 
     for outcome, title in NOT_AS_EXPECTED:
         rs = [r for r in run.results if r.outcome == outcome]

@@ -83,3 +83,18 @@ def test_profile_plugin_path_reaches_the_vllm_nodes_and_the_pool_key(tmp_path):
         load_profile("cpu", ["plugin_path=relative/dir"])
     with pytest.raises(UsageError, match="plugin_path"):
         load_profile("cpu", [f"plugin_path={tmp_path / 'missing'}"])
+
+
+def test_the_mutation_score_goes_into_the_run_report(tmp_path):
+    import json
+
+    from reports.summary import mutation_md
+
+    assert mutation_md(tmp_path) == []  # no mutate.json: no section
+    (tmp_path / "mutate.json").write_text(json.dumps({"target": "hardened", "killed": 1, "total": 2, "rows": [
+        {"result": "killed", "scenario": "pd-a", "mutant": "upstream"},
+        {"result": "survived", "scenario": "pd-b", "mutant": "NoLoadDeadline"}]}))
+    text = "\n".join(mutation_md(tmp_path))
+    assert "1/2 killed" in text and "survived: pd-b [NoLoadDeadline]" in text
+    (tmp_path / "mutate.json").write_text("{not json")
+    assert mutation_md(tmp_path) == []

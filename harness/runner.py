@@ -219,7 +219,7 @@ class _ScenarioRun:
         self.nemesis: threading.Thread | None = None
         self.workload = None
         self.horizon = self.end_at = self.op_s = 0.0  # set at t0 (execute)
-        self.holding = False  # the workload runs on past its duration until _release
+        self.holding = False  # the workload pauses at its duration's end until _release
 
     def execute(self, res: Result, started: float) -> str:
         m = self.sc.model

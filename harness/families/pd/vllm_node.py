@@ -101,6 +101,8 @@ def is_hardened(conn: str) -> bool:
 
 def is_mooncake(conn: str) -> bool:
     return conn in MOONCAKE or is_hardened(conn)
+
+
 WARM_UP_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)  # 200 tokens of the tiny model, fixed
 STOP_GRACE_S = 30.0
 HEALTH_POLL_S = 0.5

@@ -315,6 +315,19 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
             if key in seen:
                 return _r(False, f"two {key[0]} records for id {key[1]} ({key[2]}): the history is not one run's")
             seen.add(key)
+    invoked = {r.get("id"): r.get("t") for r in inp.records if r.get("type") == "op" and r.get("phase") == "invoke"}
+    for r in inp.records:
+        if r.get("type") == "op" and r.get("phase") != "invoke" and r.get("id") in invoked:
+            t0, t1 = invoked[r.get("id")], r.get("t")
+            if isinstance(t0, (int, float)) and isinstance(t1, (int, float)) and t1 < t0:
+                return _r(False, f"op {r.get('id')} completed before it was invoked: the history is not one run's")
+    started = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "start"}
+    stopped = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "stop"}
+    if started - stopped and not bad:  # a heal that failed is a fault_error event, reported below
+        return _r(False, f"fault {sorted(started - stopped, key=str)[0]} started and was never healed")
+    finals = [p.get("pid") for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
+    if len(finals) != len(set(finals)):
+        return _r(False, "two final probes of one process: the history is not one run's")
     if bad:
         e = bad[0]
         detail = e.get("error") or e.get("what_left") or e.get("fault") or (

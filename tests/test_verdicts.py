@@ -171,3 +171,34 @@ def test_mutate_claims_only_where_the_baseline_cannot_show_the_target_s_outcome(
     assert claims([sc], "hardened") == []
     sc2 = _load(tmp_path, "legacy: {verdict: fail, failing: [no_leaks]}\nhardened: pass")
     assert [s.model.name for s, _ in claims([sc2], "hardened")] == [sc2.model.name]
+
+
+def _integrity(recs):
+    from harness.checks import CheckInput, harness_integrity
+
+    return harness_integrity(CheckInput(recs), {})
+
+
+def _history(t0=100.0):
+    return [{"type": "meta", "t0": t0, "faults": [{"id": 0, "type": "slow_peer"}]},
+            {"type": "probe", "node": "server", "when": "baseline", "pid": 7, "t": t0, "threads": 1, "fds": 1},
+            {"type": "fault", "id": 0, "name": "slow_peer", "phase": "start", "t": t0 + 1},
+            {"type": "op", "id": 1, "process": 0, "f": "lookup", "phase": "invoke", "t": t0 + 1.5},
+            {"type": "op", "id": 1, "process": 0, "f": "lookup", "phase": "ok", "t": t0 + 1.6, "value": 1},
+            {"type": "fault", "id": 0, "name": "slow_peer", "phase": "stop", "t": t0 + 2},
+            {"type": "probe", "node": "server", "when": "final", "pid": 7, "t": t0 + 3, "threads": 1, "fds": 1},
+            {"type": "end", "t": t0 + 3}]
+
+
+def test_integrity_rejects_histories_no_run_can_write():
+    # broken histories a reviewer made read "as expected" (helper-6): each is now a harness error
+    assert _integrity(_history()).ok is True
+    h = _history()
+    h[4]["t"] = h[3]["t"] - 0.5  # completed before it was invoked
+    assert "before it was invoked" in _integrity(h).message
+    h = _history()
+    del h[5]  # the fault's stop record gone: never healed
+    assert "never healed" in _integrity(h).message
+    h = _history()
+    h.insert(7, dict(h[6], fds=900))  # a second final probe of the same process
+    assert "two final probes" in _integrity(h).message

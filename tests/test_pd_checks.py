@@ -132,6 +132,28 @@ def test_fail_fast() -> None:
     assert run_as(recompute, before_d).ok is True
 
 
+def test_fail_fast_does_not_count_the_time_d_was_frozen() -> None:
+    """A hardened D frozen by SIGSTOP runs no timer: a load deadline that ran out during the freeze
+    fails the request at the thaw (CI: 6.03 s after a 6 s freeze). That time is the fault's; time
+    with P frozen, or after the thaw, still counts."""
+    hardened = meta(target="hardened", topology={"kv_load_failure_policy": "fail", "kv_load_timeout": 2.0})
+
+    def stop(node: str, start: float, stop_: float) -> list[dict]:
+        return [{"type": "fault", "id": 0, "name": "stop", "phase": ph, "t": T0 + t, "params": {"node": node}}
+                for ph, t in (("start", start), ("stop", stop_))]
+
+    at_thaw = op(2, 1.9, phase="fail", value=None, outcome="http_502", elapsed_ms=6030.0)  # fails at 7.93 s
+    r = run("fail_fast", [hardened, *op(1, 0), at_thaw[0], *stop("decode:0", 2.0, 8.0), at_thaw[1]])
+    assert r.ok is True and "frozen" in r.message, r.message
+    # the same failure with P frozen instead: D's timer ran, 6 s is late
+    r = run("fail_fast", [hardened, *op(1, 0), at_thaw[0], *stop("prefill:0", 2.0, 8.0), at_thaw[1]])
+    assert r.ok is False and "longer than 4 s" in r.message
+    # a failure 4.5 s after the thaw is late whatever the freeze before it
+    after = op(2, 1.9, phase="fail", value=None, outcome="http_502", elapsed_ms=10600.0)  # fails at 12.5 s
+    r = run("fail_fast", [hardened, *op(1, 0), after[0], *stop("decode:0", 2.0, 8.0), after[1]])
+    assert r.ok is False and "longer than 4 s" in r.message
+
+
 def test_kv_transferred() -> None:
     hist = [meta(), *op(1, 0), vllm("decode:0", "baseline", **{EXT: 0}), vllm("decode:0", "final", **{EXT: 197})]
     assert run("kv_transferred", hist).ok is True

@@ -320,8 +320,9 @@ def test_nightly_select_step(tmp_path):
     proc, out, _ = w.run("schedule_nightly_ascend.yaml", "select", "select")
     assert proc.returncode == 0, proc.stderr
     matrix = json.loads(out["matrix"])["include"]
-    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd", "pd-store", "pd-layerwise"]
-    assert out["count"] == "5" and matrix[4]["launch_profile"] == "ascend-layerwise"
+    assert [m["id"] for m in matrix] == ["lookup", "ascend-cpu", "pd", "pd-store", "pd-layerwise", "pd-long"]
+    assert out["count"] == "6" and matrix[4]["launch_profile"] == "ascend-layerwise"
+    assert matrix[5]["path"] == "scenarios/pd-long/" and matrix[5]["launch_profile"] == "ascend"
     pd = matrix[2]
     # on NPUs the pd suite starts vLLM + vllm-ascend of the job's Python: launch profile ascend, no node env
     assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and pd["setup"] == ""

@@ -53,9 +53,11 @@ SUITES: dict[str, dict] = {
                      "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
                      "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
                      "launch_profile": {"ascend": "ascend-layerwise"}, "profiles": ("ascend",)},
+    # the long P/D set: node restarts and upstream's full default waits, minutes each; kept out of
+    # the 60-minute CI (.ci/run), run by the nightly
     "pd-long": {"path": "scenarios/pd-long/", "args": [],
                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-                "timeout": 180, "default": (),
+                "timeout": 180, "default": ("ascend",),
                 "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []},
                 "launch_profile": {"ascend": "ascend"}},
 }

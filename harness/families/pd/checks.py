@@ -169,6 +169,25 @@ def _fail_bound(inp: CheckInput, opts: dict) -> tuple[float | None, str]:
     return None, f"no bound declared for target {target} (checks: fail_fast: fail_within: {{{target}: ...}})"
 
 
+def _frozen_s(o: dict, windows: list[dict]) -> float:
+    """Seconds of op ``o`` during which a D was frozen by a ``stop`` fault (SIGSTOP): a frozen D
+    runs no timer, so a load deadline that ran out while it was frozen fails the request at the
+    thaw. That time is the fault's, not the connector's; overlapping windows count once."""
+    t0, t1 = o.get("t_invoke"), o.get("t_complete")
+    if not finite(t0) or not finite(t1):
+        return 0.0
+    spans = sorted((max(t0, w["start"]), min(t1, w["stop"])) for w in windows
+                   if w.get("name") == "stop" and str((w.get("params") or {}).get("node", "")).startswith("decode")
+                   and finite(w.get("start")) and finite(w.get("stop")) and w["start"] < t1 and w["stop"] > t0)
+    total, end = 0.0, -math.inf
+    for a, b in spans:
+        a = max(a, end)
+        if b > a:
+            total += b - a
+            end = b
+    return total
+
+
 @check("fail_fast")
 def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     """A failed KV load ends the request promptly, as the failure policy says.
@@ -176,7 +195,8 @@ def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     ``fail``: every failed request came back as an HTTP error within the bound its target
     promises: what the scenario declares from measurement in ``fail_within`` for the target, else
     for hardened its load deadline ``kv_load_timeout`` plus FAIL_MARGIN_S, else (upstream promises
-    no load deadline) the scenario's own deadline + tolerance. A proxy's 504 (its own timeout ran out) or a request the
+    no load deadline) the scenario's own deadline + tolerance; time a D spent frozen by a ``stop``
+    fault during the request does not count (a frozen D runs no timer). A proxy's 504 (its own timeout ran out) or a request the
     client gave up on is a hang made visible, never a fast failure.
     ``recompute``: no request whose failure involved a KV load (the proxy had asked D) failed: D
     computed the prompt itself. Failures before D was asked (P's bootstrap, P) are other checks'."""
@@ -202,16 +222,19 @@ def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     if not failed:
         return _r(True, "policy fail: no request failed")
     bound, source = _fail_bound(inp, opts)
-    worst = max(op_elapsed_ms(o) / 1000 for o in failed)
+    took = {o["id"]: op_elapsed_ms(o) / 1000 - _frozen_s(o, inp.windows) for o in failed}
+    worst = max(took.values())
+    frozen = sum(1 for o in failed if _frozen_s(o, inp.windows) > 0)
+    note = f"; {frozen} counted without the time D was frozen" if frozen else ""
     if bound is None:
         return _r(False, f"{len(failed)} requests failed (worst {worst:.2f} s) and {source}: cannot tell whether "
                          f"they failed fast")
-    late = [o for o in failed if op_elapsed_ms(o) / 1000 > bound]
+    late = [o for o in failed if took[o["id"]] > bound]
     if late:
-        return _r(False, f"{len(late)} of {len(failed)} failed requests took longer than {bound:g} s ({source}); "
+        return _r(False, f"{len(late)} of {len(failed)} failed requests took longer than {bound:g} s ({source}{note}); "
                          f"worst {worst:.2f} s", late=_first([o["id"] for o in late]), worst_s=round(worst, 3))
-    return _r(True, f"policy fail: {len(failed)} failed requests, each an HTTP error within {bound:g} s ({source}; "
-                    f"worst {worst:.2f} s)", worst_s=round(worst, 3))
+    return _r(True, f"policy fail: {len(failed)} failed requests, each an HTTP error within {bound:g} s ({source}"
+                    f"{note}; worst {worst:.2f} s)", worst_s=round(worst, 3))
 
 
 @check("kv_transferred")

@@ -38,6 +38,7 @@ class CheckInput:
     logs: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # strings no log may contain (keys, prompts)
     log_pattern: str | None = None  # text no log may contain whatever the run (the family's)
+    saved: dict | None = None  # the family's saved_inputs of the run folder; None: not judged from a run folder
 
     def __post_init__(self) -> None:
         self.meta = J.meta(self.records)
@@ -300,6 +301,32 @@ def workload_ran(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 HARNESS_PROBLEMS = ("fault_error", "probe_failed", "probe_silent", "leftovers", "nemesis_stuck")
 
 
+def _client_tally(inp: CheckInput) -> str | None:
+    """A workload that counts its own primary ops in its final probe (counters ``ops`` and
+    ``ops_<outcome>``) must find each of them in the history: an op lost, deleted, duplicated
+    under another id or re-labelled shows here. Ops with no end at all are allowed only for the
+    workers the workload reported stuck."""
+    for p in inp.probes:
+        c = p.get("counters") or {}
+        if p.get("node") != "client" or p.get("when") != "final" or not isinstance(c.get("ops"), int):
+            continue
+        ended = [o for o in inp.ops if o.get("t_complete") is not None]
+        if len(ended) != c["ops"]:
+            return (f"the client counted {c['ops']} ended requests, the history has {len(ended)}: "
+                    f"the history is not the client's")
+        for key, n in c.items():
+            if key.startswith("ops_") and isinstance(n, int):
+                have = sum(1 for o in ended if o.get("outcome") == key[4:])
+                if have != n:
+                    return (f"the client counted {n} requests with outcome {key[4:]}, the history has {have}: "
+                            f"the history is not the client's")
+        open_ = len(inp.ops) - len(ended)
+        if open_ > int(p.get("stuck_workers") or 0):
+            return (f"{open_} requests never ended in the history but the client reported "
+                    f"{int(p.get('stuck_workers') or 0)} stuck workers")
+    return None
+
+
 @check("harness_integrity")
 def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """The run itself went as planned: every fault started and healed without error, every probe
@@ -328,6 +355,14 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     finals = [p.get("pid") for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
     if len(finals) != len(set(finals)):
         return _r(False, "two final probes of one process: the history is not one run's")
+    odd = [o for o in inp.all_ops if (o.get("phase") == "ok") != (o.get("outcome") == "ok")]
+    if odd:
+        o = odd[0]
+        return _r(False, f"op {o['id']} reads phase {o.get('phase')!r} with outcome {o.get('outcome')!r}: "
+                         f"the history contradicts itself")
+    tally = _client_tally(inp)
+    if tally:
+        return _r(False, tally)
     if bad:
         e = bad[0]
         detail = e.get("error") or e.get("what_left") or e.get("fault") or (
@@ -401,7 +436,12 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
             problems.append(f"{f.get('type')} (fault {fid}) was scheduled but never started")
     for w in inp.windows:
         e = effects.get(w.get("id")) or {}
-        req = e.get("required") or (scheduled.get(w.get("id")) or {}).get("required") or {}
+        # the bar is the higher of what the fault said at the heal and what the scenario's fault
+        # declares (pdchaos check rebuilds that from the scenario file): neither can lower it
+        req = dict((scheduled.get(w.get("id")) or {}).get("required") or {})
+        for k, v in (e.get("required") or {}).items():
+            if finite(v):
+                req[k] = max(v, req.get(k, v))
         if not req:
             unmeasured.append(str(w.get("name")))
             continue
@@ -549,7 +589,8 @@ def load_input(journal_path: str | Path, records: list[dict] | None = None) -> t
     jp = Path(journal_path)
     records = J.read_journal(jp) if records is None else records
     family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
-    inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern)
+    inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
+                     family.saved_inputs(jp.parent))
     return inp, checks_for(family)
 
 

@@ -1,8 +1,10 @@
 """``pdchaos check RUN_DIR``: re-run the checks of a saved run offline, from its journals alone.
 
 Prints each scenario/target's verdict and outcome and whether the verdict equals the one saved at
-run time. A run that was skipped or ended in a harness error (its journal says so) keeps that
-outcome. Exit as ``pdchaos run``: 1 on any deviation or error, and with ``--strict`` on any
+run time. What the checks read besides the history (expectation, check options, applicability,
+the effect each fault must show) comes from the scenario file the run names when it is here (a
+history cannot lower its own bar), else from the run's saved meta line, and the line says so. A run
+that was skipped or ended in a harness error (its journal says so) keeps that outcome. Exit as ``pdchaos run``: 1 on any deviation or error, and with ``--strict`` on any
 skipped run; else 0; 2 when RUN_DIR is not a run.
 """
 
@@ -32,25 +34,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "scenario that claims a hardened gain must then deviate)")
 
 
-def judged_as(records: list[dict], target: str) -> list[dict]:
-    """The records with the meta line of ``target`` instead: its expectation, applicability and
-    target-keyed options, read from the scenario file the meta line names (the current file)."""
+# what a saved meta line says that the checks read: rebuilt from the scenario file when it is here
+FROM_FILE = ("scenario", "family", "deadline_ms", "tolerance_ms", "checks", "not_applicable", "expect", "targets",
+             "baseline_target", "primary_ops", "planned_ops", "topology", "workload", "faults")
+
+
+def _scenario_of(records: list[dict]):
+    """The scenario the meta line names, loaded from its file, or None when the file is not here
+    or now holds another scenario."""
     from .schema import load_scenario
 
     m = meta(records)
     path = m.get("file")
     if not path or not Path(path).is_file():
-        raise UsageError(f"--as {target}: the run names scenario file {path!r}, which is not here")
+        return None
     sc = load_scenario(path)
+    return sc if sc.model.name == m.get("scenario") else None
+
+
+def judged_as(records: list[dict], target: str) -> list[dict]:
+    """The records with the meta line of ``target`` instead: its expectation, applicability,
+    options and faults' declared effects, read from the scenario file the meta line names (the
+    current file)."""
+    m = meta(records)
+    sc = _scenario_of(records)
+    if sc is None:
+        raise UsageError(f"--as {target}: the run names scenario file {m.get('file')!r}, which is not here "
+                         f"(or holds another scenario than {m.get('scenario')!r})")
     if target not in sc.model.targets and target not in sc.family.targets:
-        raise UsageError(f"--as {target}: {path} has no target {target!r} (targets: {', '.join(sc.family.targets)})")
-    from .runner import Runner, not_applicable
+        raise UsageError(f"--as {target}: {sc.path} has no target {target!r} (targets: {', '.join(sc.family.targets)})")
+    return _with_meta(records, sc, target, {"judged_as_from": m.get("target")})
 
-    na = not_applicable(sc, target)
 
-    new_meta = {**m, "target": target, "judged_as_from": m.get("target"), "expect": sc.model.expected(target),
-                "not_applicable": na, "checks": Runner._check_config(sc)}
+def _with_meta(records: list[dict], sc, target: str, extra: dict) -> list[dict]:
+    from .runner import scenario_meta
+
+    fresh = scenario_meta(sc, target)
+    new_meta = {**meta(records), **{k: fresh[k] for k in FROM_FILE}, "target": target, **extra}
     return [new_meta if r.get("type") == "meta" else r for r in records]
+
+
+def judged_by_file(records: list[dict]) -> tuple[list[dict], str]:
+    """The records with their meta line rebuilt from the scenario file (a history cannot lower
+    its own bar), and where the meta came from: ``file`` or ``saved`` (the file is not here: the
+    saved line, as written by the run, is all there is)."""
+    sc = _scenario_of(records)
+    target = meta(records).get("target")
+    if sc is None or (target not in sc.model.targets and target not in sc.family.targets):
+        return records, "saved"
+    return _with_meta(records, sc, target, {}), "file"
 
 
 def _not_run(records: list[dict]) -> tuple[str, str] | None:
@@ -71,9 +103,11 @@ def recheck(run_dir: Path, as_target: str | None = None) -> list[dict]:
     for scenario, target, path in iter_runs(run_dir):
         records = J.read_journal(path)
         if as_target:
-            records = judged_as(records, as_target)
+            records, source = judged_as(records, as_target), "file"
+        else:
+            records, source = judged_by_file(records)
         expected = meta(records).get("expect", "pass")
-        row = {"scenario": scenario, "target": target, "expected": expected}
+        row = {"scenario": scenario, "target": target, "expected": expected, "meta_from": source}
         not_run = _not_run(records)
         if not_run:
             row.update(verdict=not_run[0], reason=not_run[1], checks=[])
@@ -106,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({**row, "saved_verdict": same}))
             continue
         note = "" if same is None else (" (same as saved)" if same == row["verdict"] else f" (saved: {same})")
+        if row.get("meta_from") == "saved":
+            note += " (scenario file not here: judged by the run's saved meta line)"
         print(f"{row['scenario']} [{row['target']}] {row['verdict']}, expected {row['expected']}"
               f"{MARK[row['outcome']]}{note}" + (f": {row['reason']}" if row["reason"] else ""))
         for c in row["checks"]:

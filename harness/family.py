@@ -193,6 +193,11 @@ class Family:
         """Strings that must never appear in a log of this run (keys, prompts); log_hygiene."""
         return []
 
+    def saved_inputs(self, run_dir: Path) -> dict | None:
+        """What the run's checks judge the history against besides the journal (e.g. the
+        workload's prompts and reference outputs), read from the run folder; None: nothing."""
+        return None
+
     log_pattern: ClassVar[str | None] = None
     """A regex for text that must never appear in a log whatever the run (e.g. a long hex run)."""
 

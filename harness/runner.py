@@ -85,6 +85,32 @@ def fault_meta(sc: LoadedScenario, fault: Fault) -> dict:
             "tail_s": float(sc.family.fault_tail_s(fault, sc)), "required": dict(fault.required_effect())}
 
 
+def scenario_meta(sc: LoadedScenario, target: str) -> dict:
+    """The journal's meta line for one run of ``sc`` as ``target``: everything the checks read
+    besides the history (expectation, options, applicability, what each fault must cause). It
+    depends on the scenario file alone, so ``pdchaos check`` rebuilds it from the file rather than
+    trust the saved line."""
+    m, fam = sc.model, sc.family
+    registry = load_registry(fam.name)
+    faults_meta = []
+    for i, f in enumerate(sc.faults):
+        cls = registry[f.type]
+        # a fault's declared effects depend on its parameters only: an instance with no topology says them
+        fault = cls(cls.Params.model_construct(**{k: getattr(f, k) for k in cls.Params.model_fields}), None)
+        faults_meta.append({"id": i, "type": f.type, "at": f.at, "for": f.for_,
+                            "params": f.model_dump(mode="json", exclude={"type", "at", "for_"}),
+                            "categories": list(registry[f.type].categories), **fault_meta(sc, fault)})
+    na = not_applicable(sc, target)
+    return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
+            "deadline_ms": m.deadline * 1000.0, "tolerance_ms": m.tolerance * 1000.0, "seed": m.seed,
+            "cap_s": m.cap, "wall_start": datetime.now(timezone.utc).isoformat(),
+            "checks": Runner._check_config(sc), "not_applicable": na, "expect": m.expected(target),
+            "targets": list(m.targets), "baseline_target": fam.baseline_target,
+            "primary_ops": list(fam.primary_ops), "planned_ops": m.workload.planned_ops(),
+            "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
+            "t0": None}
+
+
 class _Interrupted(Exception):
     pass
 
@@ -131,20 +157,7 @@ class Runner:
         return self.results
 
     def _meta(self, sc: LoadedScenario, target: str) -> dict:
-        m, fam = sc.model, sc.family
-        registry = load_registry(fam.name)
-        faults_meta = [{"id": i, "type": f.type, "at": f.at, "for": f.for_,
-                        "params": f.model_dump(mode="json", exclude={"type", "at", "for_"}),
-                        "categories": list(registry[f.type].categories)} for i, f in enumerate(sc.faults)]
-        na = not_applicable(sc, target)
-        return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
-                "deadline_ms": m.deadline * 1000.0, "tolerance_ms": m.tolerance * 1000.0, "seed": m.seed,
-                "cap_s": m.cap, "wall_start": datetime.now(timezone.utc).isoformat(),
-                "checks": self._check_config(sc), "not_applicable": na, "expect": m.expected(target),
-                "targets": list(m.targets), "baseline_target": fam.baseline_target,
-                "primary_ops": list(fam.primary_ops), "planned_ops": m.workload.planned_ops(),
-                "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
-                "t0": None}
+        return scenario_meta(sc, target)
 
     def run_one(self, sc: LoadedScenario, target: str) -> Result:
         m = sc.model

@@ -505,6 +505,7 @@ MUTANTS = PD_MUTANTS + GOLDEN_PD_MUTANTS + LOOKUP_MUTANTS + LAYERWISE_MUTANTS
 def test_mutant_is_caught(m: Mutant, tmp_path) -> None:
     run = base(m.base)
     m.mutate(run)
+    run.retally()
     j = judge(run, tmp_path)
     assert j.outcome == m.outcome, j.why()
     assert j.outcome in ("deviation", "error")
@@ -547,6 +548,7 @@ def test_control_stays_as_expected(m: Mutant, tmp_path) -> None:
     """What the mutants must not over-kill: the claimed failure, or a failure the policy allows."""
     run = base(m.base)
     m.mutate(run)
+    run.retally()
     j = judge(run, tmp_path)
     assert j.outcome == "as_expected", j.why()
     assert set(j.failing) == set(m.killers), j.why()
@@ -729,9 +731,98 @@ HOLES = [
 def test_hole(base_name: str, mutate, want: str, killers: tuple, tmp_path) -> None:
     run = base(base_name)
     mutate(run)
+    run.retally()
     j = judge(run, tmp_path)
     assert j.outcome == want, j.why()
     assert set(killers) <= set(j.failing), j.why()
+
+
+def f_drop_failed_op(run: Run) -> None:
+    """A failure deleted from the history (the client counted it)."""
+    first = ok_ops(run)[-1]["id"]
+    fail_op(run, first, "http_502", "decode")
+    run.retally()
+    run.remove(lambda r: r.get("type") == "op" and r.get("id") == first)
+
+
+def f_duplicate_ok_op(run: Run) -> None:
+    """A success copied under a new id to outweigh failures."""
+    first = ok_ops(run)[0]["id"]
+    inv, done = dict(run.invoke(first)), dict(run.completion(first))
+    inv["id"] = done["id"] = 999
+    run.add(inv, done)
+
+
+def f_rewrite_value_and_expected(run: Run) -> None:
+    """A wrong completion made to look right by rewriting its reference in the journal too."""
+    first = ok_ops(run)[0]["id"]
+    run.completion(first)["value"] = "wrong text"
+    run.invoke(first)["expected"] = "wrong text"
+
+
+# forged histories: no workload wrote them (the client's own tally is not updated); each is a
+# harness error or a deviation, never "as expected"
+FORGERIES = [
+    pytest.param("pd", lambda r: fail_op(r, ok_ops(r)[-1]["id"], "http_502", "decode"), "error", ("harness_integrity",),
+                 id="forged_failure_the_client_never_counted"),
+    pytest.param("golden_pd_baseline", f_drop_failed_op, "error", ("harness_integrity",),
+                 id="forged_failed_op_deleted_golden_pd"),
+    pytest.param("pd", f_duplicate_ok_op, "error", ("harness_integrity",), id="forged_ok_op_duplicated"),
+    pytest.param("pd", lambda r: r.completion(ok_ops(r)[0]["id"]).update(status=502), "deviation", ("correct_output",),
+                 id="forged_ok_op_without_http_200"),
+    pytest.param("golden_pd_baseline", f_rewrite_value_and_expected, "deviation", ("correct_output",),
+                 id="forged_value_and_expected_rewritten_golden_pd"),
+]
+
+
+@pytest.mark.parametrize("base_name, mutate, want, killers", FORGERIES)
+def test_forged_history_is_caught(base_name: str, mutate, want: str, killers: tuple, tmp_path) -> None:
+    run = base(base_name)
+    mutate(run)
+    j = judge(run, tmp_path)
+    assert j.outcome == want, j.why()
+    assert set(killers) <= set(j.failing), j.why()
+
+
+def test_meta_line_is_rebuilt_from_the_scenario_file(tmp_path) -> None:
+    """pdchaos check reads what the checks need besides the history (expectation, options,
+    applicability, the effect each fault must show) from the scenario file the meta line names,
+    when it is here: a history that edits its own meta line cannot lower its bar."""
+    from mutants.histories import PD_STOP_YAML
+
+    def run_with_file() -> Run:
+        run = base("pd")
+        f = tmp_path / "mut-pd-stop-prefill.yaml"
+        f.write_text(PD_STOP_YAML.format(target="hardened", policy="fail"))
+        run.meta["file"] = str(f)
+        return run
+
+    def far_failure(run: Run) -> None:
+        fail_op(run, far_ok_ops(run, 1)[0]["id"], "http_500", "decode")
+        run.retally()
+
+    # an unexplained failure, with the meta line expecting exactly that failure
+    forged = run_with_file()
+    far_failure(forged)
+    forged.meta["expect"] = "fail[failures_explained]"
+    j = judge(forged, tmp_path)
+    assert j.outcome == "deviation" and "failures_explained" in j.failing, j.why()
+    # ... the same edit with no scenario file here: the saved line is all there is (and it says so)
+    saved = base("pd")
+    far_failure(saved)
+    saved.meta["expect"] = "fail[failures_explained]"
+    assert judge(saved, tmp_path).outcome == "as_expected"
+    # a meta line that switches a check off, or lowers a fault's required effect
+    off = run_with_file()
+    far_failure(off)
+    off.meta["checks"]["failures_explained"] = {"enabled": False}
+    assert judge(off, tmp_path).outcome == "deviation"
+    lowered = run_with_file()
+    effect_event(lowered).update(effect={"acted": 0, "seen": 0}, required={})
+    for f in lowered.meta["faults"]:
+        f["required"] = {}
+    j = judge(lowered, tmp_path)
+    assert j.outcome == "error" and "fault_effect" in j.failing, j.why()
 
 
 @pytest.mark.parametrize("mutate", [

@@ -184,7 +184,8 @@ def _history(t0=100.0):
             {"type": "probe", "node": "server", "when": "baseline", "pid": 7, "t": t0, "threads": 1, "fds": 1},
             {"type": "fault", "id": 0, "name": "slow_peer", "phase": "start", "t": t0 + 1},
             {"type": "op", "id": 1, "process": 0, "f": "lookup", "phase": "invoke", "t": t0 + 1.5},
-            {"type": "op", "id": 1, "process": 0, "f": "lookup", "phase": "ok", "t": t0 + 1.6, "value": 1},
+            {"type": "op", "id": 1, "process": 0, "f": "lookup", "phase": "ok", "t": t0 + 1.6, "value": 1,
+             "outcome": "ok"},
             {"type": "fault", "id": 0, "name": "slow_peer", "phase": "stop", "t": t0 + 2},
             {"type": "probe", "node": "server", "when": "final", "pid": 7, "t": t0 + 3, "threads": 1, "fds": 1},
             {"type": "end", "t": t0 + 3}]
@@ -202,3 +203,9 @@ def test_integrity_rejects_histories_no_run_can_write():
     h = _history()
     h.insert(7, dict(h[6], fds=900))  # a second final probe of the same process
     assert "two final probes" in _integrity(h).message
+    h = _history()
+    h[4]["outcome"] = "http_502"  # a failure relabelled a success (or the reverse)
+    assert "contradicts itself" in _integrity(h).message
+    h = _history()
+    h[4].update(phase="info")
+    assert "contradicts itself" in _integrity(h).message

@@ -96,6 +96,23 @@ class Run:
         self.records = [r for r in self.records if r.get("type") == "meta" or not pred(r)]
         return before - len(self.records)
 
+    def retally(self) -> None:
+        """The client's own count of its requests (final probe counters ``ops``/``ops_<outcome>``,
+        ``stuck_workers``) as the mutated ops say: a mutant stands for a system that behaved so,
+        whose workload counted what it saw. (A forged history is one that skips this.)"""
+        for p in self.probes("client", "final"):
+            c = p.get("counters") or {}
+            if not isinstance(c.get("ops"), int):
+                continue
+            ops = [o for o in J.ops(self.records) if o.get("f") in (self.meta.get("primary_ops") or [o.get("f")])]
+            ended = [o for o in ops if o.get("t_complete") is not None]
+            for k in [k for k in c if k.startswith("ops_")]:
+                del c[k]
+            c["ops"] = len(ended)
+            for o in ended:
+                c[f"ops_{o.get('outcome')}"] = c.get(f"ops_{o.get('outcome')}", 0) + 1
+            p["stuck_workers"] = len(ops) - len(ended)
+
     def sort(self) -> None:
         """Meta first, end last, the rest by time (as the runner merges the parts)."""
         self.records.sort(key=lambda r: (r.get("type") != "meta", r.get("type") == "end",
@@ -450,6 +467,14 @@ GOLDEN_EXPECT = {"pd-baseline-upstream.jsonl": "fail[no_leaks]|pass",
                  "pd-abort-while-decode-waits-hardened.jsonl": "fail[no_leaks]|pass"}
 
 
+def prompts_of(records: list[dict]) -> list[dict]:
+    """A prompts.json for a history: each op's reference at its prompt index (the prompts
+    themselves are not in a journal)."""
+    refs = {r["prompt_index"]: r.get("expected") for r in records if r.get("type") == "op"
+            and r.get("phase") == "invoke" and isinstance(r.get("prompt_index"), int)}
+    return [{"prompt": "", "expected": refs.get(i, "")} for i in range(max(refs, default=-1) + 1)]
+
+
 def golden_run(name: str) -> Run:
     """A real journal saved in tests/golden/journals (see the README there). Logs and secret
     files were not kept: benign logs stand in for every log the run names (``server_log``
@@ -457,6 +482,9 @@ def golden_run(name: str) -> Run:
     (the prompts themselves are not in a journal), so log_hygiene has the run's secrets."""
     records = J.read_journal(GOLDEN / name)
     m = J.meta(records)
+    # a golden journal is judged by its own saved meta line: its run predates the current scenario
+    # files (which pdchaos check would otherwise rebuild the meta line from)
+    m["file"] = f"(golden: {name})"
     if name in GOLDEN_EXPECT:
         m["expect"] = GOLDEN_EXPECT[name]
     logs = {"logs/client-workload.log": "workload: done\n"}
@@ -466,9 +494,7 @@ def golden_run(name: str) -> Run:
         for e in records:
             if e.get("type") == "event" and e.get("what") == "server_log" and e.get("path"):
                 logs[f"server-logs/{Path(str(e['path'])).name}"] = "INFO vLLM API server version 0.32.0\n"
-        refs = sorted({r["expected"] for r in records if r.get("type") == "op" and r.get("phase") == "invoke"
-                       and isinstance(r.get("expected"), str)})
-        files["prompts.json"] = json.dumps([{"prompt": "", "expected": e} for e in refs])
+        files["prompts.json"] = json.dumps(prompts_of(records))
     else:
         logs["logs/01-lookup-server.log"] = "ready\n"
     return Run(records, logs, files)
@@ -582,11 +608,16 @@ def judge_inline(run: Run, checks: dict | None = None) -> Judgement:
         for name, text in run.files.items():
             (Path(tmp) / name).write_text(text)
         secrets = fam.log_secrets(Path(tmp))
-    inp = C.CheckInput(run.records, dict(run.logs), secrets, fam.log_pattern)
-    results = C.run_checks(inp, run.meta.get("checks") or {}, checks if checks is not None else C.checks_for(fam),
-                           run.meta.get("not_applicable") or {})
+        saved = fam.saved_inputs(Path(tmp))
+    from harness.cmd_check import judged_by_file
+
+    records, _ = judged_by_file(run.records)  # as pdchaos check: the meta line from the scenario file if here
+    m = J.meta(records)
+    inp = C.CheckInput(records, dict(run.logs), secrets, fam.log_pattern, saved)
+    results = C.run_checks(inp, m.get("checks") or {}, checks if checks is not None else C.checks_for(fam),
+                           m.get("not_applicable") or {})
     verdict, failing = V.of_results(results)
-    return Judgement(verdict, tuple(failing), V.outcome(verdict, run.meta.get("expect"), failing),
+    return Judgement(verdict, tuple(failing), V.outcome(verdict, m.get("expect"), failing),
                      {r.name: r.to_dict() for r in results}, "")
 
 

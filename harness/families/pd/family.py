@@ -149,6 +149,17 @@ class PDFamily(Family):
         data = json.loads(p.read_text())
         return [x for item in data for x in (item.get("prompt", ""), item.get("expected", "")) if len(x) >= 16]
 
+    def saved_inputs(self, run_dir: Path) -> dict | None:
+        """``{"prompts": [...]}``: the workload's prompts and reference outputs (prompts.json), the
+        reference ``correct_output`` holds each op's ``expected`` to; ``None`` inside when the file
+        is missing or unreadable (then nothing can be compared: the check fails)."""
+        p = run_dir / "prompts.json"
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError):
+            return {"prompts": None}
+        return {"prompts": data if isinstance(data, list) else None}
+
     def setup_steps(self) -> list[Any]:
         from harness.nodeenv import pd_steps
 

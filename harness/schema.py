@@ -62,6 +62,10 @@ class CheckOptions(_Strict):
     fail_within: dict[str, Duration] = Field(default_factory=dict, description="fail_fast (pd): per target, "
                                              "the most a failed request may take (measured); hardened's "
                                              "default is kv_load_timeout + 2 s")
+    at_once: Duration | None = Field(None, description="drained (pd): also during the run, every vLLM node "
+                                     "holds no KV block and no request whenever no request was in flight or "
+                                     "ended within this long (keep it below P's abort timeout): what a node "
+                                     "held is freed at once, not when a timeout runs out")
     max_cpu: float | None = Field(None, gt=0, le=64, description="no_busy_wait (pd): most of a core a waiting "
                                                                   "node may burn during a fault (default 0.5)")
 

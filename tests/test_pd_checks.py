@@ -85,6 +85,23 @@ def test_drained() -> None:
     assert run("drained", [meta()]).ok is False  # no final probe of any vLLM node shows nothing
 
 
+def test_drained_at_once_judges_the_samples_with_nothing_in_flight() -> None:
+    """at_once: blocks held while no request is in flight (none ended within the bound) fail even
+    when they are freed before the end; with no such sample nothing can be judged: it fails."""
+    end = [vllm("decode:0", "baseline"), vllm("decode:0", "final", t=30.0)]
+    idle = [vllm("decode:0", "sample", t=t) for t in (6.0, 8.0, 10.0)]
+    held = [vllm("decode:0", "sample", t=t, kv_cache_usage_perc=0.01, num_requests_waiting=1) for t in (6.0, 8.0)]
+    ops = op(1, 0) + op(2, 1)  # both ended by 1.1 s
+    assert run("drained", [meta(), *ops, *end, *idle], {"at_once": 2.0}).ok is True
+    r = run("drained", [meta(), *ops, *end, *held], {"at_once": 2.0})
+    assert r.ok is False and "holding KV blocks" in r.message
+    assert run("drained", [meta(), *ops, *end, *held]).ok is True  # without at_once: the end alone
+    # a request in flight (or never ended) covers its samples: nothing to judge but the final probe
+    stalled = op(3, 2, phase="info", value=None, outcome="stalled", elapsed_ms=40000.0)[:1]
+    r = run("drained", [meta(), *ops, *stalled, *end, *held], {"at_once": 2.0})
+    assert r.ok is False and "cannot tell" in r.message, r.message
+
+
 def test_no_busy_wait() -> None:
     def samples(cpu_per_s: float, running: int = 0) -> list[dict]:
         return [vllm("decode:0", "sample", t=t, num_requests_waiting=1, num_requests_running=running,

@@ -59,10 +59,14 @@ def _vllm_probes(inp: CheckInput, when: str) -> list[dict]:
 
 
 @check("drained")
-def drained(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+def drained(inp: CheckInput, opts: dict) -> CheckResult:
     """After the run (the topology waits a bounded time for it), every vLLM node has no request
     running or waiting (none stuck in WAITING_FOR_REMOTE_KVS) and its KV cache usage is back to
-    its baseline: no leaked blocks, on P and on D."""
+    its baseline: no leaked blocks, on P and on D. That wait outlasts P's abort timeout, so it
+    shows what a node keeps for good. With ``at_once: S`` the scenario asserts more: every sample
+    (and the final probe) taken when no request was in flight and none ended within S seconds
+    shows the node holding nothing, so blocks kept until a timeout frees them fail too (and a
+    run with no such sample cannot be judged: it fails)."""
     finals = _vllm_probes(inp, "final")
     if not finals:
         return _r(False, "no final probe of any vLLM node: nothing shows they drained")
@@ -74,17 +78,53 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         if running is None or waiting is None or usage is None:
             problems.append(f"{p.get('node')}: its metrics lack running/waiting/KV usage")
             continue
-        base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == p.get("pid")), None)
-        base_usage = _gauge((base or {}).get("counters") or {}, "kv_cache_usage_perc") or 0.0
         seen.append(p.get("node"))
         if running or waiting:
             problems.append(f"{p.get('node')}: {running:g} running, {waiting:g} waiting at the end")
-        if usage > base_usage + 1e-6:
-            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {base_usage:.4f} at start "
-                            f"(blocks still held)")
+        if usage > _base_usage(inp, p) + 1e-6:
+            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {_base_usage(inp, p):.4f} at "
+                            f"start (blocks still held)")
     if problems:
         return _r(False, "; ".join(problems[:3]), problems=problems)
-    return _r(True, f"{', '.join(str(s) for s in seen)}: nothing running or waiting, KV usage back to baseline")
+    at_once = opts.get("at_once")
+    if at_once is None:
+        return _r(True, f"{', '.join(str(s) for s in seen)}: nothing running or waiting, KV usage back to baseline")
+    return _drained_at_once(inp, float(at_once))
+
+
+def _base_usage(inp: CheckInput, p: dict) -> float:
+    base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == p.get("pid")), None)
+    return _gauge((base or {}).get("counters") or {}, "kv_cache_usage_perc") or 0.0
+
+
+def _drained_at_once(inp: CheckInput, within: float) -> CheckResult:
+    busy = [(o["t_invoke"] - QUIET_MARGIN_S, o["t_complete"] + within if finite(o.get("t_complete")) else math.inf)
+            for o in inp.all_ops if finite(o.get("t_invoke"))]
+    idle, held = 0, []
+    for p in (x for x in inp.probes if x.get("kind") == "vllm" and x.get("when") in ("sample", "final")):
+        t = p.get("t")
+        if not finite(t) or any(a <= t <= b for a, b in busy):
+            continue
+        c = p.get("counters") or {}
+        usage = _gauge(c, "kv_cache_usage_perc")
+        running, waiting = _gauge(c, "num_requests_running"), _gauge(c, "num_requests_waiting")
+        if usage is None or running is None or waiting is None:
+            continue
+        idle += 1
+        if usage > _base_usage(inp, p) + 1e-6 or running or waiting:
+            ended = [o["t_complete"] for o in inp.all_ops if finite(o.get("t_complete")) and o["t_complete"] <= t]
+            since = t - max(ended) if ended else t - (inp.meta.get("t0") or t)
+            held.append((since, str(p.get("node"))))
+    if idle == 0:
+        return _r(False, f"at_once {within:g} s: no sample of a vLLM node was taken with no request in flight and "
+                         f"none ended within {within:g} s: cannot tell whether the nodes free what they hold at once")
+    if held:
+        since, node = max(held)
+        return _r(False, f"{len(held)} of {idle} samples with no request in flight (none ended within {within:g} s) "
+                         f"show a node holding KV blocks or requests; {node} still {since:.1f} s after the last "
+                         f"request ended", held=len(held), idle=idle)
+    return _r(True, f"nothing held in any of {idle} samples with no request in flight (none ended within "
+                    f"{within:g} s), nor at the end", idle=idle)
 
 
 QUIET_MARGIN_S = 0.5  # an op that starts or ends this close to an interval makes it not quiet

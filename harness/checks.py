@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import journal as J
-from .verdicts import RAISED
+from .verdicts import RAISED, UNDECIDED
 
 
 @dataclass
@@ -39,6 +39,7 @@ class CheckInput:
     secrets: list[str] = field(default_factory=list)  # strings no log may contain (keys, prompts)
     log_pattern: str | None = None  # text no log may contain whatever the run (the family's)
     saved: dict | None = None  # the family's saved_inputs of the run folder; None: not judged from a run folder
+    tally: bool = False  # the family's workload counts its ops in its final probe: the history must match it
 
     def __post_init__(self) -> None:
         self.meta = J.meta(self.records)
@@ -93,6 +94,12 @@ def _named(name: str, r: CheckResult) -> CheckResult:
 
 def _r(ok: bool | None, message: str, **details: Any) -> CheckResult:
     return CheckResult("", ok, message, details)
+
+
+def undecided(message: str, **details: Any) -> CheckResult:
+    """A check that cannot judge: it fails, and the run is an error (never a verdict that an
+    expectation could name)."""
+    return CheckResult("", False, UNDECIDED + message, details)
 
 
 def _first(ids: list, n: int = 5) -> list:
@@ -303,27 +310,35 @@ HARNESS_PROBLEMS = ("fault_error", "probe_failed", "probe_silent", "leftovers", 
 
 def _client_tally(inp: CheckInput) -> str | None:
     """A workload that counts its own primary ops in its final probe (counters ``ops`` and
-    ``ops_<outcome>``) must find each of them in the history: an op lost, deleted, duplicated
-    under another id or re-labelled shows here. Ops with no end at all are allowed only for the
-    workers the workload reported stuck."""
-    for p in inp.probes:
-        c = p.get("counters") or {}
-        if p.get("node") != "client" or p.get("when") != "final" or not isinstance(c.get("ops"), int):
-            continue
-        ended = [o for o in inp.ops if o.get("t_complete") is not None]
-        if len(ended) != c["ops"]:
-            return (f"the client counted {c['ops']} ended requests, the history has {len(ended)}: "
-                    f"the history is not the client's")
-        for key, n in c.items():
-            if key.startswith("ops_") and isinstance(n, int):
-                have = sum(1 for o in ended if o.get("outcome") == key[4:])
-                if have != n:
-                    return (f"the client counted {n} requests with outcome {key[4:]}, the history has {have}: "
-                            f"the history is not the client's")
-        open_ = len(inp.ops) - len(ended)
-        if open_ > int(p.get("stuck_workers") or 0):
-            return (f"{open_} requests never ended in the history but the client reported "
-                    f"{int(p.get('stuck_workers') or 0)} stuck workers")
+    ``ops_<outcome>``, integers) must find each of them in the history: an op lost, deleted,
+    duplicated under another id or re-labelled shows here. Ops with no end at all are allowed only
+    for the workers the workload reported stuck. A family whose workload tallies (``tally``) must
+    have that probe."""
+    tallies = [p for p in inp.probes if p.get("node") == "client" and p.get("when") == "final"
+               and "ops" in (p.get("counters") or {})]
+    if not tallies:
+        return "the client's final probe with its own count of requests is missing" if inp.tally else None
+    if len(tallies) > 1:
+        return "two final tallies of the client: the history is not one run's"
+    p = tallies[0]
+    c = p.get("counters") or {}
+    counts = {k: v for k, v in c.items() if k == "ops" or k.startswith("ops_")}
+    bad = [k for k, v in counts.items() if type(v) is not int or v < 0]
+    stuck = p.get("stuck_workers", 0)
+    if bad or type(stuck) is not int or stuck < 0:
+        return f"the client's tally is not a count ({', '.join(bad) or 'stuck_workers'}): the history is not the client's"
+    ended = [o for o in inp.ops if o.get("t_complete") is not None]
+    if len(ended) != c["ops"]:
+        return f"the client counted {c['ops']} ended requests, the history has {len(ended)}: the history is not the client's"
+    outcomes = {o.get("outcome") for o in ended}
+    for key in set(counts) - {"ops"} | {f"ops_{x}" for x in outcomes}:
+        have = sum(1 for o in ended if f"ops_{o.get('outcome')}" == key)
+        if have != counts.get(key, 0):
+            return (f"the client counted {counts.get(key, 0)} requests with outcome {key[4:]}, the history has "
+                    f"{have}: the history is not the client's")
+    open_ = len(inp.ops) - len(ended)
+    if open_ > stuck:
+        return f"{open_} requests never ended in the history but the client reported {stuck} stuck workers"
     return None
 
 
@@ -590,7 +605,7 @@ def load_input(journal_path: str | Path, records: list[dict] | None = None) -> t
     records = J.read_journal(jp) if records is None else records
     family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
     inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
-                     family.saved_inputs(jp.parent))
+                     family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)))
     return inp, checks_for(family)
 
 

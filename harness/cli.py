@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "setup": ("harness.cmd_setup", "install what the families' scenarios need (idempotent; toxiproxy-server, iptables)"),
     "node": ("harness.cmd_node", "run one node of a topology (any family's node kinds)"),
     "fuzz": ("harness.cmd_fuzz", "fuzz a live node of a family: pdchaos fuzz FAMILY ..."),
+    "docs": ("harness.cmd_docs", "generate the per-scenario tables in docs/scenarios/ from the scenario files "
+                                 "and recorded runs (--check: fail when stale)"),
     "bench": ("harness.cmd_bench", "benchmark a family's normal path, its targets side by side"),
 }
 # Commands a family adds (e.g. ``pdchaos lookup``) are found in the families, not listed here.

@@ -27,6 +27,9 @@ MARK = {"as_expected": "", "deviation": " DEVIATION", "skipped": " SKIPPED", "er
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object per scenario/target")
+    p.add_argument("--trust-saved-meta", action="store_true",
+                   help="judge a run whose scenario is not here by its own saved meta line (its expectation, "
+                        "options, faults' effects); without it such a run is an error")
     p.add_argument("--strict", action="store_true", help="a skipped scenario run fails the check: exit 1")
     p.add_argument("--as", dest="as_target", metavar="TARGET",
                    help="judge every run as if it were TARGET's: that target's expectation and options, from "
@@ -39,17 +42,48 @@ FROM_FILE = ("scenario", "family", "deadline_ms", "tolerance_ms", "checks", "not
              "baseline_target", "primary_ops", "planned_ops", "topology", "workload", "faults")
 
 
+def scenario_roots() -> list[Path]:
+    """Where scenario files are looked up: ``scenarios/`` of the working directory and of the
+    checkout this harness belongs to (never a path a journal names)."""
+    roots = []
+    for r in (Path.cwd() / "scenarios", Path(__file__).resolve().parent.parent / "scenarios"):
+        if r.is_dir() and r.resolve() not in roots:
+            roots.append(r.resolve())
+    return roots
+
+
+_INDEX: dict[Path, dict[str, Path]] = {}
+
+
+def _index(root: Path) -> dict[str, Path]:
+    """{scenario name: file} of the YAML files under ``root`` (read once per process)."""
+    if root not in _INDEX:
+        import yaml
+
+        names: dict[str, Path] = {}
+        for f in sorted(root.rglob("*.yaml")):
+            try:
+                data = yaml.safe_load(f.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("name"), str):
+                names.setdefault(data["name"], f)
+        _INDEX[root] = names
+    return _INDEX[root]
+
+
 def _scenario_of(records: list[dict]):
-    """The scenario the meta line names, loaded from its file, or None when the file is not here
-    or now holds another scenario."""
+    """The scenario the meta line names, looked up by name among this checkout's scenario files
+    (the file a journal names is never taken on its word: a history could bring its own bar), or
+    None when no scenario of that name is here."""
     from .schema import load_scenario
 
-    m = meta(records)
-    path = m.get("file")
-    if not path or not Path(path).is_file():
-        return None
-    sc = load_scenario(path)
-    return sc if sc.model.name == m.get("scenario") else None
+    name = meta(records).get("scenario")
+    for root in scenario_roots():
+        f = _index(root).get(name) if isinstance(name, str) else None
+        if f is not None:
+            return load_scenario(f)
+    return None
 
 
 def judged_as(records: list[dict], target: str) -> list[dict]:
@@ -59,8 +93,8 @@ def judged_as(records: list[dict], target: str) -> list[dict]:
     m = meta(records)
     sc = _scenario_of(records)
     if sc is None:
-        raise UsageError(f"--as {target}: the run names scenario file {m.get('file')!r}, which is not here "
-                         f"(or holds another scenario than {m.get('scenario')!r})")
+        raise UsageError(f"--as {target}: no scenario named {m.get('scenario')!r} under "
+                         f"{', '.join(str(r) for r in scenario_roots()) or 'scenarios/'}")
     if target not in sc.model.targets and target not in sc.family.targets:
         raise UsageError(f"--as {target}: {sc.path} has no target {target!r} (targets: {', '.join(sc.family.targets)})")
     return _with_meta(records, sc, target, {"judged_as_from": m.get("target")})
@@ -98,17 +132,34 @@ def _not_run(records: list[dict]) -> tuple[str, str] | None:
     return None
 
 
-def recheck(run_dir: Path, as_target: str | None = None) -> list[dict]:
+def _mismatch(records: list[dict], scenario: str, target: str) -> str | None:
+    """Why the journal cannot be the run its folder says it is, if it cannot."""
+    m = meta(records)
+    if m.get("scenario") != scenario or m.get("target") != target:
+        return (f"the journal in {scenario}/{target} is a run of {m.get('scenario')!r} [{m.get('target')!r}]: "
+                f"the history is not this folder's")
+    if m.get("skipped") and any(r.get("type") == "op" for r in records):
+        return "the journal says the run was skipped, yet it holds ops: the history is not one run's"
+    return None
+
+
+def recheck(run_dir: Path, as_target: str | None = None, trust_saved_meta: bool = False) -> list[dict]:
     out = []
     for scenario, target, path in iter_runs(run_dir):
         records = J.read_journal(path)
-        if as_target:
-            records, source = judged_as(records, as_target), "file"
-        else:
+        bad = _mismatch(records, scenario, target)
+        source = "file"
+        if bad is None and as_target:
+            records = judged_as(records, as_target)
+        elif bad is None:
             records, source = judged_by_file(records)
+            if source == "saved" and not trust_saved_meta:
+                where = ", ".join(str(r) for r in scenario_roots()) or "no scenarios/ folder"
+                bad = (f"no scenario named {scenario!r} here ({where}): its expectation cannot be rebuilt, and a "
+                       f"history's own meta line is not trusted (--trust-saved-meta judges by it)")
         expected = meta(records).get("expect", "pass")
         row = {"scenario": scenario, "target": target, "expected": expected, "meta_from": source}
-        not_run = _not_run(records)
+        not_run = ("error", bad) if bad else _not_run(records)
         if not_run:
             row.update(verdict=not_run[0], reason=not_run[1], checks=[])
         else:
@@ -119,6 +170,17 @@ def recheck(run_dir: Path, as_target: str | None = None) -> list[dict]:
         if row["outcome"] == "deviation":
             row["reason"] = V.difference(row["verdict"], expected, row.get("failing"))
         out.append(row)
+    summary = run_dir / "summary.json"
+    if summary.is_file():  # a run the summary lists whose journal is gone is not a pass by omission
+        import json as _json
+
+        have = {(r["scenario"], r["target"]) for r in out}
+        for r in _json.loads(summary.read_text()).get("results", []):
+            key = (r.get("scenario"), r.get("target"))
+            if key not in have and r.get("verdict") not in ("skipped",) and r.get("dir"):
+                out.append({"scenario": key[0], "target": key[1], "expected": r.get("expected", ""), "meta_from": "",
+                            "verdict": "error", "outcome": "error", "checks": [],
+                            "reason": "summary.json lists this run, but its journal is not in the run folder"})
     return out
 
 
@@ -131,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     if summary.exists():
         for r in json.loads(summary.read_text()).get("results", []):
             saved[(r["scenario"], r["target"])] = r.get("verdict")
-    rows = recheck(run_dir, getattr(args, "as_target", None))
+    rows = recheck(run_dir, getattr(args, "as_target", None), getattr(args, "trust_saved_meta", False))
     if not rows:
         raise UsageError(f"{run_dir}: no journals (*/*/journal.jsonl) in this folder")
     for row in rows:
@@ -141,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         note = "" if same is None else (" (same as saved)" if same == row["verdict"] else f" (saved: {same})")
         if row.get("meta_from") == "saved":
-            note += " (scenario file not here: judged by the run's saved meta line)"
+            note += " (no such scenario here: judged by the run's saved meta line, --trust-saved-meta)"
         print(f"{row['scenario']} [{row['target']}] {row['verdict']}, expected {row['expected']}"
               f"{MARK[row['outcome']]}{note}" + (f": {row['reason']}" if row["reason"] else ""))
         for c in row["checks"]:

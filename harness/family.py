@@ -198,6 +198,10 @@ class Family:
         workload's prompts and reference outputs), read from the run folder; None: nothing."""
         return None
 
+    client_tally: ClassVar[bool] = False
+    """The family's workload counts its primary ops in its final probe (``ops``,
+    ``ops_<outcome>``): harness_integrity then requires that probe and holds the history to it."""
+
     log_pattern: ClassVar[str | None] = None
     """A regex for text that must never appear in a log whatever the run (e.g. a long hex run)."""
 

@@ -95,6 +95,9 @@ def _fault_union(family: Family):
 class _ScenarioBase(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
     description: str = ""
+    doc: dict[str, str] = Field(default_factory=dict, description="this scenario's row in docs/scenarios/ "
+                                "(pdchaos docs): `fault`, what is injected in a few words, and per target what "
+                                "it does, measured (prose); verdicts come from expect and the recorded run")
     family: str = Field(DEFAULT_FAMILY, description="the system under test (harness/families/<name>)")
     seed: int = 0
     deadline: Duration = 0.2
@@ -112,6 +115,10 @@ class _ScenarioBase(_Strict):
             if f.at + f.for_ > self.workload.duration:
                 raise ValueError(f"fault {f.type!r} at {f.at:g}s for {f.for_:g}s ends after the workload "
                                  f"({self.workload.duration:g}s)")
+        unknown = sorted(set(self.doc) - {"fault"} - set(self.targets))
+        if unknown:
+            raise ValueError(f"doc: {', '.join(unknown)} is neither `fault` nor a target this scenario runs "
+                             f"({', '.join(self.targets)})")
         validate_recovery_gaps(self, self.faults)
         validate_faults_fit(self, self.faults)
         self._check_expectations()

@@ -33,6 +33,9 @@ VERDICTS = ("pass", "fail", "stall")
 # checks that judge the run itself, not the system: when one fails, nothing else can be trusted
 ERROR_CHECKS = ("harness_integrity", "workload_ran", "fault_effect")
 RAISED = "checker error: "  # the message prefix of a check that raised (harness/checks.py run_checks)
+# the message prefix of a check that could not judge (the history lacks what it needs): the run is
+# an error, so "cannot tell" never meets an expectation that names the check as failing
+UNDECIDED = "cannot judge: "
 
 
 class Alternative(NamedTuple):
@@ -104,7 +107,7 @@ def of_results(results: Iterable) -> tuple[str, list[str]]:
     rows = [r if isinstance(r, dict) else {"name": r.name, "ok": r.ok, "message": r.message} for r in results]
     failing = sorted({r["name"] for r in rows if r.get("ok") is False})
     if any(r["name"] in ERROR_CHECKS and r.get("ok") is False for r in rows) or any(
-            r.get("ok") is False and str(r.get("message", "")).startswith(RAISED) for r in rows):
+            r.get("ok") is False and str(r.get("message", "")).startswith((RAISED, UNDECIDED)) for r in rows):
         return "error", failing
     if "no_stall" in failing:
         return "stall", failing

@@ -1,7 +1,7 @@
 """``pdchaos bench lookup``: real server processes started by the command, real clients.
 
 Small n only: these check the shape, the arithmetic, the answers and the cleanup, not the speed
-(the numbers are measured separately and written in the README).
+(the numbers are measured separately and written in docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -33,6 +34,7 @@ from mutants.histories import (
     PD_PIDS,
     PD_WINDOW,
     T0,
+    Judgement,
     Run,
     event,
     golden_run,
@@ -702,7 +704,8 @@ HOLES = [
     pytest.param("pd", h_late_failure_without_elapsed(150.0), "deviation", ("fail_fast", "bounded_return"),
                  id="hole_elapsed_ms_understates_a_20s_failure"),
     pytest.param("pd", h_nan_kv_usage, "deviation", ("drained",), id="hole_drained_nan_kv_usage"),
-    pytest.param("pd", h_nan_cpu_first_interval, "deviation", ("no_busy_wait",),
+    # a check that cannot judge makes the run an error (verdicts.UNDECIDED), never a verdict
+    pytest.param("pd", h_nan_cpu_first_interval, "error", ("no_busy_wait",),
                  id="hole_no_busy_wait_nan_cpu_hides_a_burn"),
     pytest.param("pd", lambda r: r.remove(lambda x: x.get("what") == "fault_effect"), "error", ("fault_effect",), id="hole_fault_effect_event_missing"),
     pytest.param("pd", lambda r: effect_event(r).update(effect={"acted": float("nan"), "seen": float("nan")}), "error",
@@ -760,6 +763,26 @@ def f_rewrite_value_and_expected(run: Run) -> None:
     run.invoke(first)["expected"] = "wrong text"
 
 
+def f_cpu_backwards(run: Run) -> None:
+    """prefill's CPU time mirrored during the fault: it runs backwards, the burn reads negative."""
+    samples = [p for p in run.probes("decode:0", "sample")]
+    top = max(p["counters"]["cpu_s"] for p in samples) + 100
+    for p in samples:
+        p["counters"]["cpu_s"] = top - p["counters"]["cpu_s"]
+
+
+def f_tally_not_a_count(run: Run) -> None:
+    fail_op(run, ok_ops(run)[-1]["id"], "http_502", "decode")
+    run.retally()
+    c = run.probe("client", "final")["counters"]
+    run.remove(lambda r: r.get("type") == "op" and r.get("id") == ok_ops(run)[0]["id"])
+    c["ops"] = float(c["ops"] - 1)  # 25.0: not the workload's count
+
+
+def f_no_tally(run: Run) -> None:
+    run.probe("client", "final")["counters"].pop("ops")
+
+
 # forged histories: no workload wrote them (the client's own tally is not updated); each is a
 # harness error or a deviation, never "as expected"
 FORGERIES = [
@@ -772,6 +795,10 @@ FORGERIES = [
                  id="forged_ok_op_without_http_200"),
     pytest.param("golden_pd_baseline", f_rewrite_value_and_expected, "deviation", ("correct_output",),
                  id="forged_value_and_expected_rewritten_golden_pd"),
+    # found by a helper trying to fool the checks (helper-7)
+    pytest.param("pd", f_cpu_backwards, "error", ("no_busy_wait",), id="forged_cpu_time_runs_backwards"),
+    pytest.param("pd", f_tally_not_a_count, "error", ("harness_integrity",), id="forged_tally_as_a_float"),
+    pytest.param("pd", f_no_tally, "error", ("harness_integrity",), id="forged_tally_removed"),
 ]
 
 
@@ -784,44 +811,69 @@ def test_forged_history_is_caught(base_name: str, mutate, want: str, killers: tu
     assert set(killers) <= set(j.failing), j.why()
 
 
-def test_meta_line_is_rebuilt_from_the_scenario_file(tmp_path) -> None:
+def test_meta_line_is_rebuilt_from_the_scenario_file(tmp_path, monkeypatch) -> None:
     """pdchaos check reads what the checks need besides the history (expectation, options,
     applicability, the effect each fault must show) from the scenario file the meta line names,
     when it is here: a history that edits its own meta line cannot lower its bar."""
     from mutants.histories import PD_STOP_YAML
 
+    here = tmp_path / "here"
+    (here / "scenarios" / "mutants").mkdir(parents=True)
+    (here / "scenarios" / "mutants" / "mut-pd-stop-prefill.yaml").write_text(
+        PD_STOP_YAML.format(target="hardened", policy="fail"))
+
     def run_with_file() -> Run:
-        run = base("pd")
-        f = tmp_path / "mut-pd-stop-prefill.yaml"
-        f.write_text(PD_STOP_YAML.format(target="hardened", policy="fail"))
-        run.meta["file"] = str(f)
-        return run
+        return base("pd")  # its scenario is found by name under ./scenarios/ (below: cwd = here)
+
+    def judged(run: Run) -> Judgement:
+        from harness.cmd_check import recheck
+        from mutants.histories import write_run
+
+        d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        write_run(run, d)
+        [row] = recheck(d)
+        return Judgement(row["verdict"], tuple(row.get("failing") or ()), row["outcome"],
+                         {c["name"]: c for c in row["checks"]}, row.get("reason", ""))
 
     def far_failure(run: Run) -> None:
         fail_op(run, far_ok_ops(run, 1)[0]["id"], "http_500", "decode")
         run.retally()
 
+    monkeypatch.chdir(here)
     # an unexplained failure, with the meta line expecting exactly that failure
     forged = run_with_file()
     far_failure(forged)
     forged.meta["expect"] = "fail[failures_explained]"
-    j = judge(forged, tmp_path)
+    j = judged(forged)
     assert j.outcome == "deviation" and "failures_explained" in j.failing, j.why()
-    # ... the same edit with no scenario file here: the saved line is all there is (and it says so)
+    # ... the same edit where no scenario of that name is here: an error, unless the saved line is
+    # trusted on purpose (--trust-saved-meta)
+    monkeypatch.chdir(tmp_path)
     saved = base("pd")
     far_failure(saved)
     saved.meta["expect"] = "fail[failures_explained]"
-    assert judge(saved, tmp_path).outcome == "as_expected"
+    j = judged(saved)
+    assert j.outcome == "error" and "cannot be rebuilt" in j.reason, j.why()
+    assert judge(saved, tmp_path).outcome == "as_expected"  # trusted
+    monkeypatch.chdir(here)
+    # a journal naming a file of its own: ignored, the scenario is looked up by name
+    own = run_with_file()
+    far_failure(own)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(PD_STOP_YAML.format(target="hardened", policy="fail").replace(
+        "hardened: pass", "hardened: {verdict: fail, failing: [failures_explained]}"))
+    own.meta["file"] = str(mine)
+    assert judged(own).outcome == "deviation"
     # a meta line that switches a check off, or lowers a fault's required effect
     off = run_with_file()
     far_failure(off)
     off.meta["checks"]["failures_explained"] = {"enabled": False}
-    assert judge(off, tmp_path).outcome == "deviation"
+    assert judged(off).outcome == "deviation"
     lowered = run_with_file()
     effect_event(lowered).update(effect={"acted": 0, "seen": 0}, required={})
     for f in lowered.meta["faults"]:
         f["required"] = {}
-    j = judge(lowered, tmp_path)
+    j = judged(lowered)
     assert j.outcome == "error" and "fault_effect" in j.failing, j.why()
 
 
@@ -851,3 +903,38 @@ def test_nan_survives_the_journal(tmp_path) -> None:
 def test_windows_are_where_the_builders_say() -> None:
     assert [(w["start"] - T0, w["stop"] - T0) for w in base("pd").windows()] == [PD_WINDOW]
     assert [(round(w["start"] - T0, 3), round(w["stop"] - T0, 3)) for w in base("lookup").windows()] == [LOOKUP_WINDOW]
+
+
+def test_recheck_holds_the_folder_to_its_journal(tmp_path) -> None:
+    """Found by a helper trying to fool the checks: a journal copied into another scenario's or
+    target's folder, a run the summary lists whose journal is gone, and a 'skipped' run with ops
+    are errors, never as expected."""
+    import json as _json
+
+    from harness.cmd_check import recheck
+    from mutants.histories import write_run
+
+    def rows(run: Run, move: tuple[str, str] | None = None, summary: list | None = None) -> list[dict]:
+        d = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        src = write_run(run, d)
+        if move:
+            dst = d / move[0] / move[1]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), str(dst))
+        if summary is not None:
+            (d / "summary.json").write_text(_json.dumps({"results": summary}))
+        return recheck(d, trust_saved_meta=True)
+
+    [row] = rows(base("pd"), move=("pd-kill-prefill-before-pull", "hardened"))
+    assert row["outcome"] == "error" and "not this folder's" in row["reason"]
+    [row] = rows(base("pd"), move=(base("pd").meta["scenario"], "upstream"))  # meta.target swapped
+    assert row["outcome"] == "error" and "not this folder's" in row["reason"]
+    run = base("pd")
+    gone = [{"scenario": "pd-partition-prefill-decode", "target": "upstream", "verdict": "fail",
+             "dir": "pd-partition-prefill-decode/upstream"}]
+    out = rows(run, summary=gone)
+    assert [r["outcome"] for r in out] == ["as_expected", "error"] and "journal is not" in out[1]["reason"]
+    skipped = base("pd")
+    skipped.meta["skipped"] = "toxiproxy-server missing"
+    [row] = rows(skipped)
+    assert row["outcome"] == "error" and "holds ops" in row["reason"]

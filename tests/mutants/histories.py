@@ -316,8 +316,12 @@ def _pd_node_records(records_ops: list[dict], end_at: float, frozen: tuple[float
             out.append(vllm(role, "sample", t))
         t = round(t + 0.5, 3)
     n_ops = len({r["id"] for r in records_ops})
+    tally: dict = {"ops": n_ops}
+    for r in records_ops:  # the workload's own count per outcome (ops_ok, ops_http_502, ...)
+        if r.get("phase") != "invoke":
+            tally[f"ops_{r['outcome']}"] = tally.get(f"ops_{r['outcome']}", 0) + 1
     out.append(probe("client", "pd-workload", "final", end_at - 0.4, PD_PIDS["client"], 1, 5,
-                     {"ops": n_ops, "ops_ok": len(oks), "prompts_reused": 0}))
+                     {**tally, "prompts_reused": 0}))
     out[-1]["stuck_workers"] = 0
     out.append(event("workload_exit", end_at - 0.3, returncode=0))
     out += [vllm("prefill:0", "final", end_at - 0.2), vllm("decode:0", "final", end_at - 0.2),
@@ -485,6 +489,7 @@ def golden_run(name: str) -> Run:
     # a golden journal is judged by its own saved meta line: its run predates the current scenario
     # files (which pdchaos check would otherwise rebuild the meta line from)
     m["file"] = f"(golden: {name})"
+    m["scenario"] = f"golden-{m.get('scenario')}"  # no scenario of that name: judged by the saved line
     if name in GOLDEN_EXPECT:
         m["expect"] = GOLDEN_EXPECT[name]
     logs = {"logs/client-workload.log": "workload: done\n"}
@@ -589,7 +594,8 @@ def judge(run: Run, root: Path | None = None) -> Judgement:
     with tempfile.TemporaryDirectory(prefix="pdc-mut-", dir=root) as tmp:
         run_dir = Path(tmp) / "run"
         write_run(run, run_dir)
-        rows = recheck(run_dir)
+        # these histories' scenarios live in the tests, not under scenarios/: judged by their meta line
+        rows = recheck(run_dir, trust_saved_meta=True)
     assert len(rows) == 1, rows
     row = rows[0]
     return Judgement(row["verdict"], tuple(row.get("failing") or ()), row["outcome"],
@@ -611,7 +617,7 @@ def judge_inline(run: Run, checks: dict | None = None) -> Judgement:
         saved = fam.saved_inputs(Path(tmp))
     from harness.cmd_check import judged_by_file
 
-    records, _ = judged_by_file(run.records)  # as pdchaos check: the meta line from the scenario file if here
+    records, _ = judged_by_file(run.records)  # as pdchaos check: the meta line from the scenario if here
     m = J.meta(records)
     inp = C.CheckInput(records, dict(run.logs), secrets, fam.log_pattern, saved)
     results = C.run_checks(inp, m.get("checks") or {}, checks if checks is not None else C.checks_for(fam),

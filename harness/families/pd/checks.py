@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from harness.checks import CheckInput, CheckResult, _first, _r, finite, op_elapsed_ms
+from harness.checks import CheckInput, CheckResult, _first, _r, finite, op_elapsed_ms, undecided
 
 from .family import FAMILY
 
@@ -26,7 +26,7 @@ def correct_output(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     if inp.saved is not None:
         prompts = inp.saved.get("prompts")
         if not prompts:
-            return _r(False, "no readable prompts.json in the run folder: no reference to compare the outputs with")
+            return undecided("no readable prompts.json in the run folder: no reference to compare the outputs with")
         forged = [o for o in inp.ops if not (isinstance(o.get("prompt_index"), int)
                                              and 0 <= o["prompt_index"] < len(prompts)
                                              and o.get("expected") == prompts[o["prompt_index"]].get("expected"))]
@@ -70,6 +70,12 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     finals = _vllm_probes(inp, "final")
     if not finals:
         return _r(False, "no final probe of any vLLM node: nothing shows they drained")
+    gone = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
+    unseen = [b for b in _vllm_probes(inp, "baseline")
+              if b.get("pid") not in gone and not any(f.get("pid") == b.get("pid") for f in finals)]
+    if unseen:
+        return _r(False, f"{unseen[0].get('node')} (pid {unseen[0].get('pid')}) started as a vLLM node but has no "
+                         f"final vLLM probe and was not stopped: nothing shows it drained")
     problems, seen = [], []
     for p in finals:
         c = p.get("counters") or {}
@@ -101,7 +107,7 @@ def _drained_at_once(inp: CheckInput, within: float) -> CheckResult:
     busy = [(o["t_invoke"] - QUIET_MARGIN_S, o["t_complete"] + within if finite(o.get("t_complete")) else math.inf)
             for o in inp.all_ops if finite(o.get("t_invoke"))]
     idle, held = 0, []
-    for p in (x for x in inp.probes if x.get("kind") == "vllm" and x.get("when") in ("sample", "final")):
+    for p in (x for x in inp.probes if x.get("kind") == "vllm" and x.get("when") == "sample"):
         t = p.get("t")
         if not finite(t) or any(a <= t <= b for a, b in busy):
             continue
@@ -109,14 +115,14 @@ def _drained_at_once(inp: CheckInput, within: float) -> CheckResult:
         usage = _gauge(c, "kv_cache_usage_perc")
         running, waiting = _gauge(c, "num_requests_running"), _gauge(c, "num_requests_waiting")
         if usage is None or running is None or waiting is None:
-            continue
+            return undecided(f"at_once: a sample of {p.get('node')} lacks running/waiting/KV usage")
         idle += 1
         if usage > _base_usage(inp, p) + 1e-6 or running or waiting:
             ended = [o["t_complete"] for o in inp.all_ops if finite(o.get("t_complete")) and o["t_complete"] <= t]
             since = t - max(ended) if ended else t - (inp.meta.get("t0") or t)
             held.append((since, str(p.get("node"))))
     if idle == 0:
-        return _r(False, f"at_once {within:g} s: no sample of a vLLM node was taken with no request in flight and "
+        return undecided(f"at_once {within:g} s: no sample of a vLLM node was taken with no request in flight and "
                          f"none ended within {within:g} s: cannot tell whether the nodes free what they hold at once")
     if held:
         since, node = max(held)
@@ -184,9 +190,12 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
             cpu_a, cpu_b = (a.get("counters") or {}).get("cpu_s"), (b.get("counters") or {}).get("cpu_s")
             if not finite(cpu_a) or not finite(cpu_b):
                 if in_fault:
-                    return _r(False, f"{node}: a sample during a fault has no CPU time ({cpu_a!r} -> {cpu_b!r}): "
-                                     f"cannot tell whether it waited quietly")
+                    return undecided(f"{node}: a sample during a fault has no CPU time ({cpu_a!r} -> {cpu_b!r}): "
+                                     f"whether it waited quietly is unknown")
                 continue
+            if cpu_b < cpu_a:
+                return undecided(f"{node}: its CPU time went backwards ({cpu_a!r} -> {cpu_b!r}): the samples are not "
+                                 f"one process's")
             if not in_fault or running or b["t"] <= a["t"] \
                     or not _quiet(inp.all_ops, a["t"], b["t"]):
                 continue
@@ -196,8 +205,8 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
             if worst is None or frac > worst[0]:
                 worst = (frac, node)
     if judged == 0:
-        return _r(False, "no quiet interval during a fault (requests kept starting or ending): cannot tell; "
-                         "disable no_busy_wait for this scenario")
+        return undecided("no quiet interval during a fault (requests kept starting or ending); "
+                         "give the workload a pause in the fault window or disable no_busy_wait for this scenario")
     if worst[0] > limit:
         return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core during a fault with no request running or "
                          f"coming (limit {limit:g})", worst_cpu=round(worst[0], 3))
@@ -262,8 +271,8 @@ def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     bound, source = _fail_bound(inp, opts)
     worst = max(op_elapsed_ms(o) / 1000 for o in failed)
     if bound is None:
-        return _r(False, f"{len(failed)} requests failed (worst {worst:.2f} s) and {source}: cannot tell whether "
-                         f"they failed fast")
+        return undecided(f"{len(failed)} requests failed (worst {worst:.2f} s) and {source}: whether they "
+                         f"failed fast is unknown")
     late = [o for o in failed if op_elapsed_ms(o) / 1000 > bound]
     if late:
         return _r(False, f"{len(late)} of {len(failed)} failed requests took longer than {bound:g} s ({source}); "

@@ -25,6 +25,7 @@ class PDFamily(Family):
     fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults", f"{PKG}.side_faults")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
+    client_tally = True  # the workload counts its requests per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"
     # vLLM's gauges (kv_cache_usage_perc is a fraction: 1 = every block in use) and CPU per node

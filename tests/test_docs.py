@@ -1,0 +1,57 @@
+"""docs/scenarios/ is generated from the scenario files (pdchaos docs): the committed tables match
+them, and an edited YAML makes --check fail until the tables are regenerated."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def docs(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's harness, whatever cwd is
+    return subprocess.run([sys.executable, "-m", "harness.cli", "docs", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=100, env=env)
+
+
+def test_committed_tables_match_the_scenario_files() -> None:
+    p = docs("--check")
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_an_edited_scenario_makes_the_tables_stale_until_regenerated(tmp_path) -> None:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    shutil.copytree(ROOT / "docs" / "scenarios", tmp_path / "docs" / "scenarios")
+    f = tmp_path / "scenarios" / "pd" / "stop-decode.yaml"
+    f.write_text(f.read_text().replace("D frozen 6 s", "D frozen for six seconds"))
+    p = docs("--check", "--scenarios", "scenarios", "--out", "docs/scenarios", cwd=tmp_path)
+    assert p.returncode == 1 and "pd.md" in p.stdout, p.stdout + p.stderr
+    assert docs("--scenarios", "scenarios", "--out", "docs/scenarios", cwd=tmp_path).returncode == 0
+    assert "D frozen for six seconds" in (tmp_path / "docs" / "scenarios" / "pd.md").read_text()
+    assert docs("--check", "--scenarios", "scenarios", "--out", "docs/scenarios", cwd=tmp_path).returncode == 0
+
+
+def test_record_takes_verdicts_from_a_run_summary(tmp_path) -> None:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"run_id": "r1", "results": [
+        {"scenario": "pd-stop-decode", "target": "hardened", "verdict": "fail", "outcome": "as_expected",
+         "elapsed_s": 14.3},
+        {"scenario": "not-a-scenario-here", "target": "hardened", "verdict": "pass", "outcome": "as_expected"}]}))
+    p = docs("--record", str(run), "--scenarios", "scenarios", "--out", "out", cwd=tmp_path)
+    assert p.returncode == 0 and "recorded 1 runs" in p.stdout, p.stdout + p.stderr
+    assert json.loads((tmp_path / "out" / "runs.json").read_text()) == {
+        "pd-stop-decode/hardened": {"verdict": "fail", "outcome": "as_expected", "elapsed_s": 14.3, "run_id": "r1"}}
+    assert "fail, as expected, 14 s" in (tmp_path / "out" / "pd.md").read_text()
+    bad = docs("--record", str(tmp_path / "nowhere"), "--scenarios", "scenarios", "--out", "out", cwd=tmp_path)
+    assert bad.returncode == 2 and "no summary.json" in bad.stderr and "Traceback" not in bad.stderr

@@ -72,26 +72,37 @@ def _index(root: Path) -> dict[str, Path]:
     return _INDEX[root]
 
 
-def _scenario_of(records: list[dict]):
-    """The scenario the meta line names, looked up by name among this checkout's scenario files
-    (the file a journal names is never taken on its word: a history could bring its own bar), or
-    None when no scenario of that name is here."""
+def _scenario_of(records: list[dict], run_dir: Path | None = None):
+    """The scenario the meta line names: looked up by name among the scenario files of the working
+    directory and of this checkout first; else the file the meta line names, if it is there, holds
+    that scenario and lies outside the run folder (a scenario kept elsewhere, e.g. a user's own);
+    None when neither is found. A file inside the run folder is never taken: a history cannot
+    bring its own bar."""
     from .schema import load_scenario
 
-    name = meta(records).get("scenario")
+    m = meta(records)
+    name = m.get("scenario")
+    if not isinstance(name, str):
+        return None
     for root in scenario_roots():
-        f = _index(root).get(name) if isinstance(name, str) else None
+        f = _index(root).get(name)
         if f is not None:
             return load_scenario(f)
-    return None
+    path = Path(str(m.get("file") or ""))
+    if not m.get("file") or not path.is_file():
+        return None
+    if run_dir is not None and path.resolve().is_relative_to(run_dir.resolve()):
+        return None
+    sc = load_scenario(path)
+    return sc if sc.model.name == name else None
 
 
-def judged_as(records: list[dict], target: str) -> list[dict]:
+def judged_as(records: list[dict], target: str, run_dir: Path | None = None) -> list[dict]:
     """The records with the meta line of ``target`` instead: its expectation, applicability,
     options and faults' declared effects, read from the scenario file the meta line names (the
     current file)."""
     m = meta(records)
-    sc = _scenario_of(records)
+    sc = _scenario_of(records, run_dir)
     if sc is None:
         raise UsageError(f"--as {target}: no scenario named {m.get('scenario')!r} under "
                          f"{', '.join(str(r) for r in scenario_roots()) or 'scenarios/'}")
@@ -108,11 +119,11 @@ def _with_meta(records: list[dict], sc, target: str, extra: dict) -> list[dict]:
     return [new_meta if r.get("type") == "meta" else r for r in records]
 
 
-def judged_by_file(records: list[dict]) -> tuple[list[dict], str]:
+def judged_by_file(records: list[dict], run_dir: Path | None = None) -> tuple[list[dict], str]:
     """The records with their meta line rebuilt from the scenario file (a history cannot lower
     its own bar), and where the meta came from: ``file`` or ``saved`` (the file is not here: the
     saved line, as written by the run, is all there is)."""
-    sc = _scenario_of(records)
+    sc = _scenario_of(records, run_dir)
     target = meta(records).get("target")
     if sc is None or (target not in sc.model.targets and target not in sc.family.targets):
         return records, "saved"
@@ -150,9 +161,9 @@ def recheck(run_dir: Path, as_target: str | None = None, trust_saved_meta: bool 
         bad = _mismatch(records, scenario, target)
         source = "file"
         if bad is None and as_target:
-            records = judged_as(records, as_target)
+            records = judged_as(records, as_target, run_dir)
         elif bad is None:
-            records, source = judged_by_file(records)
+            records, source = judged_by_file(records, run_dir)
             if source == "saved" and not trust_saved_meta:
                 where = ", ".join(str(r) for r in scenario_roots()) or "no scenarios/ folder"
                 bad = (f"no scenario named {scenario!r} here ({where}): its expectation cannot be rebuilt, and a "

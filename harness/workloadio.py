@@ -97,6 +97,29 @@ class Horizon:
 End = Union[float, Horizon]
 
 
+class Tally:
+    """The workload's own count of its primary ops per outcome, written into its final probe as
+    ``ops`` and ``ops_<outcome>``: harness_integrity holds the journal to it (an op lost,
+    deleted, duplicated or relabelled shows). Thread-safe."""
+
+    def __init__(self, primary: str) -> None:
+        self.primary = primary
+        self._lock = threading.Lock()
+        self._n: dict[str, int] = {}
+
+    def count(self, done: dict) -> None:
+        """Count one op's completion record (as written to the journal)."""
+        if done.get("f") != self.primary:
+            return
+        with self._lock:
+            key = f"ops_{done.get('outcome')}"
+            self._n[key] = self._n.get(key, 0) + 1
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {**self._n, "ops": sum(self._n.values())}
+
+
 def end_of(t_end: End) -> float:
     return t_end.end() if isinstance(t_end, Horizon) else float(t_end)
 

@@ -68,7 +68,9 @@ FAMILY_OF = {name: "pd" if "pd" in name else "layerwise" if "layerwise" in name 
 
 @lru_cache(maxsize=None)
 def _base(name: str) -> Run:
-    return BASES[name]()
+    run = BASES[name]()
+    run.retally(create=True)  # the workload's own count of its ops (histories recorded before it had one)
+    return run
 
 
 def base(name: str) -> Run:

@@ -96,13 +96,13 @@ class Run:
         self.records = [r for r in self.records if r.get("type") == "meta" or not pred(r)]
         return before - len(self.records)
 
-    def retally(self) -> None:
+    def retally(self, create: bool = False) -> None:
         """The client's own count of its requests (final probe counters ``ops``/``ops_<outcome>``,
         ``stuck_workers``) as the mutated ops say: a mutant stands for a system that behaved so,
         whose workload counted what it saw. (A forged history is one that skips this.)"""
         for p in self.probes("client", "final"):
-            c = p.get("counters") or {}
-            if not isinstance(c.get("ops"), int):
+            c = p.setdefault("counters", {})
+            if not isinstance(c.get("ops"), int) and not create:
                 continue
             ops = [o for o in J.ops(self.records) if o.get("f") in (self.meta.get("primary_ops") or [o.get("f")])]
             ended = [o for o in ops if o.get("t_complete") is not None]

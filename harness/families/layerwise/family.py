@@ -29,6 +29,7 @@ class LayerwiseFamily(Family):
     fault_modules = (f"{PKG}.faults",)
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("transfer",)
+    client_tally = True  # its workload counts its ops per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
 
     def requirements(self, scenario: Any) -> set[str]:

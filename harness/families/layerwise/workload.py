@@ -28,7 +28,7 @@ from typing import Any
 from faults.control import ControlClient, process_stats
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+from harness.workloadio import (Horizon, Tally, add_workload_arguments, block_start_signal, paced, read_config,
                                 run_workers)
 
 POLL_S = 0.05
@@ -40,6 +40,7 @@ class Workload:
         self._ids = iter(range(1, 1 << 30))
         self._lock = threading.Lock()
         self.orphaned = threading.Event()
+        self.tally = Tally("transfer")
 
     def next_id(self) -> int:
         with self._lock:
@@ -77,6 +78,7 @@ class Workload:
         t = time.monotonic()
         done.update(t=t, elapsed_ms=round((t - t0) * 1000.0, 3))
         self.journal.write(done)
+        self.tally.count(done)
 
     def run(self) -> int:
         cfg = self.cfg
@@ -104,7 +106,8 @@ class Workload:
             if i not in stuck:
                 c.close()
         self.journal.write({"type": "probe", "node": "client", "when": "final", "t": time.monotonic(),
-                            **process_stats(), "counters": {}, "stuck_workers": len(stuck), "alive": True})
+                            **process_stats(), "counters": self.tally.counters(), "stuck_workers": len(stuck),
+                            "alive": True})
         self.journal.close()
         if stuck:
             sys.stdout.flush()

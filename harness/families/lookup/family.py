@@ -26,6 +26,7 @@ class LookupFamily(Family):
                      f"{PKG}.fault_close")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("lookup",)
+    client_tally = True  # its workload counts its ops per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"
     fuzz_module = f"{PKG}.fuzz"

@@ -38,7 +38,7 @@ from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+from harness.workloadio import (Horizon, Tally, add_workload_arguments, block_start_signal, paced, read_config,
                                 run_workers)
 
 
@@ -138,6 +138,7 @@ class Workload:
         self._ids = iter(range(1, 1 << 62))
         self._id_lock = threading.Lock()
         self.clients: list[Any] = []
+        self.tally = Tally("lookup")
         self.orphaned = threading.Event()
         watch_parent(self.orphaned)
 
@@ -183,6 +184,7 @@ class Workload:
         t = time.monotonic()
         done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
         self.journal.write(done)
+        self.tally.count(done)
         return done.get("value")
 
     def worker(self, idx: int, client: Any, gen: OpGenerator, t_start: float, t_end: Horizon,
@@ -228,6 +230,7 @@ class Workload:
             for k, v in (getattr(c, "counters", {}) or {}).items():
                 counters[k] = counters.get(k, 0) + v
             c.close()
+        counters.update(self.tally.counters())  # the ops it wrote, per outcome (harness_integrity)
         self.journal.write({"type": "probe", "node": "client", "when": "final", "t": time.monotonic(),
                             **process_stats(), "counters": counters, "stuck_workers": len(stuck),
                             "alive": True})

@@ -2,8 +2,9 @@
 
 Each folder of scenarios/ becomes docs/scenarios/<folder>.md: one row per scenario, with what is
 injected and what each target does (the scenario's own ``doc:`` prose, measured), the expectation
-(from ``expect:``) and the verdict of the last recorded run. ``--record RUN_DIR`` first stores the
-verdicts and times of a run's summary.json in docs/scenarios/runs.json (the only measured data the
+(from ``expect:``) and the verdict of the last recorded run. ``--record RUN_DIR`` first judges a run's
+journals again (as ``pdchaos check``) and stores their verdicts, with the times of its
+summary.json, in docs/scenarios/runs.json (the only measured data the
 tables read). ``--check`` writes nothing: exit 1 when a file differs from what the YAML files and
 runs.json give (the tests run it, so an edited YAML with stale docs fails CI).
 """
@@ -91,16 +92,21 @@ def render_index(folders: dict[str, list]) -> str:
 
 
 def record(run_dir: Path, runs: dict, known: set[str]) -> int:
+    """Store the verdicts of a run's journals, judged again now (pdchaos check: the current
+    checks and expectations), with each run's time from its summary.json."""
+    from .cmd_check import recheck
+
     summary = run_dir / "summary.json"
     if not summary.is_file():
         raise UsageError(f"--record {run_dir}: no summary.json (not a run folder)")
     data = json.loads(summary.read_text())
+    took = {(r.get("scenario"), r.get("target")): r.get("elapsed_s") for r in data.get("results", [])}
     n = 0
-    for r in data.get("results", []):
-        if r.get("scenario") in known and r.get("target"):
-            runs[f"{r['scenario']}/{r['target']}"] = {
-                "verdict": r.get("verdict"), "outcome": r.get("outcome"),
-                "elapsed_s": round(float(r.get("elapsed_s") or 0), 1), "run_id": data.get("run_id")}
+    for row in recheck(run_dir):
+        key = (row["scenario"], row["target"])
+        if row["scenario"] in known and key in took:
+            runs[f"{key[0]}/{key[1]}"] = {"verdict": row["verdict"], "outcome": row["outcome"],
+                                          "elapsed_s": round(float(took[key] or 0), 1), "run_id": data.get("run_id")}
             n += 1
     return n
 

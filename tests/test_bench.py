@@ -166,3 +166,30 @@ def test_bad_input_exits_2_with_one_line(args, what):
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and what in lines[0], r.stderr
+
+
+def test_a_close_that_hangs_is_bounded(monkeypatch):
+    """An interrupt inside a zmq call can leave a socket that term() waits for forever (CI, once):
+    the bench's cleanup gives up after CLOSE_BOUND_S instead of hanging."""
+    import threading
+
+    from harness.families.lookup import bench as B
+
+    monkeypatch.setattr(B, "CLOSE_BOUND_S", 0.3)
+    never = threading.Event()
+
+    class Hangs:
+        def close(self):
+            never.wait(5)
+
+    class Ctx:
+        def destroy(self, linger=0):
+            pass
+
+    t0 = time.monotonic()
+    with pytest.raises(B._Stuck):
+        B._close_bounded(Hangs(), Hangs(), Ctx())
+    assert time.monotonic() - t0 < 2
+    never.set()
+    B._close_bounded(type("Ok", (), {"close": lambda self: None})(), type("Ok", (), {"close": lambda self: None})(),
+                     Ctx())  # returns when both close in time

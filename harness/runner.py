@@ -85,6 +85,14 @@ def fault_meta(sc: LoadedScenario, fault: Fault) -> dict:
             "tail_s": float(sc.family.fault_tail_s(fault, sc)), "required": dict(fault.required_effect())}
 
 
+class _DeclaredContext:
+    """Stand-in for a topology where only a fault's declarations are asked for (no node exists):
+    it knows the client deadline and nothing else."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+
 def scenario_meta(sc: LoadedScenario, target: str) -> dict:
     """The journal's meta line for one run of ``sc`` as ``target``: everything the checks read
     besides the history (expectation, options, applicability, what each fault must cause). It
@@ -93,10 +101,13 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
     m, fam = sc.model, sc.family
     registry = load_registry(fam.name)
     faults_meta = []
+    # a fault's declared effects depend on its parameters and, for delays, on the client deadline
+    # the topology holds (BaseTopology.deadline = the scenario's): an instance over this stand-in
+    # context says them as the run's instance does (the runner then fills them in from its own)
+    ctx = _DeclaredContext(m.deadline)
     for i, f in enumerate(sc.faults):
         cls = registry[f.type]
-        # a fault's declared effects depend on its parameters only: an instance with no topology says them
-        fault = cls(cls.Params.model_construct(**{k: getattr(f, k) for k in cls.Params.model_fields}), None)
+        fault = cls(cls.Params.model_construct(**{k: getattr(f, k) for k in cls.Params.model_fields}), ctx)
         faults_meta.append({"id": i, "type": f.type, "at": f.at, "for": f.for_,
                             "params": f.model_dump(mode="json", exclude={"type", "at", "for_"}),
                             "categories": list(registry[f.type].categories), **fault_meta(sc, fault)})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -940,3 +941,17 @@ def test_recheck_holds_the_folder_to_its_journal(tmp_path) -> None:
     skipped.meta["skipped"] = "toxiproxy-server missing"
     [row] = rows(skipped)
     assert row["outcome"] == "error" and "holds ops" in row["reason"]
+
+
+def test_the_rebuilt_meta_line_says_what_the_run_said() -> None:
+    """pdchaos check rebuilds a run's meta line from its scenario: a delay under half the client
+    deadline declares no failure category, as the run's own fault instance (over its topology)
+    does; without the deadline the rebuilt line expected timeouts that never come (found when the
+    recorded CI runs were re-judged: backend-slow and toxic-latency-below-deadline deviated)."""
+    from harness.runner import scenario_meta
+    from harness.schema import load_scenario
+
+    root = Path(__file__).resolve().parent.parent / "scenarios"
+    for f in ("network/toxic-latency-below-deadline.yaml", "lookup/backend-slow.yaml"):
+        m = scenario_meta(load_scenario(root / f), "hardened")
+        assert [x["categories"] for x in m["faults"]] == [[]] * len(m["faults"]), f

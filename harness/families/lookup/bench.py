@@ -101,6 +101,9 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    # Ctrl-C or kill -INT stops the bench also when it was started with SIGINT ignored (a job
+    # started in the background inherits that: CI's test run did, and the bench never heard it)
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     base = tempfile.gettempdir()  # honours TMPDIR, unless that would make ipc paths too long
     workdir = tempfile.mkdtemp(prefix="pdc", dir=base if len(base) <= 64 else "/tmp")
     nodes: list[ProcHandle] = []
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
             node.stop(5.0)
         shutil.rmtree(workdir, ignore_errors=True)
         signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
         if stuck is not None:
             sys.stderr.flush()
             os._exit(stuck)

@@ -2,10 +2,11 @@
 
 Prints each scenario/target's verdict and outcome and whether the verdict equals the one saved at
 run time. What the checks read besides the history (expectation, check options, applicability,
-the effect each fault must show) comes from the scenario file the run names when it is here (a
-history cannot lower its own bar), else from the run's saved meta line, and the line says so. A run
-that was skipped or ended in a harness error (its journal says so) keeps that outcome. Exit as ``pdchaos run``: 1 on any deviation or error, and with ``--strict`` on any
-skipped run; else 0; 2 when RUN_DIR is not a run.
+the effect each fault must show) is rebuilt from the run's scenario, found by name (a history
+cannot lower its own bar); a run whose scenario is not here is an error unless
+``--trust-saved-meta``. A run that was skipped or ended in a harness error (its journal says so)
+keeps that outcome. Exit as ``pdchaos run``: 1 on any deviation or error, and with ``--strict``
+on any skipped run; else 0; 2 when RUN_DIR is not a run.
 """
 
 from __future__ import annotations
@@ -183,10 +184,8 @@ def recheck(run_dir: Path, as_target: str | None = None, trust_saved_meta: bool 
         out.append(row)
     summary = run_dir / "summary.json"
     if summary.is_file():  # a run the summary lists whose journal is gone is not a pass by omission
-        import json as _json
-
         have = {(r["scenario"], r["target"]) for r in out}
-        for r in _json.loads(summary.read_text()).get("results", []):
+        for r in json.loads(summary.read_text()).get("results", []):
             key = (r.get("scenario"), r.get("target"))
             if key not in have and r.get("verdict") not in ("skipped",) and r.get("dir"):
                 out.append({"scenario": key[0], "target": key[1], "expected": r.get("expected", ""), "meta_from": "",

@@ -111,7 +111,8 @@ def record(run_dir: Path, runs: dict, known: set[str]) -> int:
     return n
 
 
-def generate(scen_root: Path, out_dir: Path, runs: dict) -> dict[Path, str]:
+def load_folders(scen_root: Path) -> dict[str, list]:
+    """{folder name: its scenarios, by name} of every folder of ``scen_root`` that holds any."""
     from .schema import load_scenario
 
     folders: dict[str, list] = {}
@@ -119,6 +120,10 @@ def generate(scen_root: Path, out_dir: Path, runs: dict) -> dict[Path, str]:
         files = sorted(d.glob("*.yaml"))
         if files:
             folders[d.name] = sorted((load_scenario(f) for f in files), key=lambda sc: sc.model.name)
+    return folders
+
+
+def generate(folders: dict[str, list], out_dir: Path, runs: dict) -> dict[Path, str]:
     files = {out_dir / f"{k}.md": render_folder(k, v, runs) for k, v in folders.items()}
     files[out_dir / "README.md"] = render_index(folders)
     return files
@@ -130,16 +135,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--scenarios {scen_root}: no such folder")
     runs_file = out_dir / "runs.json"
     runs = json.loads(runs_file.read_text()) if runs_file.is_file() else {}
+    folders = load_folders(scen_root)
     if args.record:
-        from .schema import load_scenario
-
-        known = {load_scenario(f).model.name for f in scen_root.glob("*/*.yaml")}
+        known = {sc.model.name for scs in folders.values() for sc in scs}
         for rd in args.record:
             print(f"recorded {record(Path(rd), runs, known)} runs of {rd}")
         if not args.check:
             out_dir.mkdir(parents=True, exist_ok=True)
             runs_file.write_text(json.dumps(dict(sorted(runs.items())), indent=1) + "\n")
-    files = generate(scen_root, out_dir, runs)
+    files = generate(folders, out_dir, runs)
     stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
     if args.check:
         if stale:

@@ -145,23 +145,15 @@ class Run:
 
 @lru_cache(maxsize=None)
 def _meta_json(yaml_text: str, target: str) -> str:
-    from faults.base import load_registry
-    from harness.runner import Runner, fault_meta
+    from harness.runner import scenario_meta as runner_meta
     from harness.schema import load_scenario
 
     with tempfile.TemporaryDirectory(prefix="pdc-mut-") as tmp:
         path = Path(tmp) / "scenario.yaml"
         path.write_text(yaml_text)
-        sc = load_scenario(path)
-        meta = Runner(Path(tmp) / "runs")._meta(sc, target)
-    registry = load_registry(sc.family.name)
-    required = []
-    for fm, f in zip(meta["faults"], sc.faults):  # as _ScenarioRun.execute fills them in
-        cls = registry[f.type]
-        fault = cls(cls.Params.model_construct(**{k: getattr(f, k) for k in cls.Params.model_fields}), None)
-        fm.update(fault_meta(sc, fault))  # as _ScenarioRun.execute does
-        required.append(dict(fault.required_effect()))
-    meta.update(file=f"scenarios/mutants/{sc.name}.yaml", wall_start="2026-12-01T12:00:00+00:00", t0=T0)
+        meta = runner_meta(load_scenario(path), target)  # what the runner writes, each fault's effects included
+    required = [dict(fm["required"]) for fm in meta["faults"]]
+    meta.update(file=f"scenarios/mutants/{meta['scenario']}.yaml", wall_start="2026-12-01T12:00:00+00:00", t0=T0)
     return json.dumps({"meta": meta, "required": required})
 
 

@@ -64,8 +64,8 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     running or waiting (none stuck in WAITING_FOR_REMOTE_KVS) and its KV cache usage is back to
     its baseline: no leaked blocks, on P and on D. That wait outlasts P's abort timeout, so it
     shows what a node keeps for good. With ``at_once: S`` the scenario asserts more: every sample
-    (and the final probe) taken when no request was in flight and none ended within S seconds
-    shows the node holding nothing, so blocks kept until a timeout frees them fail too (and a
+    taken during the run when no request was in flight and none ended within S seconds shows the
+    node holding nothing, so blocks kept until a timeout frees them fail too (and a
     run with no such sample cannot be judged: it fails)."""
     finals = _vllm_probes(inp, "final")
     if not finals:
@@ -76,6 +76,7 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     if unseen:
         return _r(False, f"{unseen[0].get('node')} (pid {unseen[0].get('pid')}) started as a vLLM node but has no "
                          f"final vLLM probe and was not stopped: nothing shows it drained")
+    base = _base_usage(inp)
     problems, seen = [], []
     for p in finals:
         c = p.get("counters") or {}
@@ -87,23 +88,25 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
         seen.append(p.get("node"))
         if running or waiting:
             problems.append(f"{p.get('node')}: {running:g} running, {waiting:g} waiting at the end")
-        if usage > _base_usage(inp, p) + 1e-6:
-            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {_base_usage(inp, p):.4f} at "
-                            f"start (blocks still held)")
+        start = base.get(p.get("pid"), 0.0)
+        if usage > start + 1e-6:
+            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {start:.4f} at start "
+                            f"(blocks still held)")
     if problems:
         return _r(False, "; ".join(problems[:3]), problems=problems)
     at_once = opts.get("at_once")
     if at_once is None:
         return _r(True, f"{', '.join(str(s) for s in seen)}: nothing running or waiting, KV usage back to baseline")
-    return _drained_at_once(inp, float(at_once))
+    return _drained_at_once(inp, float(at_once), base)
 
 
-def _base_usage(inp: CheckInput, p: dict) -> float:
-    base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == p.get("pid")), None)
-    return _gauge((base or {}).get("counters") or {}, "kv_cache_usage_perc") or 0.0
+def _base_usage(inp: CheckInput) -> dict:
+    """{pid: KV cache usage at its baseline probe} of the vLLM nodes."""
+    return {b.get("pid"): _gauge(b.get("counters") or {}, "kv_cache_usage_perc") or 0.0
+            for b in _vllm_probes(inp, "baseline")}
 
 
-def _drained_at_once(inp: CheckInput, within: float) -> CheckResult:
+def _drained_at_once(inp: CheckInput, within: float, base: dict) -> CheckResult:
     busy = [(o["t_invoke"] - QUIET_MARGIN_S, o["t_complete"] + within if finite(o.get("t_complete")) else math.inf)
             for o in inp.all_ops if finite(o.get("t_invoke"))]
     idle, held = 0, []
@@ -117,7 +120,7 @@ def _drained_at_once(inp: CheckInput, within: float) -> CheckResult:
         if usage is None or running is None or waiting is None:
             return undecided(f"at_once: a sample of {p.get('node')} lacks running/waiting/KV usage")
         idle += 1
-        if usage > _base_usage(inp, p) + 1e-6 or running or waiting:
+        if usage > base.get(p.get("pid"), 0.0) + 1e-6 or running or waiting:
             ended = [o["t_complete"] for o in inp.all_ops if finite(o.get("t_complete")) and o["t_complete"] <= t]
             since = t - max(ended) if ended else t - (inp.meta.get("t0") or t)
             held.append((since, str(p.get("node"))))

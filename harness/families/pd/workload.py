@@ -85,7 +85,7 @@ from faults.nodeio import watch_parent
 
 from harness.journal import JournalWriter
 from harness.nodeutil import setup_logging
-from harness.workloadio import (Horizon, add_workload_arguments, block_start_signal, paced, read_config,
+from harness.workloadio import (Horizon, Tally, add_workload_arguments, block_start_signal, paced, read_config,
                                 run_workers)
 
 log = logging.getLogger(__name__)
@@ -323,7 +323,7 @@ class Workload:
         self._ids = iter(range(1, 1 << 62))
         self._next_prompt = 0
         self._lock = threading.Lock()
-        self.tally: dict[str, int] = {}
+        self.tally = Tally("complete")
         self.reused = 0
         self.orphaned = threading.Event()
         watch_parent(self.orphaned)
@@ -337,10 +337,6 @@ class Workload:
                 self.reused += 1
             self._next_prompt += 1
             return op_id, idx
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self.tally[key] = self.tally.get(key, 0) + 1
 
     def call(self, worker: int) -> None:
         op_id, idx = self._take()
@@ -377,7 +373,7 @@ class Workload:
         t = time.monotonic()
         done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
         self.journal.write(done)
-        self._count(done["outcome"] if done["outcome"] != "ok" else "ok")
+        self.tally.count(done)
 
     def worker(self, idx: int, t_start: float, t_end: Horizon, interval: float) -> None:
         for _ in paced(t_start, t_end, interval, self.orphaned):
@@ -402,11 +398,11 @@ class Workload:
                                      t_start=t_start, t_end=t_end, interval=interval,
                                      grace=float(cfg.get("grace_s", self.timeout + 5.0)))
         with self._lock:
-            counters = {**{f"ops_{k}": v for k, v in self.tally.items()}, "ops": sum(self.tally.values()),
-                        "prompts_reused": self.reused}
+            counters = {**self.tally.counters(), "prompts_reused": self.reused}
         log.info("pd-workload: %d requests in %.1f s: %s; %d prompts reused; %d workers stuck",
                  counters["ops"], time.monotonic() - t_start,
-                 ", ".join(f"{k} {v}" for k, v in sorted(self.tally.items())) or "none", self.reused, len(stuck))
+                 ", ".join(f"{k[4:]} {v}" for k, v in sorted(counters.items()) if k.startswith("ops_")) or "none",
+                 self.reused, len(stuck))
         self.journal.write({"type": "probe", "node": "client", "kind": "pd-workload", "when": "final",
                             "t": time.monotonic(), **process_stats(), "counters": counters,
                             "stuck_workers": len(stuck), "alive": True})

@@ -19,7 +19,7 @@ happened). ``requires`` names what the fault needs from the machine ("toxiproxy"
 
 Adding a generic fault = adding one module in ``faults/`` that defines and registers its class
 (every module of the package is imported). A family's own faults set ``family = "<name>"`` and
-live in the family's folder (harness/families/<name>/), imported when the family is loaded.
+live in the family's folder (families/<name>/), imported when the family is loaded.
 """
 
 from __future__ import annotations

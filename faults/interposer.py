@@ -43,7 +43,7 @@ a module given with ``--codec MODULE`` and imported at start, which provides
 * optionally ``request_info(request_body) -> info``: what a rewrite needs to know of the request
   the reply answers (kept per client, from its last request; None without it).
 
-The lookup family's codec is ``harness.families.lookup.wire`` (its broken replies, plus
+The lookup family's codec is ``families.lookup.wire`` (its broken replies, plus
 ``legacy4``, today's upstream raw 4-byte reply with the same hit; ``info`` is the request's
 token_len). A rule naming a rewrite the codec does not have, or any named rewrite when no codec
 was given, is refused when it is set (``--rules``, ``set_rules``, ``add_rule``) with the name and
@@ -80,7 +80,7 @@ import zmq
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .base import Duration, FaultParams
-from .nodeio import NodeApp, NodeUsageError, run_node as run_node_process, split_envelope, unlink_ipc
+from nodekit.nodeio import NodeApp, NodeUsageError, run_node as run_node_process, split_envelope, unlink_ipc
 
 logger = logging.getLogger("faults.interposer")
 
@@ -673,7 +673,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--upstream", required=True, help="endpoint of the real server")
     p.add_argument("--rules", help='initial rules: JSON (a list, or {"rules": [...]}) or @FILE')
     p.add_argument("--codec", help="module providing the named rewrites (NAMED_REWRITES, request_info), "
-                                   "e.g. harness.families.lookup.wire")
+                                   "e.g. families.lookup.wire")
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--idle-timeout-ms", type=int, default=10_000,
                    help="close a client's upstream socket after this much silence (default 10000)")

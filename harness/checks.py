@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import journal as J
+from nodekit import journal as J
 from .verdicts import RAISED, UNDECIDED
 
 

@@ -1,6 +1,6 @@
 """Errors the CLI turns into one clear line on stderr and exit code 2 (no traceback)."""
 
-from faults.nodeio import NodeUsageError
+from nodekit.nodeio import NodeUsageError
 
 
 class UsageError(NodeUsageError):

@@ -10,7 +10,7 @@ interface only.
 A scenario names its family with ``family:`` (default ``lookup``, so older files stay valid).
 The name is resolved, in this order, to
 
-1. a folder of this package: ``harness.families.<name>``;
+1. a folder of the top-level ``families`` package: ``families.<name>``;
 2. an installed plugin: an entry point named ``<name>`` in the group ``pdchaos.families``;
 3. an importable module path (``family: mypkg.myfamily``), e.g. a family kept in a test folder.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_FAMILY = "lookup"
 ENTRY_POINT_GROUP = "pdchaos.families"
+BUILTIN_PACKAGE = "families"  # the top-level folder of the families this project ships
 
 
 class Spec(BaseModel):
@@ -91,7 +93,7 @@ class Family:
     # these; other ops, e.g. admin calls, are still checked for stalls)
     primary_ops: ClassVar[tuple[str, ...]] = ()
     # ``pdchaos node KIND``: kind -> (module with add_node_arguments/run_node, help); also in the
-    # family's light ``nodes`` module as NODE_KINDS, which node processes read (harness/cmd_node.py)
+    # family's light ``nodes`` module as NODE_KINDS, which node processes read (harness/cli/node.py)
     node_kinds: ClassVar[dict[str, tuple[str, str]]] = {}
     # ``pdchaos bench NAME`` / ``pdchaos fuzz NAME``: module with add_arguments/run, or None
     bench_module: ClassVar[str | None] = None
@@ -233,7 +235,7 @@ _FAMILIES: dict[str, Family] = {}
 
 
 def _import_family_module(name: str) -> Any:
-    builtin = f"{__package__}.families.{name}"
+    builtin = f"{BUILTIN_PACKAGE}.{name}"
     if "." not in name:
         try:
             return importlib.import_module(builtin)
@@ -269,8 +271,9 @@ def get_family(name: str) -> Family:
 
 def builtin_families() -> list[str]:
     """The family folders of this package (no import)."""
-    return sorted(p.name for p in (Path(__file__).parent / "families").iterdir()
-                  if p.is_dir() and (p / "__init__.py").exists())
+    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
+    folders = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return sorted(p.name for d in folders for p in d.iterdir() if p.is_dir() and (p / "__init__.py").exists())
 
 
 def known_families() -> list[str]:

@@ -4,7 +4,7 @@ Every process is started in its own session, so its process group id equals its 
 and ``kill()`` signal the whole group (a node's own children go too), and a Ctrl-C typed at the
 terminal reaches only the harness, which then stops its nodes in a ``finally``.
 
-Readiness: a node prints one line ``READY`` on stdout when it serves (harness/nodeutil.py). We
+Readiness: a node prints one line ``READY`` on stdout when it serves (nodekit/nodeio.py). We
 read stdout until that line or the ready timeout, whichever comes first; a node that exits before
 it is ready raises :class:`HarnessError` naming its exit code and the last lines of its log. After
 READY a daemon thread keeps draining stdout (into the log when there is one) so a chatty node can

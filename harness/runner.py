@@ -25,10 +25,10 @@ from typing import Any, Callable
 from faults.base import Fault, load_registry
 
 from . import checks as C
-from . import journal as J
+from nodekit import journal as J
 from . import verdicts as V
 from .errors import HarnessError
-from .journal import JournalWriter, read_journal
+from nodekit.journal import JournalWriter, read_journal
 from .outputs import Result, write_junit, write_summary  # noqa: F401 - re-exported for callers
 from .schema import LoadedScenario
 from .topology import BaseTopology

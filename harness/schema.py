@@ -98,7 +98,7 @@ class _ScenarioBase(_Strict):
     doc: dict[str, str] = Field(default_factory=dict, description="this scenario's row in docs/scenarios/ "
                                 "(pdchaos docs): `fault`, what is injected in a few words, and per target what "
                                 "it does, measured (prose); verdicts come from expect and the recorded run")
-    family: str = Field(DEFAULT_FAMILY, description="the system under test (harness/families/<name>)")
+    family: str = Field(DEFAULT_FAMILY, description="the system under test (families/<name>)")
     seed: int = 0
     deadline: Duration = 0.2
     tolerance: Duration = 0.15

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from faults.control import ControlClient, ControlError
+from nodekit.control import ControlClient, ControlError
 
 from .errors import HarnessError
 from .procs import ProcHandle, node_command, start_process
@@ -477,7 +477,7 @@ class BaseTopology:
     def start_workload(self, journal_part: Path) -> ProcHandle:
         """The workload node (the client side), configured by :meth:`workload_config`."""
         cfg_path = self.run_dir / "workload.json"
-        # the runner may move the workload's end later by writing this file (harness/workloadio.py)
+        # the runner may move the workload's end later by writing this file (nodekit/workload.py)
         cfg_path.write_text(json.dumps({**self.workload_config(), "horizon_path": str(self.horizon_path)}))
         return self.spawn(self.workload_kind, self.workload_args(cfg_path, journal_part), side="a",
                           log_name="client-workload.log", ready_timeout_s=self.workload_ready_timeout_s)

@@ -2,7 +2,7 @@
 
 Nothing here draws or touches the filesystem: tests check these numbers, plots only render them.
 
-Outcome classes (one per op, from the merged op of ``harness.journal.ops``):
+Outcome classes (one per op, from the merged op of ``nodekit.journal.ops``):
 
 ==============  ===============================================================================
 ``ok``          phase "ok": the call succeeded (its value may still be wrong; ``correct_hits``
@@ -35,7 +35,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from harness import journal as J
+from nodekit import journal as J
 
 OUTCOME_CLASSES = ("ok", "fail-open", "error", "stalled")
 QUANTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0))

@@ -20,7 +20,7 @@ from pathlib import Path
 from harness import verdicts as V
 from typing import Any
 
-from harness import journal as J
+from nodekit import journal as J
 from harness.errors import UsageError
 
 from . import data as D

@@ -175,7 +175,7 @@ def test_a_close_that_hangs_is_bounded(monkeypatch):
     the bench's cleanup gives up after CLOSE_BOUND_S instead of hanging."""
     import threading
 
-    from harness.families.lookup import bench as B
+    from families.lookup import bench as B
 
     monkeypatch.setattr(B, "CLOSE_BOUND_S", 0.3)
     never = threading.Event()

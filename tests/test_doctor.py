@@ -13,7 +13,7 @@ import pytest
 
 from faults import netns
 from faults.toxiproxy import PINNED_VERSION, binary_version, find_binary
-from harness.cmd_doctor import CHECK_NAMES
+from harness.cli.doctor import CHECK_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 

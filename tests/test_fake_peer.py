@@ -1,4 +1,4 @@
-"""harness/families/lookup/fake_peer.py: each misbehaviour, as a real ``pdchaos node fake-peer``
+"""families/lookup/fake_peer.py: each misbehaviour, as a real ``pdchaos node fake-peer``
 process, against the real hardened LookupClient (and the legacy model's client for the legacy
 mode), over ipc and tcp.
 Nothing is mocked.
@@ -21,8 +21,8 @@ import zmq
 
 from connector_patch.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
-from faults.control import control_call
-from harness.families.lookup.wire import REPLY_KINDS
+from nodekit.control import control_call
+from families.lookup.wire import REPLY_KINDS
 from nodes import Node, free_tcp_endpoint
 
 DEADLINE_MS = 200
@@ -165,7 +165,7 @@ def test_malformed_reply_fails_open_fast_with_its_code(peers, kind):
 
 
 def test_set_mode_refuses_bad_values(peers):
-    from faults.control import ControlError
+    from nodekit.control import ControlError
 
     p = peers["malformed"]
     with pytest.raises(ControlError, match="mode malformed needs reply"):

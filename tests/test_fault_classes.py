@@ -1,9 +1,9 @@
 """The fault classes: generic ones (faults/process.py, faults/interpose.py) and the lookup
-family's (harness/families/lookup/fault_{peers,server,backend,requests}.py).
+family's (families/lookup/fault_{peers,server,backend,requests}.py).
 
 Params validation is checked field by field. Each fault is then driven through a FaultContext:
 ``RecordingContext`` below stands in for the runner's topology (harness/topology.py with
-harness/families/lookup/topology.py), the seam the faults are written against; it records the
+families/lookup/topology.py), the seam the faults are written against; it records the
 node-control calls it gets (by role), and resolves node specs with the real
 ``BaseTopology.roles``. Where a fault's effect can be real in a small test, it is: backend faults
 go through a real ``lookup-server`` node's control channel, ``malformed_requests`` hits a real
@@ -32,15 +32,15 @@ from pydantic import ValidationError
 from connector_patch.legacy import LegacyLookupServer
 from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
 from faults.base import FAULT_MODULES, OnceFault, load_registry
-from faults.control import ControlError, control_call
+from nodekit.control import ControlError, control_call
 from harness.errors import HarnessError
-from harness.families.lookup import fake_peer, wire
-from harness.families.lookup.fault_requests import EXPECTED_CODE, REQUEST_KINDS, bad_requests
+from families.lookup import fake_peer, wire
+from families.lookup.fault_requests import EXPECTED_CODE, REQUEST_KINDS, bad_requests
 from harness.family import get_family
 from harness.topology import BaseTopology
 
 LOOKUP = get_family("lookup")  # load_registry("lookup") needs the family loaded (its fault modules)
-PKG = "harness.families.lookup"
+PKG = "families.lookup"
 GENERIC = {
     "faults.process": {"node_down", "kill", "stop", "restart"},
     "faults.interpose": {"interpose"},
@@ -115,7 +115,7 @@ class RecordingContext:
         real = self._controls.get(role)
         return real(cmd, **fields) if real else {"ok": True}
 
-    # the lookup family's (harness/families/lookup/topology.py)
+    # the lookup family's (families/lookup/topology.py)
     def swap_server(self, kind: str, args: list[str]) -> None:
         self._record(("swap_server", kind, list(args)))
 
@@ -204,7 +204,7 @@ def test_lookup_server_faults_are_the_generic_process_faults_on_the_server():
 def test_reply_kinds_agree_between_fault_and_peer():
     from typing import get_args
 
-    from harness.families.lookup.fault_peers import ReplyKind
+    from families.lookup.fault_peers import ReplyKind
 
     assert set(get_args(ReplyKind)) == set(fake_peer.REPLY_KINDS) == set(wire.REPLY_KINDS)
     # the interposer's codec names every broken reply, plus the upstream raw reply
@@ -606,7 +606,7 @@ def test_interpose_faults_add_and_remove_their_own_rules(workdir):
         # a name the interposer's codec does not have is refused when the rule is set, by name
         unknown = make("interpose", ctx, direction="reply", action="rewrite", rewrite={"named": "v3"})
         with pytest.raises(ControlError, match=r"add_rule: ValueError: rule: rewrite.named: unknown named rewrite 'v3' "
-                                               r"\(codec harness.families.lookup.wire knows: empty, "):
+                                               r"\(codec families.lookup.wire knows: empty, "):
             unknown.start()
         unknown.stop()  # marked before the call (OnceFault): the heal is harmless, nothing was added
         assert control_call(control, "stats")["rules"] == []

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from connector_patch.lookup.protocol import RESET_FRAME, Limits, ProtocolError, decode_request
-from harness.families.lookup.fuzzgen import FrameGen
+from families.lookup.fuzzgen import FrameGen
 from harness.procs import start_node
 
 BLOCK = 16

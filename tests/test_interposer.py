@@ -25,10 +25,10 @@ import zmq
 
 from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
 from connector_patch.lookup.protocol import decode_reply, encode_request
-from faults.control import ControlError, control_call
+from nodekit.control import ControlError, control_call
 from nodes import Node, free_tcp_endpoint
 
-CODEC = ["--codec", "harness.families.lookup.wire"]
+CODEC = ["--codec", "families.lookup.wire"]
 
 DEADLINE_MS = 200
 TOLERANCE_S = 0.15  # bounded_return: deadline + this, on 2 noisy cores
@@ -339,7 +339,7 @@ def test_bad_rules_on_control_are_refused_precisely_and_change_nothing(mitm, cli
                                            "rewrite": {"named": "legacy4"}})
     # a name the codec does not have: refused with the known ones, on set_rules and add_rule
     with pytest.raises(ControlError, match=r"rules\[1\]: rewrite.named: unknown named rewrite 'v3' "
-                                           r"\(codec harness.families.lookup.wire knows: empty, two_frames, "):
+                                           r"\(codec families.lookup.wire knows: empty, two_frames, "):
         ctl(mitm, "set_rules", rules=[VERSION2, {**VERSION2, "rewrite": {"named": "v3"}}])
     with pytest.raises(ControlError, match=r"rule: rewrite.named: unknown named rewrite 'v3' .*legacy4\)"):
         ctl(mitm, "add_rule", id="x", rule={**VERSION2, "rewrite": {"named": "v3"}})
@@ -411,7 +411,7 @@ def test_node_rules_at_start_sigterm_and_bad_input():
         (["--rules", '[{"direction": "sideways", "action": "drop"}]'], "rules[0]: direction: Input should be"),
         (["--upstream", "tcp://192.0.2.1:5555"], "--upstream: 'tcp://192.0.2.1:5555' is not on loopback"),
         ([*CODEC, "--rules", json.dumps([{**VERSION2, "rewrite": {"named": "v3"}}])],
-         "--rules: rules[0]: rewrite.named: unknown named rewrite 'v3' (codec harness.families.lookup.wire knows: "),
+         "--rules: rules[0]: rewrite.named: unknown named rewrite 'v3' (codec families.lookup.wire knows: "),
     ]
     procs = []
     node = None

@@ -25,7 +25,7 @@ from typing import Callable
 import pytest
 
 from harness import checks as C
-from harness import journal as J
+from nodekit import journal as J
 from harness import verdicts as V
 from harness.family import get_family
 from mutants.histories import (
@@ -829,7 +829,7 @@ def test_meta_line_is_rebuilt_from_the_scenario_file(tmp_path, monkeypatch) -> N
         return base("pd")  # its scenario is found by name under ./scenarios/ (below: cwd = here)
 
     def judged(run: Run) -> Judgement:
-        from harness.cmd_check import recheck
+        from harness.cli.check import recheck
         from mutants.histories import write_run
 
         d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
@@ -914,7 +914,7 @@ def test_recheck_holds_the_folder_to_its_journal(tmp_path) -> None:
     are errors, never as expected."""
     import json as _json
 
-    from harness.cmd_check import recheck
+    from harness.cli.check import recheck
     from mutants.histories import write_run
 
     def rows(run: Run, move: tuple[str, str] | None = None, summary: list | None = None) -> list[dict]:

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_SIDE = {"connector_patch/vllm_mooncake.py", "connector_patch/vllm_plugin.py",
              "connector_patch/ascend_store.py", "connector_patch/ascend_layerwise.py",
              # run with a node env's python (harness/nodeenv/exec_node.py), never in the harness's
-             "harness/nodeenv/build_tiny_model.py", "harness/families/lookup/ascend_server.py",
-             "harness/families/lookup/ascend_workload.py", "harness/families/layerwise/engine.py",
-             "harness/families/layerwise/stack.py"}
+             "harness/nodeenv/build_tiny_model.py", "families/lookup/ascend_server.py",
+             "families/lookup/ascend_workload.py", "families/layerwise/engine.py",
+             "families/layerwise/stack.py"}
 
 
 def _imports(path: Path) -> set[str]:

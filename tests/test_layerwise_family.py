@@ -128,7 +128,7 @@ class FakePrefill:
     """P's control channel as the metaserver sees it: records what it is given (no real P here)."""
 
     def __init__(self, endpoint: str):
-        from faults.control import ControlServer
+        from nodekit.control import ControlServer
 
         self.got: list[dict] = []
         self.server = ControlServer(endpoint, handlers={"submit": self.submit}).start()
@@ -152,7 +152,7 @@ def post(port: int, body: dict, timeout: float = 3.0) -> tuple[int | None, str]:
 
 @pytest.mark.timeout(60)
 def test_metaserver_forwards_and_fails_per_mode(tmp_path):
-    from harness.families.layerwise.metaserver import Metaserver
+    from families.layerwise.metaserver import Metaserver
 
     fake = FakePrefill(f"ipc://{tmp_path}/p.sock")
     port = free_tcp_port()

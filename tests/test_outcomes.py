@@ -1,6 +1,6 @@
 """Outcomes: a skipped scenario run is its own outcome everywhere, never "as expected".
 
-Hand-made run folders (harness.journal.write_journal + harness.outputs.write_summary) check the
+Hand-made run folders (nodekit.journal.write_journal + harness.outputs.write_summary) check the
 counts in summary.json, summary.md, report.html and junit.xml; a real ``pdchaos run`` of a
 Toxiproxy scenario on a machine where toxiproxy-server cannot be found (PDCHAOS_TOXIPROXY_SERVER
 names a missing file) checks the exit codes with and without ``--strict``, and ``pdchaos check``.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.journal import write_journal
+from nodekit.journal import write_journal
 from harness.outputs import Result, counts, run_status, write_summary
 from reports.load import load_run
 from reports.page import report_html

@@ -491,7 +491,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def metrics() -> dict:
-    from harness.families.pd.plugin_site import plugin_site
+    from families.pd.plugin_site import plugin_site
     from harness.nodeenv.pd_stack import pd_node_env
 
     env = pd_node_env(out=lambda line: None)

@@ -33,7 +33,7 @@ import requests
 import zmq
 from aiohttp import web
 
-from faults.control import ControlError, control_call
+from nodekit.control import ControlError, control_call
 from harness.procs import ProcHandle, node_command, start_node
 
 pytestmark = pytest.mark.timeout(60)
@@ -766,7 +766,7 @@ def test_schedule_leaves_time_for_the_fakes_heal(tmp_path: Path) -> None:
     window is refused (on a busy CI machine, the heal once ate that time and the run had no op
     after the window); one second more than the heal allowance is accepted."""
     from harness.errors import UsageError
-    from harness.families.pd.fake_faults import FakePrefillPeer
+    from families.pd.fake_faults import FakePrefillPeer
     from harness.schema import load_scenario
 
     assert FakePrefillPeer.heal_allowance_s >= 1.0

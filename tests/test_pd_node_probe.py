@@ -1,4 +1,4 @@
-"""The ``vllm`` node's leak probe counts (harness/families/pd/vllm_node.py ``proc_counts`` and
+"""The ``vllm`` node's leak probe counts (families/pd/vllm_node.py ``proc_counts`` and
 ``VllmNode.stats``), on real processes: a Python child in its own process group that opens fds
 and sockets, starts threads and forks a grandchild on command. The counts are read from the real
 /proc (nothing here stands in for it). Needs Linux /proc, like the node itself."""
@@ -16,8 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from faults.control import ControlServer, control_call
-from harness.families.pd.vllm_node import (
+from nodekit.control import ControlServer, control_call
+from families.pd.vllm_node import (
     LAZY_DECODE,
     LAZY_PREFILL,
     LAZY_SENDER_WORKERS,

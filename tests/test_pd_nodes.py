@@ -26,9 +26,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from faults.control import control_call
-from harness.families.pd import metrics as M
-from harness.families.pd.workload import make_prompts, post_json
+from nodekit.control import control_call
+from families.pd import metrics as M
+from families.pd.workload import make_prompts, post_json
 from harness.nodeenv.smoke import group_pids
 from harness.nodeenv.steps import PdStackStep, TinyModelStep
 from harness.procs import ProcHandle, start_node
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 READY_TIMEOUT_S = 400.0
 REQUEST_TIMEOUT_S = 120.0
 P_NOT_READY = "Timeout waiting for P side ready"  # vLLM 0.32.0 mooncake_connector.py, P's reply to a pull
-EXPECTED_COUNTERS = (  # what vLLM 0.32.0 exports and the node must pass on (see harness/families/pd/metrics.py)
+EXPECTED_COUNTERS = (  # what vLLM 0.32.0 exports and the node must pass on (see families/pd/metrics.py)
     "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
     "prompt_tokens_by_source_total{source=external_kv_transfer}", "prompt_tokens_by_source_total{source=local_compute}",
     "request_success_total{finished_reason=length}", "request_success_total{finished_reason=error}",

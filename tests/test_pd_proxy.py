@@ -1,4 +1,4 @@
-"""The ``pd-proxy`` node (harness/families/pd/proxy.py) as a real process, over real HTTP on
+"""The ``pd-proxy`` node (families/pd/proxy.py) as a real process, over real HTTP on
 127.0.0.1, in front of small aiohttp stand-ins for P, D and P's Mooncake bootstrap server that
 play vLLM 0.32's API (no vLLM here: the real pair is covered elsewhere).
 
@@ -28,7 +28,7 @@ import pytest
 import requests
 from aiohttp import web
 
-from faults.control import ControlError, control_call
+from nodekit.control import ControlError, control_call
 from harness.procs import ProcHandle, node_command, start_node
 
 pytestmark = pytest.mark.timeout(60)

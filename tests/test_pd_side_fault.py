@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import zmq
 
-from harness.families.pd.side_faults import SideChannelGarbage, SideGarbageParams
+from families.pd.side_faults import SideChannelGarbage, SideGarbageParams
 
 pytestmark = pytest.mark.timeout(30)
 

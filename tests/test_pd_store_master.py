@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from faults.control import control_call
-from harness.families.pd.store_master import master_binary, parse_gauges
+from nodekit.control import control_call
+from families.pd.store_master import master_binary, parse_gauges
 from harness.procs import start_node
 from harness.topology import free_tcp_port
 

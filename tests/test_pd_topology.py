@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.families.pd.topology import PDTopology
+from families.pd.topology import PDTopology
 from harness.schema import load_scenario
 
 SCENARIOS = Path(__file__).parent.parent / "scenarios" / "pd"
@@ -89,8 +89,8 @@ def test_the_hardened_target_starts_the_hardened_connector_with_its_deadline(tmp
 def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
     """The vLLM command carries the connector's name and settings; the node finds the plugin on its
     PYTHONPATH (a dist-info naming connector_patch.vllm_plugin:register, and the package itself)."""
-    from harness.families.pd import vllm_node
-    from harness.families.pd.plugin_site import DIST, package_dir, plugin_site
+    from families.pd import vllm_node
+    from families.pd.plugin_site import DIST, package_dir, plugin_site
 
     p = vllm_node.argparse.ArgumentParser()
     vllm_node.add_node_arguments(p, "vllm")
@@ -116,7 +116,7 @@ def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
 def ascend():
     """The pd family under launch profile ascend for one test (the family object keeps the run's
     profile), back to the default after."""
-    from harness.families.pd.family import FAMILY
+    from families.pd.family import FAMILY
 
     FAMILY.use_profile("ascend", ["model=/models/Qwen3-0.6B"])
     try:
@@ -144,7 +144,7 @@ def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend)
     assert arg(h, "--kv-extra") == '{"mooncake_protocol":"ascend"}'
     assert arg(hard.node_spec("proxy").args, "--protocol") == "bootstrap"
     assert up.pool_key("decode:0") != hard.pool_key("decode:0")
-    from harness.families.pd.family import FAMILY
+    from families.pd.family import FAMILY
 
     FAMILY.profile = None  # the default (cpu): a node started for one profile is never lent to another
     cpu_key = topology(tmp_path / "c2", "baseline.yaml").pool_key("decode:0")
@@ -161,7 +161,7 @@ def test_ascend_profile_cannot_pair_v1_with_the_bootstrap_protocol(tmp_path: Pat
 
 def test_profile_files_and_sets(tmp_path: Path) -> None:
     from harness.errors import UsageError
-    from harness.families.pd.profile import load_profile
+    from families.pd.profile import load_profile
 
     cpu = load_profile(None)
     assert cpu.name == "cpu" and cpu.device == "cpu" and cpu.vllm == "node-env" and cpu.model is None
@@ -199,7 +199,7 @@ def test_vllm_node_rejects_bad_device_settings(tmp_path: Path, bad: list[str], m
 
 def test_vllm_node_npu_command_and_environment(tmp_path: Path) -> None:
     """On an NPU: vLLM of this Python, one visible NPU, no CPU settings, the profile's kv config."""
-    from harness.families.pd import vllm_node
+    from families.pd import vllm_node
 
     p = vllm_node.argparse.ArgumentParser()
     vllm_node.add_node_arguments(p, "vllm")
@@ -252,7 +252,7 @@ def test_bench_pd_refuses_bad_options_before_starting_anything(bad: list[str], m
 def test_ascend_store_profile_adds_a_store_master_and_the_pool_settings(tmp_path: Path) -> None:
     """Profile ascend-store: the store master is a role started first, both servers read one
     mooncake.json naming it on loopback and hash alike; a MultiConnector per target."""
-    from harness.families.pd.family import FAMILY
+    from families.pd.family import FAMILY
 
     FAMILY.use_profile("ascend-store", ["model=/models/Qwen3-0.6B"])
     try:
@@ -281,7 +281,7 @@ def test_ascend_store_profile_adds_a_store_master_and_the_pool_settings(tmp_path
 
 
 def test_vllm_node_fills_the_kv_extra_placeholders(tmp_path: Path) -> None:
-    from harness.families.pd import vllm_node
+    from families.pd import vllm_node
 
     p = vllm_node.argparse.ArgumentParser()
     vllm_node.add_node_arguments(p, "vllm")
@@ -307,8 +307,8 @@ def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path)
     """Under a profile whose connector the proxy pairs by kv-params or layerwise, the scenarios
     whose faults act on the bootstrap protocol (or on a phase that protocol lacks) are left out
     with the reason; the default profile leaves out nothing."""
-    from harness.cmd_run import split_plan
-    from harness.families.pd.family import FAMILY
+    from harness.cli.run import split_plan
+    from families.pd.family import FAMILY
     from harness.schema import load_all
 
     scenarios = load_all([str(SCENARIOS)])
@@ -334,8 +334,8 @@ def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path)
 
 def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
     """A fault drawn from random_faults is judged like one written in the file."""
-    from harness.cmd_run import split_plan
-    from harness.families.pd.family import FAMILY
+    from harness.cli.run import split_plan
+    from families.pd.family import FAMILY
 
     f = tmp_path / "rf.yaml"
     f.write_text("name: t-rf\nfamily: pd\nseed: 3\nworkload: {duration: 20s, concurrency: 1, rate: 1}\n"

@@ -17,7 +17,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.family import all_families
-from harness.journal import read_journal, write_journal
+from nodekit.journal import read_journal, write_journal
 from reports import data as D
 from reports import gauges as G
 from reports.build import generate, plan

@@ -1,6 +1,6 @@
 """Reports: the data behind every plot, the PNGs, compare's exit codes, regeneration from a saved run.
 
-Journals here are written with harness.journal.write_journal from made-up histories: the reports
+Journals here are written with nodekit.journal.write_journal from made-up histories: the reports
 are pure functions of journals, so a synthetic journal with known numbers is exactly their input and
 lets the tests assert exact values.
 """
@@ -21,7 +21,7 @@ import pytest
 from harness import verdicts as V
 from harness.cli import main
 from harness.errors import UsageError
-from harness.journal import write_journal
+from nodekit.journal import write_journal
 from reports import data as D
 from reports import plots as P
 from reports.build import generate, plan
@@ -198,7 +198,7 @@ def tiny_records() -> list[dict]:
 def tiny(tmp_path) -> D.Timeline:
     path = tmp_path / "tiny" / "hardened" / "journal.jsonl"
     write_journal(path, tiny_records())
-    from harness.journal import read_journal
+    from nodekit.journal import read_journal
 
     return D.timeline(read_journal(path), "tiny", "hardened")
 

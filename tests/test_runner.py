@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import journal as J
+from nodekit import journal as J
 
 PDCHAOS = [sys.executable, "-m", "harness.cli"]
 

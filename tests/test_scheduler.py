@@ -1,7 +1,7 @@
 """The scheduler shim (upstream get_num_new_matched_tokens rules) around the hardened client, over
 real sockets: an RPC failure is (0, False) with no load spec, and healthy hits give exactly the
 decisions of a direct computation and of today's upstream (the legacy model). The lookup
-workload asks every lookup through it (harness/families/lookup/workload.py ``scheduled_lookup``):
+workload asks every lookup through it (families/lookup/workload.py ``scheduled_lookup``):
 one RPC per op whatever the rules decide, and the decision as the op's ``matched``.
 """
 
@@ -151,7 +151,7 @@ class _Fixed:
     (64, 64, 64, 0),  # everything computed: the scheduler asks nothing, the workload still sends it
 ])
 def test_the_workload_asks_through_the_scheduler_and_always_sends_the_rpc(hit, token_len, hbm, matched):
-    from harness.families.lookup.workload import OpSpec, scheduled_lookup
+    from families.lookup.workload import OpSpec, scheduled_lookup
 
     spec = OpSpec("full", token_len, tuple(distinct_hashes(4, "wl")), (0, 1), hbm, expected=hit)
     client = _Fixed(hit)
@@ -160,7 +160,7 @@ def test_the_workload_asks_through_the_scheduler_and_always_sends_the_rpc(hit, t
 
 
 def test_the_workloads_scheduler_view_over_a_real_server(make_endpoint, server_factory, client_factory):
-    from harness.families.lookup.workload import OpSpec, scheduled_lookup
+    from families.lookup.workload import OpSpec, scheduled_lookup
 
     server = server_factory(make_endpoint())
     hashes = distinct_hashes(4, "wl-real")

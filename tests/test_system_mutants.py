@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cmd_mutate import mutant_tables, system_mutants
+from harness.cli.mutate import mutant_tables, system_mutants
 from harness.errors import UsageError
 from harness.schema import load_all
 
@@ -43,7 +43,7 @@ def test_every_mutant_of_the_table_is_a_registered_class_of_the_site():
 
 
 def test_mutant_names_select_the_hardened_paths_of_the_node():
-    from harness.families.pd.vllm_node import HARDENED, is_hardened, is_mooncake
+    from families.pd.vllm_node import HARDENED, is_hardened, is_mooncake
 
     pd = mutant_tables()["pd"]
     assert pd.PREFIX.startswith(HARDENED)
@@ -74,7 +74,7 @@ def test_system_mutants_pick_the_given_scenarios_and_refuse_unknown_names():
 
 
 def test_profile_plugin_path_reaches_the_vllm_nodes_and_the_pool_key(tmp_path):
-    from harness.families.pd.profile import load_profile
+    from families.pd.profile import load_profile
 
     p = load_profile("cpu", [f"plugin_path={SITE}", "connectors.hardened.name=HardenedMooncakeConnectorMutantEosFrees"])
     assert p.plugin_path == str(SITE) and p.connectors["hardened"].name.endswith("EosFrees")

@@ -165,7 +165,7 @@ def test_overlap_is_whether_one_run_could_meet_both(a, b, both):
 
 
 def test_mutate_claims_only_where_the_baseline_cannot_show_the_target_s_outcome(tmp_path):
-    from harness.cmd_mutate import claims
+    from harness.cli.mutate import claims
 
     sc = _load(tmp_path, "legacy: [pass, {verdict: fail, failing: [no_leaks]}]\nhardened: pass")
     assert claims([sc], "hardened") == []

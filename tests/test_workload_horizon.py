@@ -1,4 +1,4 @@
-"""The workload's horizon (harness/workloadio.py): the runner may move a workload's end later
+"""The workload's horizon (nodekit/workload.py): the runner may move a workload's end later
 when a fault healed too late for the ops ``recovery`` must see; the end never moves back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from harness.workloadio import Horizon, paced, run_workers
+from nodekit.workload import Horizon, paced, run_workers
 
 
 def test_horizon_follows_the_runner_never_before_the_duration_and_ignores_garbage(tmp_path, monkeypatch):
@@ -153,7 +153,7 @@ def test_a_stop_ends_a_pause(tmp_path):
 def test_pd_a_replaced_decode_taints_prefill_only():
     from types import SimpleNamespace
 
-    from harness.families.pd.topology import PDTopology
+    from families.pd.topology import PDTopology
 
     t = SimpleNamespace(nodes={"prefill:0": 1, "decode:0": 2, "proxy": 3})
     assert PDTopology.stale_peers(t, "decode:0") == ["prefill:0"]  # P's transfer engine knew the old D

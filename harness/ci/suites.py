@@ -36,7 +36,7 @@ SUITES: dict[str, dict] = {
                    "runner": {"cpu": "linux-amd64-cpu-8-hk", "ascend": "linux-aarch64-a2b3-0"},
                    "timeout": 60, "default": ("ascend",), "setup": ["ascend-conf-stack"]},
     # on NPUs the pd family starts vLLM + vllm-ascend of the job's Python (launch profile ascend,
-    # harness/families/pd/profiles/ascend.yaml): no node env to set up, the model is an input
+    # families/pd/profiles/ascend.yaml): no node env to set up, the model is an input
     "pd": {"path": "scenarios/pd/", "args": [],
            "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
            "timeout": 120, "default": ("ascend",),

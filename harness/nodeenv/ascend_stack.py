@@ -11,7 +11,7 @@ and store). The recipe, measured on a 2-core CPU-only host:
 4. ``setuptools`` and ``setuptools-scm`` (vllm-ascend builds from its sdist without isolation).
 5. ``vllm-ascend==0.23.0.post1`` with ``--no-deps --no-build-isolation``,
    ``COMPILE_CUSTOM_KERNELS=0`` and ``SOC_VERSION=ascend910b1``: its pure-Python build.
-6. ``msgpack`` (pinned): pd-chaos's own node code (faults.nodeio, the control channel) runs in
+6. ``msgpack`` (pinned): pd-chaos's own node code (nodekit.nodeio, the control channel) runs in
    this env too, from this checkout on ``PYTHONPATH`` (harness/nodeenv/exec_node.py).
 7. The NPU stubs (``nodeplugins/pdchaos_npu_stubs``), from source.
 8. A check that, with the stubs installed, vllm-ascend's lookup RPC (``LookupKeyClient``,

@@ -9,7 +9,7 @@
   writes them, fault start/stop records and ``fault_effect`` events as the nemesis does, probes as
   the topology and the workload do (baseline, sample, last, final), ``workload_exit`` and ``end``.
 * :func:`judge` writes the run folder (journal, ``logs/``, the family's secret files) and re-checks
-  it with ``harness.cmd_check.recheck``: the family's real check registry
+  it with ``harness.cli.check.recheck``: the family's real check registry
   (``checks_for(get_family(...))``), ``run_checks`` with the options and applicability saved in
   the meta line, ``verdicts.of_results`` and ``verdicts.outcome``. :func:`judge_inline` is the same
   chain called directly on the records.
@@ -28,7 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness import journal as J
+from nodekit import journal as J
 
 T0 = 1000.0
 EXT = "prompt_tokens_by_source_total{source=external_kv_transfer}"
@@ -581,7 +581,7 @@ def write_run(run: Run, run_dir: Path) -> Path:
 
 def judge(run: Run, root: Path | None = None) -> Judgement:
     """Re-check the run from its files, as ``pdchaos check RUN_DIR`` does."""
-    from harness.cmd_check import recheck
+    from harness.cli.check import recheck
 
     with tempfile.TemporaryDirectory(prefix="pdc-mut-", dir=root) as tmp:
         run_dir = Path(tmp) / "run"
@@ -607,7 +607,7 @@ def judge_inline(run: Run, checks: dict | None = None) -> Judgement:
             (Path(tmp) / name).write_text(text)
         secrets = fam.log_secrets(Path(tmp))
         saved = fam.saved_inputs(Path(tmp))
-    from harness.cmd_check import judged_by_file
+    from harness.cli.check import judged_by_file
 
     records, _ = judged_by_file(run.records)  # as pdchaos check: the meta line from the scenario if here
     m = J.meta(records)

@@ -7,9 +7,9 @@ import time
 
 import zmq
 
-from faults.control import ControlServer
-from harness.journal import JournalWriter
-from harness.nodeutil import announce_ready, stop_event
+from nodekit.control import ControlServer
+from nodekit.journal import JournalWriter
+from nodekit.nodeio import announce_ready, stop_on_signals as stop_event
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001

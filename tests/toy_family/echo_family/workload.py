@@ -11,8 +11,8 @@ import time
 
 import zmq
 
-from faults.control import process_stats
-from harness.journal import JournalWriter
+from nodekit.control import process_stats
+from nodekit.journal import JournalWriter
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001

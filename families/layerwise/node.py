@@ -1,0 +1,170 @@
+"""Node kinds ``layerwise-decode`` (D) and ``layerwise-prefill`` (P): vllm-ascend's real connector.
+
+``pdchaos node layerwise-decode --impl upstream|hardened --kv-port N --dist-port M --metaserver URL
+...`` (the harness's env) replaces itself with the conformance env's python running :func:`main`
+(harness/nodeenv/exec_node.py): same pid, READY line and control channel.
+
+* ``--impl upstream``: vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector``, unmodified;
+* ``--impl hardened``: ``connector_patch.ascend_layerwise.HardenedMooncakeLayerwiseConnector``.
+
+D (``kv_consumer``) builds the connector's scheduler and worker sides (its listener binds
+``127.0.0.1:kv-port`` on a ROUTER) and runs :class:`~.engine.DecodeEngine`; control commands
+``admit`` {req, tokens} and ``status`` {req}. P (``kv_producer``) builds the worker side (its
+sending thread over :class:`~.fake_engine.FakeTransferEngine`) and runs
+:class:`~.engine.PrefillEngine`; commands ``submit`` {params} (what the metaserver forwards) and
+``engine_fault`` {mode, delay_ms}. The control channel is the harness's (nodekit/control.py); the
+commands are how the workload and the metaserver play the parts of vLLM's API front end and the
+proxy, never part of the connector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+IMPLS = ("upstream", "hardened")
+ROLES = {"layerwise-decode": "kv_consumer", "layerwise-prefill": "kv_producer"}
+READY_TIMEOUT_S = 240.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 2-core host
+ENGINE_RPC_PORT = {"kv_consumer": 17002, "kv_producer": 17001}  # what the fake engine reports (never dialled)
+
+
+def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
+    p.add_argument("--impl", required=True, choices=IMPLS)
+    p.add_argument("--kv-port", type=int, required=True, help="kv_transfer_config.kv_port (D's listener port)")
+    p.add_argument("--dist-port", type=int, required=True, help="a free port for vLLM's gloo world group")
+    p.add_argument("--engine-id", default=kind.split("-")[-1] + "-0")
+    p.add_argument("--metaserver", default="", help="D: the URL its scheduler POSTs transfer params to")
+    p.add_argument("--recv-timeout", type=float, default=60.0, help="hardened: layerwise_recv_timeout_s")
+    p.add_argument("--meta-timeout", type=float, default=2.0, help="hardened: layerwise_meta_timeout_s")
+    p.add_argument("--post-timeout", type=float, default=5.0, help="hardened: metaserver_timeout_s")
+    p.add_argument("--signal-timeout", type=float, default=2.0, help="hardened: layerwise_signal_timeout_s")
+    p.add_argument("--control", default=None)
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(kind=kind)
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    out = [args.kind, "--impl", args.impl, "--kv-port", str(args.kv_port), "--dist-port", str(args.dist_port),
+           "--engine-id", args.engine_id, "--metaserver", args.metaserver, "--recv-timeout", str(args.recv_timeout),
+           "--meta-timeout", str(args.meta_timeout), "--post-timeout", str(args.post_timeout),
+           "--signal-timeout", str(args.signal_timeout),
+           "--log-level", args.log_level]
+    return out + (["--control", args.control] if args.control else [])
+
+
+def run_node(args: argparse.Namespace) -> int:
+    from nodekit.nodeio import usage_exit
+
+    for name in ("kv_port", "dist_port"):
+        if not 1024 <= getattr(args, name) <= 65535:
+            return usage_exit(f"--{name.replace('_', '-')}: a port in 1024..65535")
+    if args.kind == "layerwise-decode" and not args.metaserver.startswith("http://127.0.0.1:"):
+        return usage_exit("--metaserver: D needs http://127.0.0.1:PORT/... (loopback only)")
+    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from harness.nodeenv.exec_node import exec_module
+
+    exec_module(ascend_conf_env().python, __name__, _argv(args))
+    return 2  # not reached
+
+
+# --------------------------------------------------------------------------- conformance-env side
+
+def _app(args: argparse.Namespace):
+    from nodekit.nodeio import NodeApp
+
+    from . import stack
+    from .engine import DecodeEngine, PrefillEngine
+    from .fake_engine import FakeTransferEngine
+
+    role = ROLES[args.kind]
+
+    class App(NodeApp):
+        def __init__(self) -> None:
+            self.engine = FakeTransferEngine(rpc_port=ENGINE_RPC_PORT[role])
+            self.side = None
+
+        def bind(self) -> None:
+            folder = Path(tempfile.mkdtemp(prefix="pdc-lw-model-"))
+            extra = {"layerwise_recv_timeout_s": args.recv_timeout, "layerwise_meta_timeout_s": args.meta_timeout,
+                     "metaserver_timeout_s": args.post_timeout, "layerwise_signal_timeout_s": args.signal_timeout}
+            import zmq
+
+            try:
+                _, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
+                                                       stack.write_model_dir(folder / "model"), args.dist_port,
+                                                       self.engine, extra)
+            except zmq.ZMQError:
+                raise
+            except Exception as exc:  # a port taken (gloo's store), a config vLLM refuses: one line, no traceback
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise zmq.ZMQError(getattr(exc, "errno", None) or 22, f"{type(exc).__name__}: {first}") from None
+            self.side = (DecodeEngine(worker, sched, args.metaserver) if role == "kv_consumer"
+                         else PrefillEngine(worker, caches))
+            self.side.start()
+
+        def stats(self) -> dict:
+            if self.side is None:
+                return {"counters": {}, "alive": False}
+            counters = self.side.stats()
+            counters.update({f"engine_{k}": v for k, v in self.engine.counters.items()})
+            return {"counters": counters, "alive": self.side.alive()}
+
+        def handlers(self) -> dict:
+            side = self.side
+
+            if role == "kv_consumer":
+                def admit(m: dict) -> dict:
+                    return side.admit(str(m["req"]), int(m.get("tokens", 64)))
+
+                def status(m: dict) -> dict:
+                    return side.status(str(m["req"]))
+
+                return {"admit": admit, "status": status}
+
+            def submit(m: dict) -> dict:
+                return side.submit(dict(m.get("params") or {}))
+
+            def engine_fault(m: dict) -> dict:
+                self.engine.set(str(m.get("mode", "ok")), int(m.get("delay_ms", 0)))
+                return {"mode": self.engine.mode}
+
+            return {"submit": submit, "engine_fault": engine_fault}
+
+        def close(self) -> None:
+            if self.side is not None:
+                self.side.stop()
+
+        def ready_message(self) -> str:
+            return f"{args.impl} layerwise connector, {role}, {stack.NUM_LAYERS} layers"
+
+    return App()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nodekit.nodeio import run_node as run_node_process
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    kind = argv.pop(0) if argv and argv[0] in ROLES else ""
+    if not kind:
+        print("error: first argument: layerwise-decode or layerwise-prefill", file=sys.stderr)
+        return 2
+    p = argparse.ArgumentParser(prog=f"pdchaos node {kind}")
+    add_node_arguments(p, kind)
+    args = p.parse_args(argv)
+    from . import stack
+
+    stack.import_stack()
+    return run_node_process(lambda: _app(args), endpoints={"--kv-port": f"tcp://127.0.0.1:{args.kv_port}"},
+                            bind_flag="--kv-port", control=args.control, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # upstream's scheduler keeps a non-daemon executor; a POST it never got an answer to would
+    # hold the interpreter's exit forever: the node has closed what it owns, so it leaves now
+    os._exit(code)

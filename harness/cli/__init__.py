@@ -1,0 +1,5 @@
+"""``pdchaos``: ``main`` (harness/cli/main.py) and one module per subcommand beside it."""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,329 @@
+"""``pdchaos run PATH...``: run scenarios against each of their targets (e.g. the hardened patch
+and the legacy baseline).
+
+Exit 0 when every scenario/target run that ran ended as its scenario expects (a skipped run is
+reported, and is not a deviation), 1 on any deviation or error, and with ``--strict`` also on any
+skipped run; 2 on invalid input or a harness error (nothing is started before every scenario file
+validated); 130 when interrupted. A run the family's launch profile cannot make (``--profile``:
+e.g. a fault on a proxy phase the profile's connector does not have) is left out before anything
+starts, listed as ``not run: NAME [TARGET]: why`` (and in ``not_run.json``), never counted as a
+pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import UsageError
+from ..progress import Progress
+from ..outputs import run_status, write_summary
+from ..pool import NodePool
+from ..runner import Runner, new_run_dir
+from ..schema import load_all
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+    p.add_argument("--target", action="append", metavar="TARGET",
+                   help="only this target (repeatable; `pdchaos list` shows each scenario's targets)")
+    p.add_argument("-k", "--filter", default=None, help="only scenarios whose name contains this text")
+    p.add_argument("--runs-dir", default="runs", help="where run folders go (default: runs/)")
+    p.add_argument("--no-report", action="store_true", help="skip plots and summaries (journals and checks only)")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--strict", action="store_true",
+                   help="a skipped scenario run (a tool or privilege missing here) fails the run: exit 1")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every node command, node config and workload config the run would start, per "
+                        "scenario and target, and start nothing (ports, temporary paths and this interpreter "
+                        "are shown as placeholders, so the output is stable)")
+    p.add_argument("--profile", default=None, metavar="NAME|FILE",
+                   help="node launch profile of the families that have them (pd: cpu, the default, or ascend: "
+                        "vLLM + vllm-ascend on NPUs); a name or a .yaml file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
+                   help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
+                        "--set devices.decode=3")
+    p.add_argument("--bench", type=int, metavar="N", default=0,
+                   help="also run `pdchaos bench FAMILY --n N` first for each selected family that has a "
+                        "benchmark, and keep its samples in the run folder (normal-path CDF and ratios in the "
+                        "reports)")
+
+
+def run_bench(run_dir: Path, n: int, family: str, out: Path) -> None:
+    """A family's normal-path benchmark as its own process (it starts and stops its own nodes);
+    its raw samples go to ``out``, which the reports turn into the CDF and the cost ratios."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "harness.cli", "bench", family, "--n", str(n), "--save", str(out)]
+    print(f"bench {family}: {n} ops per target ...", flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        print(f"warning: bench {family} did not finish within 600 s; no normal-path figures", file=sys.stderr)
+        return
+    if proc.returncode not in (0, 1) or not out.exists():
+        print(f"warning: bench {family} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+              file=sys.stderr)
+        return
+    (out.with_suffix(".txt")).write_text(proc.stdout)
+    print(proc.stdout.strip(), flush=True)
+
+
+def _needs_toxiproxy(sc) -> bool:
+    from faults.base import load_registry
+
+    registry = load_registry(sc.family.name)
+    return "toxiproxy" in sc.family.requirements(sc) or any("toxiproxy" in registry[f.type].requires
+                                                            for f in sc.faults)
+
+
+def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
+    """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed.
+
+    With ``run_dir``, the measurement floor (what the proxy adds with no toxic, and a latency
+    toxic configured vs measured) is measured once, before any scenario, and written to
+    ``<run_dir>/toxiproxy_floor.json`` (harness/floor.py); when toxiproxy-server is missing the
+    file says so. A failed measurement is recorded there and never fails the run."""
+    if not any(_needs_toxiproxy(s) for s in scenarios):
+        return None
+    from .. import floor
+    from ..errors import HarnessError
+
+    try:
+        from faults.toxiproxy import ToxiproxyError, ToxiproxyServer, find_server_binary
+    except ImportError as exc:
+        if run_dir is not None:
+            floor.write_unmeasured(run_dir, f"toxiproxy client library missing: {exc}")
+        return None
+    if find_server_binary() is None:
+        if run_dir is not None:
+            floor.write_unmeasured(run_dir, "toxiproxy-server is not installed (see `pdchaos doctor`)")
+        return None
+    try:
+        server = stack.enter_context(ToxiproxyServer())
+    except ToxiproxyError as exc:  # one line, exit 2 (HarnessError), not a traceback
+        raise HarnessError(f"toxiproxy-server did not start: {exc}") from None
+    api = server.client()
+    if run_dir is not None:
+        floor.measure_and_write(api, run_dir)
+    return api
+
+
+def order_for_reuse(scenarios: list) -> list:
+    """The scenarios grouped by (family, the family's reuse group), groups in the order their first
+    scenario comes, file order within a group: nodes kept warm serve a whole group in a row."""
+    groups: dict = {}
+    for sc in scenarios:
+        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
+    return [sc for group in groups.values() for sc in group]
+
+
+def plan_for_reuse(scenarios: list) -> list[tuple]:
+    """(scenario, target) runs: per reuse group (order_for_reuse), one target after the other (in
+    the family's target order), file order within: the warm nodes of one target serve all of that
+    group's runs before the next target's nodes start (a pool holds one pair, not one per target)."""
+    plan: list[tuple] = []
+    groups: dict = {}
+    for sc in order_for_reuse(scenarios):
+        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
+    for group in groups.values():
+        order = list(dict.fromkeys([t for t in group[0].family.targets] + [t for sc in group for t in sc.model.targets]))
+        plan += [(sc, t) for t in order for sc in group if t in sc.model.targets]
+    return plan
+
+
+class _Placeholders:
+    """Stable names for what changes from one run to the next: ports (``<port:1>``... in order of
+    first appearance), the temporary run folder and node tmp folder, the interpreter, the home."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import os
+        import re
+
+        self._re = re
+        self.ports: dict[str, str] = {}
+        self.paths = [(str(run_dir), "<run_dir>"), (sys.executable, "python3"), (os.path.expanduser("~"), "~")]
+
+    def __call__(self, text: str) -> str:
+        for real, name in self.paths:
+            text = text.replace(real, name)
+
+        def port(m) -> str:
+            return m.group(1) + self.ports.setdefault(m.group(2), f"<port:{len(self.ports) + 1}>")
+
+        self.ips: dict[str, str] = getattr(self, "ips", {})
+        text = self._re.sub(r"\b(?!127\.0\.0\.1\b)\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b",
+                            lambda m: self.ips.setdefault(m.group(0), f"<ip:{len(self.ips) + 1}>"), text)
+        text = self._re.sub(r"(127\.0\.0\.1:|<ip:\d+>:|--[a-z-]*port )(\d{4,5})\b", port, text)
+        return self._re.sub(r"(?<![\w:])(\d{4,5})\b", lambda m: self.ports.get(m.group(1), m.group(1)), text)
+
+
+def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
+    """``--dry-run``: per planned (scenario, target), the family's topology is built (nothing is
+    started: no process, no link, no Toxiproxy proxy) and asked how it would start each of its
+    roles (``node_spec``) and the workload (``workload_config``); printed as commands and JSON."""
+    import json
+    import os
+    import shlex
+    import shutil
+    import tempfile
+
+    from ..errors import HarnessError
+    from ..procs import node_command
+
+    out = out or sys.stdout
+    for sc, target in plan:
+        tmp = Path(tempfile.mkdtemp(prefix=f"pdchaos-dry-{os.getpid()}-"))
+        ph = _Placeholders(tmp)
+        topo = sc.family.topology(sc, target, tmp, lambda rec: None, {})
+        try:
+            ph.paths.insert(0, (str(topo.tmp), "<node_tmp>"))
+            print(f"== {sc.name} [{target}] (family {sc.family.name}, {sc.path if hasattr(sc, 'path') else ''})"
+                  .replace(", )", ")"), file=out)
+            roles = sc.family.roles(sc.model) or []
+            for role in roles:
+                try:
+                    spec = topo.node_spec(role)
+                except HarnessError as exc:
+                    print(f"node {role}: no fixed command ({exc})", file=out)
+                    continue
+                except (KeyError, AttributeError) as exc:  # built from a node started before it
+                    print(f"node {role}: its command is built from a started node ({type(exc).__name__} "
+                          f"{exc}): known only in a real run", file=out)
+                    continue
+                env = f"PDCHAOS_FAMILY={topo.family_name} "
+                print(f"node {role} (side {spec.side}, ready within {spec.ready_timeout_s:g} s):", file=out)
+                print("  " + ph(env + shlex.join(node_command(spec.kind, spec.args))), file=out)
+                if spec.endpoints:
+                    print("  endpoints: " + ph(json.dumps(spec.endpoints, sort_keys=True)), file=out)
+            cfg_note = ""
+            try:
+                cfg = topo.workload_config()
+            except NotImplementedError:
+                cfg = None
+            except (KeyError, AttributeError) as exc:  # holds a started node's control endpoint
+                cfg, cfg_note = None, (f"  config: built from a started node ({type(exc).__name__} {exc}): "
+                                       "known only in a real run")
+            config_path, journal = Path(tmp) / "workload.json", topo.journal_part("workload")
+            print("workload:", file=out)
+            print("  " + ph(f"PDCHAOS_FAMILY={topo.family_name} "
+                            + shlex.join(node_command(topo.workload_kind, topo.workload_args(config_path, journal)))),
+                  file=out)
+            if cfg_note:
+                print(cfg_note, file=out)
+            if cfg is not None:
+                short = {k: (f"<{len(v)} items>" if isinstance(v, list) and len(v) > 8 else v) for k, v in cfg.items()}
+                print("  config: " + ph(json.dumps(short, sort_keys=True)), file=out)
+            print(file=out)
+        finally:
+            topo.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"dry run: {len(plan)} scenario/target run(s); nothing was started", file=out)
+    return 0
+
+
+def split_plan(plan: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """(the runs to make, the runs left out with why): a family leaves out a scenario/target
+    its launch profile cannot run (``Family.excluded``)."""
+    keep, left_out = [], []
+    for sc, target in plan:
+        why = sc.family.excluded(sc, target)  # the loaded scenario: its random faults drawn
+        if why is None:
+            keep.append((sc, target))
+        else:
+            left_out.append((sc, target, why))
+    return keep, left_out
+
+
+def use_profile(scenarios: list, spec: str | None, sets: list[str]) -> None:
+    """Give each selected family that has launch profiles the one chosen (``--profile``/``--set``);
+    an error when one was asked for and no selected family has profiles."""
+    families = list(dict.fromkeys(s.family for s in scenarios))
+    with_profiles = [f for f in families if f.profile_names()]
+    if (spec or sets) and not with_profiles:
+        raise UsageError(f"--profile/--set: none of the selected scenarios' families has launch profiles "
+                         f"(families: {', '.join(f.name for f in families)})")
+    for fam in with_profiles:
+        fam.use_profile(spec, list(sets))
+
+
+def run(args: argparse.Namespace) -> int:
+    scenarios = load_all(args.paths)  # validates everything before anything starts
+    if args.filter:
+        scenarios = [s for s in scenarios if args.filter in s.name]
+        if not scenarios:
+            raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
+    scenarios = order_for_reuse(scenarios)
+    use_profile(scenarios, args.profile, args.profile_sets)
+    if args.target:
+        known = {t for s in scenarios for t in s.model.targets}
+        unknown = [t for t in args.target if t not in known]
+        if unknown:
+            raise UsageError(f"--target {unknown[0]!r}: no selected scenario has it; targets: {', '.join(sorted(known))}")
+    benched = list(dict.fromkeys(s.family.name for s in scenarios if s.family.bench_module))
+    if args.bench and args.bench < 100:
+        raise UsageError("--bench: at least 100 ops per target")
+    if args.bench and not benched:
+        raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
+    if args.bench and (args.profile not in (None, "cpu") or args.profile_sets):
+        raise UsageError("--bench: the benchmarks run on the default launch profile only; leave --bench out")
+    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target])
+    for sc, target, why in left_out:
+        print(f"not run: {sc.name} [{target}]: {why}", flush=True)
+    if not plan:
+        raise UsageError("nothing to run: every selected scenario/target is left out (see above)")
+    if args.dry_run:
+        return dry_run(scenarios, plan)
+    run_dir = new_run_dir(args.runs_dir)
+    if left_out:
+        import json
+
+        (run_dir / "not_run.json").write_text(json.dumps(
+            [{"scenario": sc.name, "target": t, "why": why} for sc, t, why in left_out], indent=1) + "\n")
+    for i, fam in enumerate(benched if args.bench else []):
+        # the reports read bench_samples.json (the first family's); others keep their own file
+        run_bench(run_dir, args.bench, fam, run_dir / ("bench_samples.json" if i == 0 else f"bench_samples-{fam}.json"))
+    started_wall = datetime.now(timezone.utc).isoformat()
+    t_start = time.monotonic()
+    n_items = len(plan)
+    progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
+    with ExitStack() as stack:
+        toxiproxy = start_toxiproxy(list(dict.fromkeys(sc for sc, _ in plan)), stack, run_dir)
+        pool = stack.enter_context(NodePool(run_dir))  # warm nodes between scenarios; stopped at the end
+        runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy,
+                        services={"node_pool": pool})
+        runner.on_start = progress.start
+
+        def on_signal(signum, frame):  # noqa: ARG001
+            runner.interrupt()
+
+        old_int = signal.signal(signal.SIGINT, on_signal)
+        old_term = signal.signal(signal.SIGTERM, on_signal)
+        try:
+            with progress:
+                results = runner.run_plan(plan)
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+    elapsed = time.monotonic() - t_start
+    write_summary(run_dir, results, started_wall, elapsed)
+    if not args.no_report:
+        try:
+            import reports
+
+            reports.generate(run_dir)
+        except Exception as exc:  # noqa: BLE001 - the verdicts stand without the pictures
+            print(f"warning: reports not generated: {type(exc).__name__}: {exc}", file=sys.stderr)
+    interrupted = runner.interrupted
+    progress.final(results, run_dir, elapsed)
+    if interrupted:
+        print("interrupted: every process of the run was stopped", file=sys.stderr)
+        return 130
+    code, why = run_status((r.outcome for r in results), strict=args.strict)
+    print(why, flush=True)
+    return code

@@ -1,5 +1,0 @@
-"""``pdchaos bench FAMILY ...``: a family's normal-path benchmark (targets side by side)."""
-
-from .cmd_family_tool import make
-
-add_arguments, run = make("bench")

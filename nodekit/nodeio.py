@@ -1,0 +1,237 @@
+"""Input checks and lifecycle shared by every node process (lookup server, fake peer, interposer).
+
+Part of ``nodekit``, the ground floor every node process stands on (families' nodes, the fault
+nodes, the harness): it imports nothing of this project.
+
+:func:`run_node` is the whole life of a node process, written once: check the endpoints, build
+the node (its own option checks), set up logging, bind (a taken endpoint is one ``error:`` line,
+exit 2), answer the control channel when asked, print ``READY``, serve until SIGTERM/SIGINT (or
+the runner's death), close everything, exit 0. A node is a :class:`NodeApp`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Callable, Mapping, Sequence
+
+
+class NodeUsageError(Exception):
+    """Bad input: printed as one ``error:`` line, exit 2, no traceback. ``harness.errors.UsageError``
+    is a subclass."""
+
+
+def check_endpoint(endpoint: str, what: str = "--endpoint", *, allow_any_tcp_host: bool = False) -> str:
+    """Accept ``ipc:///path`` (the folder must exist, the path fit a unix socket's 107 bytes) or
+    ``tcp://127.x.y.z:PORT`` / ``tcp://[::1]:PORT`` / ``tcp://localhost:PORT``.
+
+    Any other address is refused: pd-chaos never sends traffic off this machine. Inside a network
+    namespace the run made (the runner sets PDCHAOS_NETNS for the nodes it starts there) a private
+    veth address is allowed: it never leaves the machine."""
+    if not isinstance(endpoint, str):
+        raise NodeUsageError(f"{what}: expected an endpoint string")
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if not path:
+            raise NodeUsageError(f"{what}: {endpoint!r} has no path")
+        if path.startswith("@"):
+            return endpoint  # abstract namespace
+        folder = os.path.dirname(os.path.abspath(path)) or "."
+        if not os.path.isdir(folder):
+            raise NodeUsageError(f"{what}: folder {folder!r} of {endpoint!r} does not exist")
+        if len(os.fsencode(path)) > 107:
+            raise NodeUsageError(f"{what}: ipc path of {endpoint!r} is longer than the 107 bytes a unix socket allows")
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise NodeUsageError(f"{what}: {endpoint!r} needs a port, like tcp://127.0.0.1:5555")
+        host = host.strip("[]")
+        if host == "localhost":
+            return endpoint
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            raise NodeUsageError(f"{what}: {endpoint!r}: host must be an IP address or localhost") from None
+        in_netns = bool(os.environ.get("PDCHAOS_NETNS")) and addr.is_private
+        if not addr.is_loopback and not allow_any_tcp_host and not in_netns:
+            raise NodeUsageError(f"{what}: {endpoint!r} is not on loopback (127.0.0.0/8 or ::1)")
+        return endpoint
+    raise NodeUsageError(f"{what}: {endpoint!r} must start with ipc:// or tcp://")
+
+
+def read_hashes(path: str, what: str = "--preload") -> list[str]:
+    """One hex block hash per line; blank lines and '#' comments are skipped; lowercased."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise NodeUsageError(f"{what}: cannot read {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise NodeUsageError(f"{what}: {path!r} is not UTF-8 text") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        h = line.strip()
+        if not h or h.startswith("#"):
+            continue
+        if len(h) % 2 or any(c not in "0123456789abcdefABCDEF" for c in h):
+            raise NodeUsageError(f"{what}: {path}:{n}: expected one hex block hash per line")
+        out.append(h.lower())
+    return out
+
+
+def stop_on_signals() -> threading.Event:
+    """An Event set by SIGTERM or SIGINT, or when the parent (the runner) dies.
+
+    Nodes run in their own sessions (the runner signals whole groups), so a runner killed with
+    SIGKILL sends nothing; a watcher thread notices the node was re-parented and stops it, so no
+    node outlives a crashed runner by more than a quarter second. (PR_SET_PDEATHSIG is tied to the
+    parent *thread*, and the runner starts nodes from its nemesis thread, which ends early.)"""
+    ev = threading.Event()
+
+    def handler(signum, frame):  # noqa: ARG001
+        ev.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    watch_parent(ev)
+    return ev
+
+
+def watch_parent(ev: threading.Event) -> None:
+    """Set ``ev`` when this process is re-parented (its parent, the runner, died), checked every
+    quarter second by a daemon thread that ends once ``ev`` is set. The parent is read now."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not ev.wait(0.25):
+            if os.getppid() != parent:
+                ev.set()
+                return
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def split_envelope(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]] | None:
+    """``frames`` without the ROUTER identity -> (envelope up to and including the empty delimiter,
+    body). None when there is no delimiter (a REP socket would discard such a message)."""
+    for i, f in enumerate(frames):
+        if len(f) == 0:
+            return list(frames[: i + 1]), list(frames[i + 1:])
+    return None
+
+
+def unlink_ipc(endpoint: str | None) -> None:
+    """Remove the socket file of an ``ipc://`` endpoint (not of an abstract one); quiet if gone."""
+    if endpoint and endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        try:
+            os.unlink(endpoint[len("ipc://"):])
+        except OSError:
+            pass
+
+
+def announce_ready() -> None:
+    """Tell the runner this node serves: one line ``READY`` on stdout (harness/procs.py waits for it)."""
+    print("READY", flush=True)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, str(level).upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def usage_exit(message: str) -> int:
+    """Bad input, the way the CLI reports it: one ``error:`` line on stderr; returns exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+# --------------------------------------------------------------------------- node lifecycle
+
+
+class NodeApp:
+    """What :func:`run_node` drives. ``bind()`` binds the node's sockets (raises ``zmq.ZMQError``
+    when an endpoint cannot be bound); ``serve(stop)`` serves until ``stop`` is set (default: just
+    waits, for nodes that serve on their own threads); ``close()`` releases everything and is
+    called once ``bind()`` was tried, whatever happened. ``stats()`` and ``handlers()`` are what
+    the control channel answers (``stats`` and the node's own commands)."""
+
+    def bind(self) -> None:
+        raise NotImplementedError
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            pass
+
+    def close(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def handlers(self) -> dict[str, Callable[[dict], dict]]:
+        return {}
+
+    def ready_message(self) -> str | None:
+        """Logged when the node is ready (counts and modes only, never data)."""
+        return None
+
+    def stop_message(self) -> str | None:
+        """Logged when the node stops serving."""
+        return None
+
+
+def run_node(build: Callable[[], NodeApp], *, endpoints: Mapping[str, str | None], bind_flag: str,
+             control: str | None = None, log_level: str = "INFO") -> int:
+    """The life of one node process (see the module docstring); returns its exit code.
+
+    ``endpoints``: option name -> endpoint, each checked (None: not given); ``bind_flag`` names
+    the one the node binds, for the error when it cannot. ``build()`` checks the node's other
+    options (raising :class:`NodeUsageError`) and returns the node, not yet bound. ``control``: the
+    ipc endpoint of the harness control channel, or None."""
+    import zmq  # here, not at import: every CLI command imports this module (harness.errors)
+
+    try:
+        for flag, endpoint in endpoints.items():
+            if endpoint is not None:
+                check_endpoint(endpoint, flag)
+        if control:
+            check_endpoint(control, "--control")
+        app = build()
+    except NodeUsageError as exc:
+        return usage_exit(str(exc))
+    setup_logging(log_level)
+    logger = logging.getLogger(type(app).__module__)
+    stop = stop_on_signals()
+    server = None
+    try:
+        try:
+            app.bind()
+        except zmq.ZMQError as exc:
+            return usage_exit(f"{bind_flag}: cannot bind {endpoints.get(bind_flag)!r}: {exc.strerror}")
+        if control:
+            from .control import ControlServer
+
+            try:
+                server = ControlServer(control, handlers=app.handlers(), stats=app.stats)
+            except zmq.ZMQError as exc:
+                return usage_exit(f"--control: cannot bind {control!r}: {exc.strerror}")
+            server.start()
+        if (msg := app.ready_message()) is not None:
+            logger.info("%s", msg)
+        announce_ready()
+        app.serve(stop)
+        if (msg := app.stop_message()) is not None:
+            logger.info("%s", msg)
+    finally:
+        if server is not None:
+            server.close()
+        app.close()
+    return 0

@@ -308,7 +308,7 @@ def find_binary() -> str | None:
     return None
 
 
-find_server_binary = find_binary  # the name harness/cli/run.py imports
+find_server_binary = find_binary  # the name harness/services.py imports
 
 
 def _buildinfo_version(path: str) -> str | None:

@@ -594,27 +594,3 @@ def run_logs(jp: Path, records: list[dict]) -> dict[str, str]:
         if key not in logs:
             logs[key] = found.read_text(encoding="utf-8", errors="replace") if found is not None else ""
     return logs
-
-
-def load_input(journal_path: str | Path, records: list[dict] | None = None) -> tuple[CheckInput, dict[str, Checker]]:
-    """The check input of a saved run and the checks its family runs (found from the meta line);
-    ``records`` replaces the journal's own (a run judged as another target)."""
-    from .family import DEFAULT_FAMILY, get_family
-
-    jp = Path(journal_path)
-    records = J.read_journal(jp) if records is None else records
-    family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
-    inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
-                     family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)))
-    return inp, checks_for(family)
-
-
-def check_saved(journal_path: str | Path, records: list[dict] | None = None) -> list[CheckResult]:
-    """Re-run the checks of one saved scenario run, with the options and applicability it saved
-    (or those of ``records``' meta line)."""
-    try:
-        inp, checks = load_input(journal_path, records)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed record: judged, not a crash
-        return [CheckResult("harness_integrity", False, f"the journal cannot be read as a history: "
-                                                        f"{type(exc).__name__}: {exc}")]
-    return run_checks(inp, inp.meta.get("checks") or {}, checks, inp.meta.get("not_applicable") or {})

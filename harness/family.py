@@ -30,10 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from faults.base import Duration
 
+from .checks import CheckRegistry
 from .errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .checks import CheckRegistry
     from .topology import BaseTopology
 
 DEFAULT_FAMILY = "lookup"
@@ -108,8 +108,6 @@ class Family:
     samples of one process (``rate(cpu_s)``: CPU as a fraction of one core)."""
 
     def __init__(self) -> None:
-        from .checks import CheckRegistry
-
         self.checks: CheckRegistry = CheckRegistry(owner=f"family {self.name!r}")
         self._loaded = False
 
@@ -136,14 +134,15 @@ class Family:
         needs a link the topology does not have), or None: a validation error."""
         return None
 
-    def unavailable(self, scenario: Any) -> str | None:
-        """A reason this machine cannot run the scenario (e.g. a node stack is not installed), or
-        None: the scenario is then skipped with that reason, never passed."""
+    def unavailable(self, scenario: Any, profile: Any = None) -> str | None:
+        """A reason this machine cannot run the scenario under the launch ``profile`` (None: the
+        family's default; e.g. a node stack is not installed), or None: the scenario is then
+        skipped with that reason, never passed."""
         return None
 
-    def roles(self, scenario: Any) -> list[str] | None:
-        """The node roles this scenario's topology has (``node:`` of a fault must name them), or
-        None when the family does not say."""
+    def roles(self, scenario: Any, profile: Any = None) -> list[str] | None:
+        """The node roles this scenario's topology has under the launch ``profile`` (None: the
+        default; ``node:`` of a fault must name them), or None when the family does not say."""
         return None
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
@@ -172,9 +171,9 @@ class Family:
             return float(fault.tail_s)
         return float(getattr(fault, "heal_allowance_s", 0.0) or 0.0) + 1.0
 
-    def excluded(self, scenario: Any, target: str) -> str | None:
+    def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:
         """(``scenario``: the loaded scenario, ``.faults`` with its random faults drawn, the
-        model's blocks as attributes.) Why this target of this scenario does not apply under the family's launch profile (a
+        model's blocks as attributes.) Why this target of this scenario does not apply under the launch ``profile`` (a
         fault that acts on a protocol the profile's connector does not speak), or None. Such runs
         are left out of the plan and listed as not run, with the reason: never run for nothing,
         never counted as passing."""
@@ -188,7 +187,11 @@ class Family:
 
     # ------------------------------------------------------------------ running
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any]) -> "BaseTopology":
+                 services: dict[str, Any], profile: Any = None) -> "BaseTopology":
+        """The nodes of one run: ``scenario`` against ``target`` under the launch ``profile``
+        (None: the family's default), journal records through ``record``, run-wide services (the
+        node pool, toxiproxy) in ``services``. Everything the topology needs comes in here: a
+        family object holds no run state."""
         raise NotImplementedError
 
     def log_secrets(self, run_dir: Path) -> list[str]:
@@ -212,20 +215,16 @@ class Family:
         return []
 
     # ------------------------------------------------------------------ launch profiles
-    profile: Any = None
-    """The node launch profile of this run (``pdchaos run --profile``), once ``use_profile`` chose
-    it; None: the family's default. One run, one profile: it is kept on the family object."""
-
     def profile_names(self) -> list[str]:
         """The built-in launch profiles (where and how the family's nodes start: device, node
         stack, model...); empty: the family has none, and ``--profile`` does not apply to it."""
         return []
 
-    def use_profile(self, spec: str | None, sets: list[str]) -> Any:
-        """Choose the launch profile ``spec`` (a built-in name or a file) with ``KEY=VALUE``
-        changes; raise UsageError naming what is wrong. Families with profiles override it."""
-        from .errors import UsageError
-
+    def load_profile(self, spec: str | None, sets: list[str]) -> Any:
+        """The launch profile ``spec`` (a built-in name or a file; None: the default) with
+        ``KEY=VALUE`` changes, as data the plan hands to :meth:`topology` and the other methods
+        that take ``profile``; raise UsageError naming what is wrong. Families with profiles
+        override it."""
         raise UsageError(f"--profile: family {self.name!r} has no launch profiles")
 
 

@@ -1,6 +1,6 @@
 """The Toxiproxy measurement floor of one run: ``<run_dir>/toxiproxy_floor.json``.
 
-Measured once per run, by ``start_toxiproxy`` (harness/cli/run.py), when a scenario of the run
+Measured once per run, by ``start_toxiproxy`` (harness/services.py), when a scenario of the run
 goes through Toxiproxy: what the proxy adds to a ZMQ round trip with no toxic, and what a latency
 toxic of known size really adds (``faults.toxiproxy.measure_floor``). Readers of a run need both
 to judge latency numbers: a difference smaller than the floor's spread is noise, and a latency

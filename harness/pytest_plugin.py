@@ -67,7 +67,7 @@ class ScenarioItem(pytest.Item):
         if key not in stash:
             from contextlib import ExitStack
 
-            from harness.cli.run import start_toxiproxy
+            from harness.services import start_toxiproxy
 
             run_dir = new_run_dir(self.config.getoption("--pdchaos-runs-dir"))
             services = ExitStack()  # closed at the end of the session (stops toxiproxy-server)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from faults.base import Fault, load_registry
 
-from . import checks as C
+from .saved import check_saved
 from nodekit import journal as J
 from . import verdicts as V
 from .errors import HarnessError
@@ -45,13 +45,13 @@ def new_run_dir(root: str | Path = "runs") -> Path:
     return d
 
 
-def missing_requirements(scenario: LoadedScenario, services: dict[str, Any]) -> str | None:
-    """Why this scenario cannot run here (skipped, never passed), or None."""
+def missing_requirements(scenario: LoadedScenario, services: dict[str, Any], profile: Any = None) -> str | None:
+    """Why this scenario cannot run here under the launch ``profile`` (skipped, never passed), or None."""
     registry = load_registry(scenario.family.name)
     needs = set(scenario.family.requirements(scenario))
     for f in scenario.faults:
         needs |= set(registry[f.type].requires)
-    why = scenario.family.unmet(scenario, needs) or scenario.family.unavailable(scenario)
+    why = scenario.family.unmet(scenario, needs) or scenario.family.unavailable(scenario, profile)
     if why:
         return why
     if "toxiproxy" in needs and services.get("toxiproxy") is None:
@@ -136,8 +136,9 @@ class _Interrupted(Exception):
 class Runner:
     def __init__(self, run_dir: Path, *, targets: list[str] | None = None,
                  on_result: Callable[[Result], None] | None = None, toxiproxy: Any = None,
-                 services: dict[str, Any] | None = None):
+                 services: dict[str, Any] | None = None, profiles: dict[str, Any] | None = None):
         self.run_dir = run_dir
+        self.profiles = dict(profiles or {})  # family name -> its launch profile (None: its default)
         self.targets = targets
         self.on_result = on_result
         self.services = dict(services or {})
@@ -186,11 +187,12 @@ class Runner:
         started = time.monotonic()
         jw = JournalWriter(d / "journal.jsonl")
         meta = self._meta(sc, target)
-        why = missing_requirements(sc, self.services)
+        profile = self.profiles.get(sc.family.name)
+        why = missing_requirements(sc, self.services, profile)
         if why:
             return self._abandon(jw, meta, res, "skipped", why)
         try:
-            topo = sc.family.topology(sc, target, d, jw.write, self.services)
+            topo = sc.family.topology(sc, target, d, jw.write, self.services, profile)
         except Exception as exc:  # noqa: BLE001 - e.g. the namespaces could not be made
             return self._abandon(jw, meta, res, "error", f"topology: {type(exc).__name__}: {exc}")
         part = d / "ops.part.jsonl"
@@ -204,7 +206,7 @@ class Runner:
         if reason == "error":
             res.verdict = "error"
             return res
-        results = C.check_saved(d / "journal.jsonl")
+        results = check_saved(d / "journal.jsonl")
         res.checks = [r.to_dict() for r in results]
         res.verdict, res.failing = V.of_results(results)
         failed = [r for r in results if r.ok is False]

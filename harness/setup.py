@@ -17,7 +17,7 @@ Any other exception from a step is reported as that step failing (one line, no t
 **Optional steps** (:func:`optional_steps`, marked ``optional = True``) follow the core ones, opt-in:
 a plain run only checks them (``already present``, or ``optional, not selected``) and runs one
 only when it is picked by name (``--only NAME``), until a family's ``setup_steps()`` names it.
-Today: the P/D node stack (``pd-node-stack``, ``pd-tiny-model``, :func:`harness.nodeenv.pd_steps`).
+They are the node stacks' steps (``stacks/*/``, e.g. ``pd-node-stack``), found by walking that package.
 
 Core steps: ``toxiproxy-server`` (pinned v2.12.0, built with Go by ``scripts/install-toxiproxy.sh``),
 ``iptables`` and ``iproute2`` (``ip``, ``tc``; apt-get, as root). A family adds its own by returning
@@ -206,6 +206,9 @@ class AptStep:
         return f"installed {self.package} ({', '.join(shutil.which(t) or t for t in self.tools)})"
 
 
+STACKS_PACKAGE = "stacks"  # the node stacks (stacks/*/: recipe, setup_steps())
+
+
 def core_steps() -> list[Any]:
     return [ToxiproxyStep(), AptStep("iptables", "iptables", ("iptables",)),
             AptStep("iproute2", "iproute2", ("ip", "tc"))]
@@ -219,10 +222,17 @@ def is_step(obj: Any) -> bool:
 
 
 def optional_steps() -> list[Any]:
-    """Opt-in steps (run only when picked with ``--only NAME``), marked ``optional = True``."""
-    from .nodeenv import ascend_steps, pd_steps
+    """Opt-in steps (run only when picked with ``--only NAME``), marked ``optional = True``: the
+    steps of every node stack in the ``stacks`` package (each subpackage's ``setup_steps()``), found by
+    walking it, so a stack no installed family names can still be installed by name."""
+    import importlib
+    import pkgutil
 
-    steps = pd_steps() + ascend_steps()
+    pkg = importlib.import_module(STACKS_PACKAGE)
+    steps: list[Any] = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.ispkg:
+            steps += importlib.import_module(f"{STACKS_PACKAGE}.{info.name}").setup_steps()
     for step in steps:
         step.optional = True
     return steps

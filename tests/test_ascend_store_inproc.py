@@ -67,7 +67,7 @@ pytestmark = pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 60)
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
 
     env = ascend_conf_env(out=lambda line: None)
     if not env.installed():

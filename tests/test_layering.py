@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_SIDE = {"connector_patch/vllm_mooncake.py", "connector_patch/vllm_plugin.py",
              "connector_patch/ascend_store.py", "connector_patch/ascend_layerwise.py",
              # run with a node env's python (harness/nodeenv/exec_node.py), never in the harness's
-             "harness/nodeenv/build_tiny_model.py", "families/lookup/ascend_server.py",
+             "stacks/vllm_cpu/build_tiny_model.py", "families/lookup/ascend_server.py",
              "families/lookup/ascend_workload.py", "families/layerwise/engine.py",
              "families/layerwise/stack.py"}
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _missing() -> str | None:
-    from harness.nodeenv.steps import ascend_unavailable
+    from stacks.ascend_cpu.steps import ascend_unavailable
 
     return ascend_unavailable()
 
@@ -95,7 +95,7 @@ def test_transfer_error_scenario_runs_as_expected(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_register_puts_the_hardened_connector_into_vllms_factory():
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
     from harness.nodeenv.exec_node import env_for
 
     code = ("import pdchaos_npu_stubs; pdchaos_npu_stubs.install(); import vllm_ascend; "

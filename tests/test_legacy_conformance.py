@@ -32,7 +32,7 @@ def _both() -> list[Path]:
 
 
 def _conformance_env_missing() -> str | None:
-    from harness.nodeenv.steps import ascend_unavailable
+    from stacks.ascend_cpu.steps import ascend_unavailable
 
     return ascend_unavailable()
 

@@ -24,7 +24,7 @@ from faults import netns
 from faults.toxiproxy import ENV_BINARY, Toxiproxy, find_binary, free_port
 from harness import floor
 from nodekit import journal as J
-from harness.cli.run import start_toxiproxy
+from harness.services import start_toxiproxy
 from harness.schema import load_all
 
 PDCHAOS = [sys.executable, "-m", "harness.cli"]

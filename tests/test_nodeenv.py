@@ -22,11 +22,12 @@ import pytest
 
 from harness import setup as S
 from harness.family import _FAMILIES, Family
-from harness.nodeenv import pd_stack, tiny_model
+from harness.nodeenv import pip as nodepip
+from stacks.vllm_cpu import recipe as pd_stack, tiny_model
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, pin_hash, run_logged, tree_hash
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIM_SRC = ROOT / "nodeplugins" / "pdchaos_cpu_shim"
+SHIM_SRC = ROOT / "stacks" / "vllm_cpu" / "pdchaos_cpu_shim"
 pytestmark = pytest.mark.timeout(60)
 
 METADATA = """\
@@ -62,7 +63,7 @@ Requires-Dist: not-a-requirement
 # --------------------------------------------------------------------------- pure parts
 
 def test_requires_dist_filtering():
-    reqs = pd_stack.requires_from_metadata(METADATA)
+    reqs = nodepip.requires_from_metadata(METADATA, pd_stack.DROP_REQUIRES)
     assert reqs == [
         "regex",
         "transformers<5.20.0,>=5.16.1",
@@ -77,7 +78,7 @@ def test_requires_dist_filtering():
     ]
     # markers are kept verbatim so pip evaluates them for the venv's interpreter
     assert all("extra" not in r for r in reqs)
-    assert pd_stack.requires_from_metadata(METADATA, drop=()).count('torchvision') == 1
+    assert nodepip.requires_from_metadata(METADATA, drop=()).count('torchvision') == 1
 
 
 def test_requires_dist_markers_are_valid_requirements():
@@ -86,7 +87,7 @@ def test_requires_dist_markers_are_valid_requirements():
         from packaging.requirements import Requirement
     except ImportError:
         from pip._vendor.packaging.requirements import Requirement
-    for r in pd_stack.requires_from_metadata(METADATA):
+    for r in nodepip.requires_from_metadata(METADATA, pd_stack.DROP_REQUIRES):
         Requirement(r)
 
 
@@ -360,24 +361,24 @@ def no_families(monkeypatch):
 def test_pd_steps_follow_the_core_steps_and_are_optional(no_families, monkeypatch):
     steps, problems = S.all_steps()
     names = [s.name for s in steps]
-    assert names == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model", "ascend-conf-stack"]
+    assert names == ["toxiproxy-server", "iptables", "iproute2", "ascend-conf-stack", "pd-node-stack", "pd-tiny-model"]
     assert not problems and all(S.is_step(s) for s in steps)
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-node-stack", "pd-tiny-model",
-                                                                        "ascend-conf-stack"]
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["ascend-conf-stack", "pd-node-stack",
+                                                                        "pd-tiny-model"]
 
     class Fam(Family):  # a family that needs the stack makes its step a default one
         name = "nodeenv-test-family"
         targets = ("a",)
 
         def setup_steps(self):
-            from harness.nodeenv import pd_steps
+            from stacks.vllm_cpu import setup_steps as pd_steps
 
             return pd_steps()[:1]
 
     monkeypatch.setattr("harness.family.all_families", lambda: [Fam()])
     steps, problems = S.all_steps()
     assert not problems and [s.name for s in steps].count("pd-node-stack") == 1
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["pd-tiny-model", "ascend-conf-stack"]
+    assert [s.name for s in steps if getattr(s, "optional", False)] == ["ascend-conf-stack", "pd-tiny-model"]
 
 
 def test_optional_steps_run_only_when_picked():
@@ -442,7 +443,7 @@ def test_smoke_real_vllm_serve_plain_and_mooncake(tmp_path):
     if missing:
         pytest.skip(f"not installed here, so the real smoke cannot run: {missing}")
     out = tmp_path / "smoke.json"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.nodeenv.smoke", "--json", str(out)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "stacks.vllm_cpu.smoke", "--json", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         log, _ = proc.communicate(timeout=SMOKE_TIMEOUT_S)

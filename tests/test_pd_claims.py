@@ -398,14 +398,14 @@ def _installed(env_factory) -> Path:
 
 
 def test_design_upstream_vllm_names_exist_in_the_installed_vllm() -> None:
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     problems = _upstream_problems(UPSTREAM_VLLM, _installed(pd_node_env))
     assert not problems, problems
 
 
 def test_design_upstream_vllm_ascend_names_exist_in_the_installed_vllm_ascend() -> None:
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
 
     problems = _upstream_problems(UPSTREAM_ASCEND, _installed(ascend_conf_env))
     assert not problems, problems
@@ -492,7 +492,7 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def metrics() -> dict:
     from families.pd.plugin_site import plugin_site
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     env = pd_node_env(out=lambda line: None)
     if not env.installed():

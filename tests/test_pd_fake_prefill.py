@@ -402,7 +402,7 @@ def test_a_taken_port_is_one_error_line_exit_2(which: str) -> None:
 
 
 def _stack_missing() -> str | None:
-    from harness.nodeenv.steps import PdStackStep
+    from stacks.vllm_cpu.steps import PdStackStep
 
     step = PdStackStep()
     if step.check() is None:
@@ -448,7 +448,7 @@ def test_replies_decode_with_vllms_own_structs(tmpdir_short: str) -> None:
     missing = _stack_missing()
     if missing:
         pytest.skip(missing)
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     f = start_fake(tmpdir_short, "vllm-wire", "error")
     try:

@@ -77,7 +77,7 @@ DEADLINE_S = 0.3  # the helper's kv_load_timeout_ms for the deadline case
 
 @pytest.fixture(scope="module")
 def inproc() -> dict:
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     env = pd_node_env(out=lambda line: None)
     if not env.installed():

@@ -29,8 +29,8 @@ import pytest
 from nodekit.control import control_call
 from families.pd import metrics as M
 from families.pd.workload import make_prompts, post_json
-from harness.nodeenv.smoke import group_pids
-from harness.nodeenv.steps import PdStackStep, TinyModelStep
+from stacks.vllm_cpu.smoke import group_pids
+from stacks.vllm_cpu.steps import PdStackStep, TinyModelStep
 from harness.procs import ProcHandle, start_node
 
 
@@ -140,7 +140,7 @@ def warm_up(p: Server, d: Server) -> None:
     step is small (D's first step after a KV pull, or a 1-token prompt) dies with SIGILL
     (Worker exit -4, "EngineCore encountered an issue"): measured here, and fixed by calling
     ``torch._C._cpu._init_amx()`` in every vLLM process (an environment fix for the CPU shim,
-    nodeplugins/pdchaos_cpu_shim). Until the shim does it, a big first step gets the permission."""
+    stacks/vllm_cpu/pdchaos_cpu_shim). Until the shim does it, a big first step gets the permission."""
     prompt = one_prompt(d)
     for s in (p, d):
         status, data, took = completion(s.url, prompt, 1)
@@ -149,7 +149,7 @@ def warm_up(p: Server, d: Server) -> None:
 
 
 def completion(url: str, prompt: str, max_tokens: int, kv: dict | None = None) -> tuple[int, Any, float]:
-    from harness.nodeenv.tiny_model import model_dir
+    from stacks.vllm_cpu.tiny_model import model_dir
 
     body: dict[str, Any] = {"model": str(model_dir()), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     if kv is not None:
@@ -160,7 +160,7 @@ def completion(url: str, prompt: str, max_tokens: int, kv: dict | None = None) -
 
 
 def one_prompt(d: Server, tokens: int = 200) -> str:
-    from harness.nodeenv.tiny_model import model_dir
+    from stacks.vllm_cpu.tiny_model import model_dir
 
     cfg = {"seed": f"test-{uuid.uuid4().hex}", "prompt_tokens": tokens, "decode_url": d.url, "model": str(model_dir())}
     return make_prompts(cfg, 1, time.monotonic() + 60)[0][0]
@@ -315,7 +315,7 @@ def ops_of(records: list[dict]) -> tuple[dict[int, dict], dict[int, dict]]:
 
 
 def base_config(d: Server, folder: Path, **over: Any) -> dict:
-    from harness.nodeenv.tiny_model import model_dir
+    from stacks.vllm_cpu.tiny_model import model_dir
 
     cfg = {"proxy_url": d.url, "decode_url": d.url, "duration_s": 2.0, "concurrency": 2, "rate": 4.0,
            "prompt_tokens": 200, "output_tokens": 16, "request_timeout_s": 30.0, "seed": 20261130,

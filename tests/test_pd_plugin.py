@@ -31,7 +31,7 @@ print("RESULT " + json.dumps({"eps": eps, "cls": f"{cls.__module__}.{cls.__name_
 
 def test_vllm_finds_and_registers_the_hardened_connector() -> None:
     from families.pd.plugin_site import package_dir, plugin_site
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     env = pd_node_env(out=lambda line: None)
     if not env.installed():

@@ -231,7 +231,7 @@ def test_two_ranks_agree_by_a_min_all_reduce_over_real_gloo(tmp_path) -> None:
     import subprocess
     from pathlib import Path
 
-    from harness.nodeenv.pd_stack import pd_node_env
+    from stacks.vllm_cpu.recipe import pd_node_env
 
     env = pd_node_env(out=lambda line: None)
     if not env.installed():

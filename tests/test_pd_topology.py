@@ -18,9 +18,16 @@ from harness.schema import load_scenario
 SCENARIOS = Path(__file__).parent.parent / "scenarios" / "pd"
 
 
-def topology(tmp_path: Path, name: str, pool=None, target: str = "upstream") -> PDTopology:
+def topology(tmp_path: Path, name: str, pool=None, target: str = "upstream", profile=None) -> PDTopology:
     sc = load_scenario(SCENARIOS / name)
-    return PDTopology(sc, target, tmp_path, lambda rec: None, {"node_pool": pool} if pool else {})
+    return PDTopology(sc, target, tmp_path, lambda rec: None, {"node_pool": pool} if pool else {}, profile)
+
+
+def profile(name: str, *sets: str):
+    """A launch profile as data (what ``pdchaos run --profile NAME --set ...`` hands the runner)."""
+    from families.pd.family import FAMILY
+
+    return FAMILY.load_profile(name, list(sets))
 
 
 def arg(args: list[str], flag: str) -> str | None:
@@ -114,20 +121,13 @@ def test_the_hardened_node_command_and_environment(tmp_path: Path) -> None:
 
 @pytest.fixture
 def ascend():
-    """The pd family under launch profile ascend for one test (the family object keeps the run's
-    profile), back to the default after."""
-    from families.pd.family import FAMILY
-
-    FAMILY.use_profile("ascend", ["model=/models/Qwen3-0.6B"])
-    try:
-        yield FAMILY.profile
-    finally:
-        FAMILY.profile = None
+    """Launch profile ascend, as the data a topology is given."""
+    return profile("ascend", "model=/models/Qwen3-0.6B")
 
 
 def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend) -> None:
-    up = topology(tmp_path / "u", "baseline.yaml")
-    hard = topology(tmp_path / "h", "baseline.yaml", target="hardened")
+    up = topology(tmp_path / "u", "baseline.yaml", profile=ascend)
+    hard = topology(tmp_path / "h", "baseline.yaml", target="hardened", profile=ascend)
     for t in (up, hard):
         for role, npu in (("prefill:0", "0"), ("decode:0", "1")):
             a = t.node_spec(role).args
@@ -144,9 +144,7 @@ def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend)
     assert arg(h, "--kv-extra") == '{"mooncake_protocol":"ascend"}'
     assert arg(hard.node_spec("proxy").args, "--protocol") == "bootstrap"
     assert up.pool_key("decode:0") != hard.pool_key("decode:0")
-    from families.pd.family import FAMILY
-
-    FAMILY.profile = None  # the default (cpu): a node started for one profile is never lent to another
+    # the default (cpu): a node started for one profile is never lent to another
     cpu_key = topology(tmp_path / "c2", "baseline.yaml").pool_key("decode:0")
     assert cpu_key is not None and cpu_key != up.pool_key("decode:0")
 
@@ -154,7 +152,7 @@ def test_ascend_profile_starts_vllm_ascend_nodes_on_npus(tmp_path: Path, ascend)
 def test_ascend_profile_cannot_pair_v1_with_the_bootstrap_protocol(tmp_path: Path, ascend) -> None:
     from harness.errors import HarnessError
 
-    t = topology(tmp_path, "mixed-upstream-decode.yaml", target="hardened")
+    t = topology(tmp_path, "mixed-upstream-decode.yaml", target="hardened", profile=ascend)
     with pytest.raises(HarnessError, match="cannot be paired"):
         t.node_spec("proxy")
 
@@ -254,30 +252,28 @@ def test_ascend_store_profile_adds_a_store_master_and_the_pool_settings(tmp_path
     mooncake.json naming it on loopback and hash alike; a MultiConnector per target."""
     from families.pd.family import FAMILY
 
-    FAMILY.use_profile("ascend-store", ["model=/models/Qwen3-0.6B"])
-    try:
-        sc = load_scenario(SCENARIOS / "baseline.yaml")
-        assert FAMILY.roles(sc.model)[0] == "store"
-        up = topology(tmp_path / "u", "baseline.yaml")
-        store = up.node_spec("store")
-        assert store.kind == "mooncake-master" and arg(store.args, "--master-from") == "path"
-        assert arg(store.args, "--rpc-port") == str(up.store_ports["rpc"])
-        p = up.node_spec("prefill:0").args
-        envs = [p[i + 1] for i, x in enumerate(p) if x == "--env"]
-        assert "PYTHONHASHSEED=0" in envs and f"MOONCAKE_CONFIG_PATH={tmp_path / 'u' / 'mooncake.json'}" in envs
-        cfg = json.loads((tmp_path / "u" / "mooncake.json").read_text())
-        assert cfg["master_server_address"] == f"127.0.0.1:{up.store_ports['rpc']}"
-        assert cfg["metadata_server"] == "P2PHANDSHAKE" and cfg["protocol"] == "ascend"
-        extra = json.loads(arg(p, "--kv-extra"))
-        assert [c["kv_connector"] for c in extra["connectors"]] == ["MooncakeConnectorV1", "AscendStoreConnector"]
-        assert extra["connectors"][0]["kv_port"] == "$KV_PORT"  # the node fills it in
-        assert arg(p, "--kv-connector") == "MultiConnector" and up.pool_key("prefill:0") is None
-        hard = topology(tmp_path / "h", "baseline.yaml", target="hardened").node_spec("decode:0").args
-        names = [c["kv_connector"] for c in json.loads(arg(hard, "--kv-extra"))["connectors"]]
-        assert names == ["HardenedMooncakeConnector", "HardenedAscendStoreConnector"]
-    finally:
-        FAMILY.profile = None
-    assert FAMILY.roles(sc.model) == ["prefill:0", "decode:0", "proxy"]
+    store_profile = profile("ascend-store", "model=/models/Qwen3-0.6B")
+    sc = load_scenario(SCENARIOS / "baseline.yaml")
+    assert FAMILY.roles(sc.model, store_profile)[0] == "store"
+    up = topology(tmp_path / "u", "baseline.yaml", profile=store_profile)
+    store = up.node_spec("store")
+    assert store.kind == "mooncake-master" and arg(store.args, "--master-from") == "path"
+    assert arg(store.args, "--rpc-port") == str(up.store_ports["rpc"])
+    p = up.node_spec("prefill:0").args
+    envs = [p[i + 1] for i, x in enumerate(p) if x == "--env"]
+    assert "PYTHONHASHSEED=0" in envs and f"MOONCAKE_CONFIG_PATH={tmp_path / 'u' / 'mooncake.json'}" in envs
+    cfg = json.loads((tmp_path / "u" / "mooncake.json").read_text())
+    assert cfg["master_server_address"] == f"127.0.0.1:{up.store_ports['rpc']}"
+    assert cfg["metadata_server"] == "P2PHANDSHAKE" and cfg["protocol"] == "ascend"
+    extra = json.loads(arg(p, "--kv-extra"))
+    assert [c["kv_connector"] for c in extra["connectors"]] == ["MooncakeConnectorV1", "AscendStoreConnector"]
+    assert extra["connectors"][0]["kv_port"] == "$KV_PORT"  # the node fills it in
+    assert arg(p, "--kv-connector") == "MultiConnector" and up.pool_key("prefill:0") is None
+    hard = topology(tmp_path / "h", "baseline.yaml", target="hardened",
+                    profile=store_profile).node_spec("decode:0").args
+    names = [c["kv_connector"] for c in json.loads(arg(hard, "--kv-extra"))["connectors"]]
+    assert names == ["HardenedMooncakeConnector", "HardenedAscendStoreConnector"]
+    assert FAMILY.roles(sc.model) == ["prefill:0", "decode:0", "proxy"]  # the default: no store
 
 
 def test_vllm_node_fills_the_kv_extra_placeholders(tmp_path: Path) -> None:
@@ -307,35 +303,28 @@ def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path)
     """Under a profile whose connector the proxy pairs by kv-params or layerwise, the scenarios
     whose faults act on the bootstrap protocol (or on a phase that protocol lacks) are left out
     with the reason; the default profile leaves out nothing."""
-    from harness.cli.run import split_plan
-    from families.pd.family import FAMILY
+    from harness.plan import split_plan
     from harness.schema import load_all
 
     scenarios = load_all([str(SCENARIOS)])
     plan = [(sc, t) for sc in scenarios for t in sc.model.targets]
     assert split_plan(plan)[1] == []  # cpu: everything runs
-    try:
-        FAMILY.use_profile("ascend", ["model=/m"])
-        keep, out = split_plan(plan)
-        why = {(sc.name, t): w for sc, t, w in out}
-        assert "fault fake_prefill_peer acts on the proxy's bootstrap protocol" in why[("pd-fake-prefill-error", "upstream")]
-        assert ("pd-fake-prefill-error", "hardened") not in why  # the hardened connector speaks bootstrap
-        assert "cannot be paired" in why[("pd-mixed-upstream-decode", "hardened")]
-        assert "toxiproxy sits on P's bootstrap server" in why[("pd-bootstrap-latency", "upstream")]
-        assert ("pd-abort-after-prefill", "upstream") not in why  # kv-params has the phase after P
-        FAMILY.use_profile("ascend-layerwise", ["model=/m"])
-        why = {(sc.name, t): w for sc, t, w in split_plan(plan)[1]}
-        assert "abort_after_prefill acts on the proxy's bootstrap/kv-params" in why[("pd-abort-after-prefill", "hardened")]
-        assert ("pd-baseline", "upstream") not in why and ("pd-stop-decode", "hardened") not in why
-        assert len(keep) + len(out) == len(plan)
-    finally:
-        FAMILY.profile = None
+    keep, out = split_plan(plan, {"pd": profile("ascend", "model=/m")})
+    why = {(sc.name, t): w for sc, t, w in out}
+    assert "fault fake_prefill_peer acts on the proxy's bootstrap protocol" in why[("pd-fake-prefill-error", "upstream")]
+    assert ("pd-fake-prefill-error", "hardened") not in why  # the hardened connector speaks bootstrap
+    assert "cannot be paired" in why[("pd-mixed-upstream-decode", "hardened")]
+    assert "toxiproxy sits on P's bootstrap server" in why[("pd-bootstrap-latency", "upstream")]
+    assert ("pd-abort-after-prefill", "upstream") not in why  # kv-params has the phase after P
+    why = {(sc.name, t): w for sc, t, w in split_plan(plan, {"pd": profile("ascend-layerwise", "model=/m")})[1]}
+    assert "abort_after_prefill acts on the proxy's bootstrap/kv-params" in why[("pd-abort-after-prefill", "hardened")]
+    assert ("pd-baseline", "upstream") not in why and ("pd-stop-decode", "hardened") not in why
+    assert len(keep) + len(out) == len(plan)
 
 
 def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
     """A fault drawn from random_faults is judged like one written in the file."""
-    from harness.cli.run import split_plan
-    from families.pd.family import FAMILY
+    from harness.plan import split_plan
 
     f = tmp_path / "rf.yaml"
     f.write_text("name: t-rf\nfamily: pd\nseed: 3\nworkload: {duration: 20s, concurrency: 1, rate: 1}\n"
@@ -344,10 +333,6 @@ def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
                  "expect: {upstream: pass, hardened: pass}\n")  # never run: only the plan is judged
     sc = load_scenario(f)
     assert sc.model.faults == [] and [x.type for x in sc.faults] == ["fake_prefill_peer"]
-    try:
-        FAMILY.use_profile("ascend-layerwise", ["model=/m"])
-        keep, out = split_plan([(sc, "upstream"), (sc, "hardened")])
-        assert keep == [] and all("fault fake_prefill_peer" in why for _, _, why in out)
-    finally:
-        FAMILY.profile = None
+    keep, out = split_plan([(sc, "upstream"), (sc, "hardened")], {"pd": profile("ascend-layerwise", "model=/m")})
+    assert keep == [] and all("fault fake_prefill_peer" in why for _, _, why in out)
     assert split_plan([(sc, "upstream")]) == ([(sc, "upstream")], [])

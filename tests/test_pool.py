@@ -47,7 +47,7 @@ def echo(monkeypatch: pytest.MonkeyPatch):
             self.endpoint = f"ipc://{self.pool.tmp}/echo-{time.monotonic_ns()}.sock"
             self.start_node("server")
 
-    monkeypatch.setattr(FAMILY, "topology", lambda sc, target, d, rec, services: PooledEcho(sc, target, d, rec, services))
+    monkeypatch.setattr(FAMILY, "topology", lambda sc, target, d, rec, services, profile=None: PooledEcho(sc, target, d, rec, services))
     return PooledEcho
 
 
@@ -175,7 +175,7 @@ def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
 def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
     """File order, but the scenarios whose nodes start alike run in a row (the node pool serves
     them): the pd suite's netns and fixed-engine scenarios come after the default ones."""
-    from harness.cli.run import order_for_reuse
+    from harness.plan import order_for_reuse
     from harness.schema import load_all
 
     scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])
@@ -197,7 +197,7 @@ def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
 def test_pdchaos_run_plans_one_target_after_the_other_within_a_group() -> None:
     """Within a reuse group every upstream run comes first, then every hardened one (the pool keeps
     one warm pair: alternating targets would start a fresh pair for every run); nothing is lost."""
-    from harness.cli.run import plan_for_reuse
+    from harness.plan import plan_for_reuse
     from harness.schema import load_all
 
     scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])

@@ -717,7 +717,7 @@ def test_nightly_validate_and_dry_run_steps(tmp_path):
                              "inputs.args": "-k baseline --target hardened"})
     w.ws.rmdir()
     w.ws.mkdir()
-    for name in ("harness", "reports", "faults", "scenarios", "connector_patch", "nodeplugins"):
+    for name in ("harness", "reports", "faults", "scenarios", "connector_patch", "families", "nodekit", "stacks"):
         if (REPO / name).exists():
             (w.ws / name).symlink_to(REPO / name)
     proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "Validate every scenario", timeout=100)

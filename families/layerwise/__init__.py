@@ -6,7 +6,7 @@ Targets: ``upstream`` (vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector``
 P (``layerwise-prefill``: the worker side, P's per-layer sending thread over a fake transfer
 engine the nemesis controls), the metaserver (``layerwise-metaserver``: the proxy's endpoint D
 POSTs to, which forwards the request to P), and the workload (requests through D). D and P run in
-the conformance node env (harness/nodeenv/ascend_stack.py).
+the conformance node env (stacks/ascend_cpu/recipe.py).
 """
 
 from __future__ import annotations

@@ -42,17 +42,17 @@ class LayerwiseFamily(Family):
             return f"the layerwise topology has no {', '.join(sorted(needs - {'toxiproxy'}))} link"
         return None
 
-    def unavailable(self, scenario: Any) -> str | None:  # noqa: ARG002
-        from harness.nodeenv.steps import ascend_unavailable
+    def unavailable(self, scenario: Any, profile: Any = None) -> str | None:  # noqa: ARG002
+        from stacks.ascend_cpu.steps import ascend_unavailable
 
         return ascend_unavailable()
 
     def setup_steps(self) -> list[Any]:
-        from harness.nodeenv import ascend_steps
+        from stacks.ascend_cpu import setup_steps as ascend_steps
 
         return ascend_steps()
 
-    def roles(self, scenario: Any) -> list[str]:  # noqa: ARG002
+    def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
         return ["decode", "prefill", "metaserver"]
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:  # noqa: ARG002
@@ -63,7 +63,7 @@ class LayerwiseFamily(Family):
         return out
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any]):
+                 services: dict[str, Any], profile: Any = None):
         from .topology import LayerwiseTopology
 
         return LayerwiseTopology(scenario, target, run_dir, record, services)

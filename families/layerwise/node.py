@@ -63,7 +63,7 @@ def run_node(args: argparse.Namespace) -> int:
             return usage_exit(f"--{name.replace('_', '-')}: a port in 1024..65535")
     if args.kind == "layerwise-decode" and not args.metaserver.startswith("http://127.0.0.1:"):
         return usage_exit("--metaserver: D needs http://127.0.0.1:PORT/... (loopback only)")
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
     from harness.nodeenv.exec_node import exec_module
 
     exec_module(ascend_conf_env().python, __name__, _argv(args))

@@ -1,7 +1,7 @@
 """Conformance-env side: vllm-ascend's real layerwise connector, built on CPU.
 
 Everything here runs in the conformance node env (vLLM 0.23.0 + vllm-ascend 0.23.0.post1 + CPU
-torch; ``harness/nodeenv/ascend_stack.py``), after the NPU stubs (``pdchaos_npu_stubs``). Built
+torch; ``stacks/ascend_cpu/recipe.py``), after the NPU stubs (``pdchaos_npu_stubs``). Built
 from the real code, nothing of it replaced:
 
 * a real ``VllmConfig`` (a two-layer model described by a hand-written ``config.json``, no weights;

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 import threading
 import time
 from typing import Any
@@ -70,7 +69,7 @@ def run_node(args: argparse.Namespace) -> int:
 
     if parse_path(args.endpoint) is None:
         return usage_exit("--endpoint: must be vllm-ascend's lookup path ipc://DIR/lookup_rpc_port_N_dp_rank0")
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
     from harness.nodeenv.exec_node import exec_module
 
     exec_module(ascend_conf_env().python, __name__, argv_of(args))
@@ -123,7 +122,7 @@ def vllm_config_for(port: int) -> Any:
 
 
 def import_stack() -> None:
-    import pdchaos_npu_stubs  # the conformance env's NPU stubs (nodeplugins/pdchaos_npu_stubs)
+    import pdchaos_npu_stubs  # the conformance env's NPU stubs (stacks/ascend_cpu/pdchaos_npu_stubs)
 
     pdchaos_npu_stubs.install()
     import vllm_ascend  # noqa: F401
@@ -259,6 +258,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .ascend_workload import exit_now
+    from nodekit.nodeio import exit_now
 
     exit_now(main())

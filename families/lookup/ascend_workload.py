@@ -31,7 +31,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
 
 def run_node(args: argparse.Namespace) -> int:
-    from harness.nodeenv.ascend_stack import ascend_conf_env
+    from stacks.ascend_cpu.recipe import ascend_conf_env
     from harness.nodeenv.exec_node import exec_module
 
     exec_module(ascend_conf_env().python, __name__,
@@ -100,16 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     return AscendWorkload(cfg, journal).run()
 
 
-def exit_now(rc: int) -> None:
-    """Leave without the interpreter's teardown: with torch and vLLM loaded it takes seconds on a
-    busy host (past the runner's grace). Everything of this node is written and closed by now."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
-
-
 if __name__ == "__main__":
+    from nodekit.nodeio import exit_now
+
     exit_now(main())

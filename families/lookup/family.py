@@ -71,21 +71,21 @@ class LookupFamily(Family):
             return "a partition fault needs topology.link: netns"
         return None
 
-    def unavailable(self, scenario: Any) -> str | None:
+    def unavailable(self, scenario: Any, profile: Any = None) -> str | None:  # noqa: ARG002
         from .topology import runs_ascend
 
         if any(runs_ascend(scenario.topology, t) for t in scenario.targets):
-            from harness.nodeenv.steps import ascend_unavailable
+            from stacks.ascend_cpu.steps import ascend_unavailable
 
             return ascend_unavailable()
         return None
 
     def setup_steps(self) -> list[Any]:
-        from harness.nodeenv import ascend_steps
+        from stacks.ascend_cpu import setup_steps as ascend_steps
 
         return ascend_steps()
 
-    def roles(self, scenario: Any) -> list[str]:
+    def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
         return ["server"] + (["interposer"] if scenario.topology.link == "interposer" else [])
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
@@ -102,7 +102,7 @@ class LookupFamily(Family):
         return out
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any]):
+                 services: dict[str, Any], profile: Any = None):
         from .topology import LookupTopology
 
         return LookupTopology(scenario, target, run_dir, record, services)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
 SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
-# Targets that run vllm-ascend's real code in the conformance node env (harness/nodeenv/ascend_stack.py):
+# Targets that run vllm-ascend's real code in the conformance node env (stacks/ascend_cpu/recipe.py):
 # ``upstream`` always; ``hardened`` with ``stack: vllm-ascend`` (the plugin's server and client).
 ASCEND_SERVER, ASCEND_WORKLOAD = "ascend-lookup-server", "ascend-workload"
 ASCEND_READY_S = 180.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 2-core host

@@ -180,7 +180,7 @@ def _complete(url: str, model: str, prompt: str, max_tokens: int, timeout: float
 
 def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
     from families.pd.workload import prepare
-    from harness.nodeenv.tiny_model import model_dir
+    from stacks.vllm_cpu.tiny_model import model_dir
 
     t_setup = time.monotonic()
     _start(args, workdir, topos)

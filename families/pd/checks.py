@@ -7,6 +7,7 @@ import math
 from harness.checks import CheckInput, CheckResult, _first, _r, finite, op_elapsed_ms, undecided
 
 from .family import FAMILY
+from .metrics import gauge as _gauge
 
 check = FAMILY.checks.check
 
@@ -41,17 +42,6 @@ def correct_output(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     if not ok_ops:
         return _r(False, "no completion succeeded: nothing to compare with the reference")
     return _r(True, f"all {len(ok_ops)} completions equal the reference output")
-
-
-def _gauge(counters: dict, name: str) -> float | None:
-    """A vLLM gauge from a node's scraped counters, whatever its prefix or labels (summed)."""
-    def bare(key: str) -> str:  # without a "vllm:" prefix; labels kept when ``name`` has them
-        key = key.split(":", 1)[-1] if ":" in key.split("{")[0] else key
-        return key if "{" in name else key.split("{")[0]
-
-    vals = [float(v) for k, v in (counters or {}).items()
-            if isinstance(v, (int, float)) and math.isfinite(v) and bare(k) == name]
-    return sum(vals) if vals else None
 
 
 def _vllm_probes(inp: CheckInput, when: str) -> list[dict]:

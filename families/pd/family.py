@@ -53,10 +53,10 @@ class PDFamily(Family):
         link = scenario.topology.link
         return set() | ({"toxiproxy"} if link == "toxiproxy" else {"netns", "root"} if link == "netns" else set())
 
-    def unavailable(self, scenario: Any) -> str | None:
-        from harness.nodeenv.steps import PdStackStep, TinyModelStep
+    def unavailable(self, scenario: Any, profile: Any = None) -> str | None:
+        from stacks.vllm_cpu.steps import PdStackStep, TinyModelStep
 
-        prof = self.active_profile()
+        prof = profile or self.load_profile(None, [])
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
@@ -68,10 +68,10 @@ class PDFamily(Family):
             return f"profile {prof.name}: model folder {prof.model!r} holds no config.json"
         return None
 
-    def excluded(self, scenario: Any, target: str) -> str | None:
+    def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:
         from faults.base import load_registry
 
-        prof = self.active_profile()
+        prof = profile or self.load_profile(None, [])
         t = scenario.topology
         conns = [prof.connectors[target]]
         if target == "hardened" and t.mixed != "none":
@@ -97,19 +97,10 @@ class PDFamily(Family):
 
         return builtin_profiles()
 
-    def use_profile(self, spec: str | None, sets: list[str]) -> Any:
+    def load_profile(self, spec: str | None, sets: list[str]) -> Any:
         from .profile import load_profile
 
-        self.profile = load_profile(spec, sets)
-        return self.profile
-
-    def active_profile(self) -> Any:
-        """The run's launch profile; the default (cpu) when none was chosen."""
-        if self.profile is None:
-            from .profile import load_profile
-
-            self.profile = load_profile(None)
-        return self.profile
+        return load_profile(spec, sets)
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
         return {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
@@ -119,10 +110,10 @@ class PDFamily(Family):
         return (t.link == "netns", t.model, t.kv_load_failure_policy, int(t.abort_timeout), int(t.startup_timeout),
                 t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000), t.mixed)
 
-    def roles(self, scenario: Any) -> list[str]:
+    def roles(self, scenario: Any, profile: Any = None) -> list[str]:
         # a launch profile with a KV pool adds its store master (validation runs before a profile
         # is chosen: there, the default's roles)
-        store = self.profile is not None and self.profile.store is not None
+        store = profile is not None and profile.store is not None
         return (["store"] if store else []) + ["prefill:0", "decode:0", "proxy"]
 
     def validate(self, scenario: Any) -> None:
@@ -138,10 +129,10 @@ class PDFamily(Family):
         return None
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any]):
+                 services: dict[str, Any], profile: Any = None):
         from .topology import PDTopology
 
-        return PDTopology(scenario, target, run_dir, record, services)
+        return PDTopology(scenario, target, run_dir, record, services, profile or self.load_profile(None, []))
 
     def log_secrets(self, run_dir: Path) -> list[str]:
         p = run_dir / "prompts.json"  # the workload's prompts and reference outputs: never in a log
@@ -162,7 +153,7 @@ class PDFamily(Family):
         return {"prompts": data if isinstance(data, list) else None}
 
     def setup_steps(self) -> list[Any]:
-        from harness.nodeenv import pd_steps
+        from stacks.vllm_cpu import setup_steps as pd_steps
 
         return pd_steps()
 

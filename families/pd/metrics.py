@@ -35,6 +35,8 @@ statistics (``KV Transfer metrics: ...``) are only logged, not exported.
 
 from __future__ import annotations
 
+import math
+
 import http.client
 import re
 from typing import Iterable, NamedTuple
@@ -187,3 +189,14 @@ def scrape(base_url: str, timeout: float = 1.0) -> dict[str, float | int]:
         return counters(body.decode("utf-8", "replace"))
     except ValueError as exc:
         raise MetricsError(f"GET /metrics: unreadable: {exc}") from None
+
+
+def gauge(counters: dict, name: str) -> float | None:
+    """A vLLM gauge from a node's scraped counters, whatever its prefix or labels (summed)."""
+    def bare(key: str) -> str:  # without a "vllm:" prefix; labels kept when ``name`` has them
+        key = key.split(":", 1)[-1] if ":" in key.split("{")[0] else key
+        return key if "{" in name else key.split("{")[0]
+
+    vals = [float(v) for k, v in (counters or {}).items()
+            if isinstance(v, (int, float)) and math.isfinite(v) and bare(k) == name]
+    return sum(vals) if vals else None

@@ -59,7 +59,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
 def master_binary(where: str) -> Path:
     if where == "node-env":
-        from harness.nodeenv.pd_stack import pd_node_env
+        from stacks.vllm_cpu.recipe import pd_node_env
 
         return pd_node_env(out=lambda line: None).bin / "mooncake_master"
     if where == "path":

@@ -28,7 +28,7 @@ SIDES = {"prefill:0": "b", "decode:0": "a", "proxy": "a"}  # namespaces, with li
 
 def _busy(stats: dict | None, baseline: dict | None = None) -> bool:
     """Something running or waiting, or more KV blocks in use than at the node's baseline."""
-    from .checks import _gauge
+    from .metrics import gauge as _gauge
 
     c = (stats or {}).get("counters") or {}
     if (_gauge(c, "num_requests_running") or 0) + (_gauge(c, "num_requests_waiting") or 0):
@@ -43,16 +43,18 @@ class PDTopology(BaseTopology):
     sample_interval_s = 0.5  # node gauges over time: waiting, running, KV usage, CPU
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any] | None = None):
+                 services: dict[str, Any] | None = None, profile: Any = None):
         super().__init__(scenario, target, run_dir, record, services)
         self.topo = scenario.topology
         self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
         self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
         self.kv_ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}  # profiles with kv_port
         self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"  # set again at start()
-        from .family import FAMILY
+        if profile is None:
+            from .profile import load_profile
 
-        self.profile = FAMILY.active_profile()  # where and how vLLM starts (profile.py)
+            profile = load_profile(None)
+        self.profile = profile  # where and how vLLM starts (profile.py)
         self.store_ports = {"rpc": free_tcp_port(), "admin": free_tcp_port()}  # profiles with a store master
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server
         self.server_logs = run_dir / "server-logs"
@@ -197,7 +199,7 @@ class PDTopology(BaseTopology):
         """Healthy and drained: nothing running or waiting, no KV block held (a request a fault
         left behind, or blocks P keeps for a pull that never came, would leak into the next
         scenario's verdicts)."""
-        from .checks import _gauge
+        from .metrics import gauge as _gauge
 
         if not stats.get("alive"):
             return "not healthy"
@@ -238,7 +240,7 @@ class PDTopology(BaseTopology):
         self.start_node("proxy")
 
     def workload_config(self) -> dict:
-        from harness.nodeenv.tiny_model import model_dir
+        from stacks.vllm_cpu.tiny_model import model_dir
 
         w = self.scenario.workload
         return {"proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,

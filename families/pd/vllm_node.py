@@ -118,7 +118,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
                    help="address vLLM listens on and VLLM_HOST_IP (loopback; a private address inside a run's netns)")
     p.add_argument("--bootstrap-port", required=True, type=int,
                    help="VLLM_MOONCAKE_BOOTSTRAP_PORT (P's bootstrap server, which D and the proxy ask)")
-    p.add_argument("--model", default=None, help="model folder (default: the tiny model of harness.nodeenv.tiny_model)")
+    p.add_argument("--model", default=None, help="model folder (default: the tiny model of stacks.vllm_cpu.tiny_model)")
     p.add_argument("--policy", choices=("fail", "recompute"), default="fail", help="kv_load_failure_policy")
     p.add_argument("--abort-timeout-s", type=int, default=None,
                    help="VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT (vLLM's default when not given: 480)")
@@ -159,7 +159,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
 def group_members(pgid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
     """Live (non-zombie) processes of the process group ``pgid``, but those in ``exclude``."""
-    from harness.nodeenv.smoke import group_pids
+    from stacks.vllm_cpu.smoke import group_pids
 
     return [p for p in group_pids(pgid) if p not in exclude]
 
@@ -376,7 +376,7 @@ class VllmNode:
             if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise NodeUsageError(f"--env {key or item!r}: expected NAME=VALUE")
             self.extra_env[key] = value
-        from harness.nodeenv.tiny_model import model_dir
+        from stacks.vllm_cpu.tiny_model import model_dir
 
         self.model = Path(args.model) if args.model else model_dir()
         if not (self.model / "config.json").is_file():
@@ -392,7 +392,7 @@ class VllmNode:
                 raise NodeUsageError(f"--vllm-from: {args.vllm_from!r} is not node-env, path or the absolute path "
                                      "of a vllm command")
         else:
-            from harness.nodeenv.pd_stack import pd_node_env
+            from stacks.vllm_cpu.recipe import pd_node_env
 
             env = pd_node_env(out=lambda line: None)
             self.vllm_bin = env.bin / "vllm"

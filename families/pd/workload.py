@@ -31,7 +31,7 @@ optional:
 =====================  ====================================================================
 
 Before READY: ``ceil(duration_s * rate * 1.2) + concurrency`` unique prompts of words from the
-tiny model's corpus vocabulary (harness/nodeenv/build_tiny_model.py, so they tokenize densely),
+tiny model's corpus vocabulary (stacks/vllm_cpu/build_tiny_model.py, so they tokenize densely),
 and each prompt's reference: the greedy output of D alone for that prompt and ``max_tokens``,
 asked one request at a time. References are cached in
 ``${XDG_CACHE_HOME:-~/.cache}/pdchaos/reference/<sha256>.json``, the hash over the model (its
@@ -174,7 +174,7 @@ def completion_text(data: Any) -> str | None:
 # --------------------------------------------------------------------------- prompts and references
 
 def vocabulary() -> list[str]:
-    from harness.nodeenv.build_tiny_model import WORDS
+    from stacks.vllm_cpu.build_tiny_model import WORDS
 
     return list(WORDS)
 

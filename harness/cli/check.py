@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import checks as C
+from ..saved import check_saved
 from nodekit import journal as J
 from ..errors import UsageError
 from nodekit.journal import iter_runs, meta
@@ -175,7 +175,7 @@ def recheck(run_dir: Path, as_target: str | None = None, trust_saved_meta: bool 
         if not_run:
             row.update(verdict=not_run[0], reason=not_run[1], checks=[])
         else:
-            results = C.check_saved(path, records)
+            results = check_saved(path, records)
             verdict, failing = V.of_results(results)
             row.update(verdict=verdict, failing=failing, reason="", checks=[r.to_dict() for r in results])
         row["outcome"] = outcome_of(row["verdict"], expected, row.get("failing"))

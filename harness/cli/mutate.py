@@ -63,7 +63,7 @@ def claims(scenarios: list, target: str) -> list[tuple]:
 
 def judge(journal: Path, target: str) -> dict:
     """The baseline's saved run judged against ``target``'s claims (cmd_check.judged_as)."""
-    from .. import checks as C
+    from ..saved import check_saved
     from .check import _not_run, judged_as
 
     records = judged_as(J.read_journal(journal), target)
@@ -72,7 +72,7 @@ def judge(journal: Path, target: str) -> dict:
     if not_run:
         return {"verdict": not_run[0], "failing": [], "expected": expected, "outcome": not_run[0],
                 "reason": not_run[1]}
-    verdict, failing = V.of_results(C.check_saved(journal, records))
+    verdict, failing = V.of_results(check_saved(journal, records))
     outcome = V.outcome(verdict, expected, failing)
     return {"verdict": verdict, "failing": failing, "expected": expected, "outcome": outcome,
             "reason": V.difference(verdict, expected, failing) if outcome == "deviation" else ""}

@@ -23,8 +23,10 @@ from pathlib import Path
 from ..errors import UsageError
 from ..progress import Progress
 from ..outputs import run_status, write_summary
+from ..plan import choose_profiles, order_for_reuse, plan_for_reuse, split_plan
 from ..pool import NodePool
 from ..runner import Runner, new_run_dir
+from ..services import start_toxiproxy
 from ..schema import load_all
 
 
@@ -74,69 +76,6 @@ def run_bench(run_dir: Path, n: int, family: str, out: Path) -> None:
     print(proc.stdout.strip(), flush=True)
 
 
-def _needs_toxiproxy(sc) -> bool:
-    from faults.base import load_registry
-
-    registry = load_registry(sc.family.name)
-    return "toxiproxy" in sc.family.requirements(sc) or any("toxiproxy" in registry[f.type].requires
-                                                            for f in sc.faults)
-
-
-def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
-    """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed.
-
-    With ``run_dir``, the measurement floor (what the proxy adds with no toxic, and a latency
-    toxic configured vs measured) is measured once, before any scenario, and written to
-    ``<run_dir>/toxiproxy_floor.json`` (harness/floor.py); when toxiproxy-server is missing the
-    file says so. A failed measurement is recorded there and never fails the run."""
-    if not any(_needs_toxiproxy(s) for s in scenarios):
-        return None
-    from .. import floor
-    from ..errors import HarnessError
-
-    try:
-        from faults.toxiproxy import ToxiproxyError, ToxiproxyServer, find_server_binary
-    except ImportError as exc:
-        if run_dir is not None:
-            floor.write_unmeasured(run_dir, f"toxiproxy client library missing: {exc}")
-        return None
-    if find_server_binary() is None:
-        if run_dir is not None:
-            floor.write_unmeasured(run_dir, "toxiproxy-server is not installed (see `pdchaos doctor`)")
-        return None
-    try:
-        server = stack.enter_context(ToxiproxyServer())
-    except ToxiproxyError as exc:  # one line, exit 2 (HarnessError), not a traceback
-        raise HarnessError(f"toxiproxy-server did not start: {exc}") from None
-    api = server.client()
-    if run_dir is not None:
-        floor.measure_and_write(api, run_dir)
-    return api
-
-
-def order_for_reuse(scenarios: list) -> list:
-    """The scenarios grouped by (family, the family's reuse group), groups in the order their first
-    scenario comes, file order within a group: nodes kept warm serve a whole group in a row."""
-    groups: dict = {}
-    for sc in scenarios:
-        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
-    return [sc for group in groups.values() for sc in group]
-
-
-def plan_for_reuse(scenarios: list) -> list[tuple]:
-    """(scenario, target) runs: per reuse group (order_for_reuse), one target after the other (in
-    the family's target order), file order within: the warm nodes of one target serve all of that
-    group's runs before the next target's nodes start (a pool holds one pair, not one per target)."""
-    plan: list[tuple] = []
-    groups: dict = {}
-    for sc in order_for_reuse(scenarios):
-        groups.setdefault((sc.family.name, sc.family.reuse_group(sc.model)), []).append(sc)
-    for group in groups.values():
-        order = list(dict.fromkeys([t for t in group[0].family.targets] + [t for sc in group for t in sc.model.targets]))
-        plan += [(sc, t) for t in order for sc in group if t in sc.model.targets]
-    return plan
-
-
 class _Placeholders:
     """Stable names for what changes from one run to the next: ports (``<port:1>``... in order of
     first appearance), the temporary run folder and node tmp folder, the interpreter, the home."""
@@ -163,7 +102,7 @@ class _Placeholders:
         return self._re.sub(r"(?<![\w:])(\d{4,5})\b", lambda m: self.ports.get(m.group(1), m.group(1)), text)
 
 
-def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
+def dry_run(scenarios: list, plan: list[tuple], out=None, profiles: dict | None = None) -> int:
     """``--dry-run``: per planned (scenario, target), the family's topology is built (nothing is
     started: no process, no link, no Toxiproxy proxy) and asked how it would start each of its
     roles (``node_spec``) and the workload (``workload_config``); printed as commands and JSON."""
@@ -180,12 +119,13 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
     for sc, target in plan:
         tmp = Path(tempfile.mkdtemp(prefix=f"pdchaos-dry-{os.getpid()}-"))
         ph = _Placeholders(tmp)
-        topo = sc.family.topology(sc, target, tmp, lambda rec: None, {})
+        profile = (profiles or {}).get(sc.family.name)
+        topo = sc.family.topology(sc, target, tmp, lambda rec: None, {}, profile)
         try:
             ph.paths.insert(0, (str(topo.tmp), "<node_tmp>"))
             print(f"== {sc.name} [{target}] (family {sc.family.name}, {sc.path if hasattr(sc, 'path') else ''})"
                   .replace(", )", ")"), file=out)
-            roles = sc.family.roles(sc.model) or []
+            roles = sc.family.roles(sc.model, profile) or []
             for role in roles:
                 try:
                     spec = topo.node_spec(role)
@@ -227,31 +167,6 @@ def dry_run(scenarios: list, plan: list[tuple], out=None) -> int:
     return 0
 
 
-def split_plan(plan: list[tuple]) -> tuple[list[tuple], list[tuple]]:
-    """(the runs to make, the runs left out with why): a family leaves out a scenario/target
-    its launch profile cannot run (``Family.excluded``)."""
-    keep, left_out = [], []
-    for sc, target in plan:
-        why = sc.family.excluded(sc, target)  # the loaded scenario: its random faults drawn
-        if why is None:
-            keep.append((sc, target))
-        else:
-            left_out.append((sc, target, why))
-    return keep, left_out
-
-
-def use_profile(scenarios: list, spec: str | None, sets: list[str]) -> None:
-    """Give each selected family that has launch profiles the one chosen (``--profile``/``--set``);
-    an error when one was asked for and no selected family has profiles."""
-    families = list(dict.fromkeys(s.family for s in scenarios))
-    with_profiles = [f for f in families if f.profile_names()]
-    if (spec or sets) and not with_profiles:
-        raise UsageError(f"--profile/--set: none of the selected scenarios' families has launch profiles "
-                         f"(families: {', '.join(f.name for f in families)})")
-    for fam in with_profiles:
-        fam.use_profile(spec, list(sets))
-
-
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
     if args.filter:
@@ -259,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
     scenarios = order_for_reuse(scenarios)
-    use_profile(scenarios, args.profile, args.profile_sets)
+    profiles = choose_profiles(scenarios, args.profile, args.profile_sets)
     if args.target:
         known = {t for s in scenarios for t in s.model.targets}
         unknown = [t for t in args.target if t not in known]
@@ -272,13 +187,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
     if args.bench and (args.profile not in (None, "cpu") or args.profile_sets):
         raise UsageError("--bench: the benchmarks run on the default launch profile only; leave --bench out")
-    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target])
+    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target],
+                                profiles)
     for sc, target, why in left_out:
         print(f"not run: {sc.name} [{target}]: {why}", flush=True)
     if not plan:
         raise UsageError("nothing to run: every selected scenario/target is left out (see above)")
     if args.dry_run:
-        return dry_run(scenarios, plan)
+        return dry_run(scenarios, plan, profiles=profiles)
     run_dir = new_run_dir(args.runs_dir)
     if left_out:
         import json
@@ -296,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         toxiproxy = start_toxiproxy(list(dict.fromkeys(sc for sc, _ in plan)), stack, run_dir)
         pool = stack.enter_context(NodePool(run_dir))  # warm nodes between scenarios; stopped at the end
         runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy,
-                        services={"node_pool": pool})
+                        services={"node_pool": pool}, profiles=profiles)
         runner.on_start = progress.start
 
         def on_signal(signum, frame):  # noqa: ARG001

@@ -62,7 +62,7 @@ class EchoFamily(Family):
     generic_explains = dict.fromkeys(("kill", "stop", "restart", "node_down"), ("timeout",))
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any]) -> BaseTopology:
+                 services: dict[str, Any], profile: Any = None) -> BaseTopology:
         return EchoTopology(scenario, target, run_dir, record, services)
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:

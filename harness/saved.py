@@ -1,0 +1,34 @@
+"""A saved run, judged again: the check input of a run folder's journal and its checks, found
+from the journal's meta line through the family registry (the only place the checks meet the
+families), then the checks re-run with the options and applicability the run saved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodekit import journal as J
+
+from .checks import Checker, CheckInput, CheckResult, checks_for, run_checks, run_logs
+from .family import DEFAULT_FAMILY, get_family
+
+
+def load_input(journal_path: str | Path, records: list[dict] | None = None) -> tuple[CheckInput, dict[str, Checker]]:
+    """The check input of a saved run and the checks its family runs (found from the meta line);
+    ``records`` replaces the journal's own (a run judged as another target)."""
+    jp = Path(journal_path)
+    records = J.read_journal(jp) if records is None else records
+    family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
+    inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
+                     family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)))
+    return inp, checks_for(family)
+
+
+def check_saved(journal_path: str | Path, records: list[dict] | None = None) -> list[CheckResult]:
+    """Re-run the checks of one saved scenario run, with the options and applicability it saved
+    (or those of ``records``' meta line)."""
+    try:
+        inp, checks = load_input(journal_path, records)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed record: judged, not a crash
+        return [CheckResult("harness_integrity", False, f"the journal cannot be read as a history: "
+                                                        f"{type(exc).__name__}: {exc}")]
+    return run_checks(inp, inp.meta.get("checks") or {}, checks, inp.meta.get("not_applicable") or {})

@@ -7,7 +7,7 @@ topology (which nodes run, with which roles), its workload node, its checks and 
 runner, the journal, the generic checks, the generic faults and the reports work through this
 interface only.
 
-A scenario names its family with ``family:`` (default ``lookup``, so older files stay valid).
+Every scenario names its family with ``family:`` (there is no default).
 The name is resolved, in this order, to
 
 1. a folder of the top-level ``families`` package: ``families.<name>``;
@@ -36,7 +36,6 @@ from .errors import UsageError
 if TYPE_CHECKING:  # pragma: no cover
     from .topology import BaseTopology
 
-DEFAULT_FAMILY = "lookup"
 ENTRY_POINT_GROUP = "pdchaos.families"
 BUILTIN_PACKAGE = "families"  # the top-level folder of the families this project ships
 

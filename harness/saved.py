@@ -9,7 +9,7 @@ from pathlib import Path
 from nodekit import journal as J
 
 from .checks import Checker, CheckInput, CheckResult, checks_for, run_checks, run_logs
-from .family import DEFAULT_FAMILY, get_family
+from .family import get_family
 
 
 def load_input(journal_path: str | Path, records: list[dict] | None = None) -> tuple[CheckInput, dict[str, Checker]]:
@@ -17,7 +17,10 @@ def load_input(journal_path: str | Path, records: list[dict] | None = None) -> t
     ``records`` replaces the journal's own (a run judged as another target)."""
     jp = Path(journal_path)
     records = J.read_journal(jp) if records is None else records
-    family = get_family(J.meta(records).get("family") or DEFAULT_FAMILY)
+    name = J.meta(records).get("family")
+    if not isinstance(name, str) or not name:
+        raise ValueError("its meta line names no family")
+    family = get_family(name)
     inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
                      family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)))
     return inp, checks_for(family)

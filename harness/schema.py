@@ -33,7 +33,7 @@ from faults.base import Duration, load_registry
 from . import verdicts as V
 from .checks import checks_for
 from .errors import UsageError
-from .family import DEFAULT_FAMILY, Family, get_family, known_families
+from .family import Family, get_family, known_families
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -98,7 +98,7 @@ class _ScenarioBase(_Strict):
     doc: dict[str, str] = Field(default_factory=dict, description="this scenario's row in docs/scenarios/ "
                                 "(pdchaos docs): `fault`, what is injected in a few words, and per target what "
                                 "it does, measured (prose); verdicts come from expect and the recorded run")
-    family: str = Field(DEFAULT_FAMILY, description="the system under test (families/<name>)")
+    family: str = Field(description="the system under test (families/<name>); every scenario names it")
     seed: int = 0
     deadline: Duration = 0.2
     tolerance: Duration = 0.15
@@ -219,7 +219,7 @@ def _heal_allowance(registry: dict, fault: Any) -> float:
 _MODELS: dict[str, Any] = {}
 
 
-def scenario_model(family: str = DEFAULT_FAMILY):
+def scenario_model(family: str):
     """The Scenario model of one family, built once its faults and checks are loaded."""
     if family not in _MODELS:
         fam = get_family(family)
@@ -295,7 +295,7 @@ def _expectation_model(family: str, check_names: Any):
 
 def json_schema() -> dict:
     """One JSON Schema for every family's scenario files: a branch per family, selected by
-    ``family`` (required in every branch but the default family's), definitions shared at the
+    ``family`` (required in every branch), definitions shared at the
     top under a per-family prefix."""
     names = known_families()
     if len(names) == 1:
@@ -306,8 +306,7 @@ def json_schema() -> dict:
         doc = scenario_model(name).model_json_schema(by_alias=True, ref_template=f"#/$defs/{name}__{{model}}")
         for key, value in doc.pop("$defs", {}).items():
             defs[f"{name}__{key}"] = value
-        if name != DEFAULT_FAMILY:
-            doc["required"] = sorted(set(doc.get("required", [])) | {"family"})
+        doc["required"] = sorted(set(doc.get("required", [])) | {"family"})
         branches.append(doc)
     return {"title": "pd-chaos scenario", "oneOf": branches, "$defs": defs}
 
@@ -432,7 +431,10 @@ def load_scenario(path: str | Path) -> LoadedScenario:
         raise UsageError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}:1: a scenario must be a mapping (name, workload, faults, ...)")
-    family = data.get("family", DEFAULT_FAMILY)
+    if "family" not in data:
+        raise UsageError(f"{path}:1: family: missing: every scenario names its system under test "
+                         f"(known: {', '.join(known_families())})")
+    family = data["family"]
     try:
         model = scenario_model(family if isinstance(family, str) else repr(family))
     except UsageError as exc:

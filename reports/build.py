@@ -79,7 +79,9 @@ def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
     if run.bench:
         bench_rel = f"{PLOTS_DIR}/normal-path-cdf.png"
         order, baseline = S.bench_order(run)
-        jobs.append(("bench", bench_rel, dict(samples={t: run.bench[t] for t in order}, baseline=baseline)))
+        command, op = run.bench_words()
+        jobs.append(("bench", bench_rel, dict(samples={t: run.bench[t] for t in order}, baseline=baseline,
+                                              command=command, op=op)))
     return jobs, rels, bench_rel
 
 

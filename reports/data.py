@@ -132,7 +132,7 @@ def latency_points(records: list[dict], t0: float | None = None) -> list[Point]:
             else:
                 lat = float("nan")
             xc = float(tc) - t0 if isinstance(tc, (int, float)) else None
-        out.append(Point(id=op["id"], f=str(op.get("f", "lookup")), x=ti - t0, latency_ms=lat, cls=cls,
+        out.append(Point(id=op["id"], f=str(op.get("f", "")), x=ti - t0, latency_ms=lat, cls=cls,
                          x_complete=xc))
     return out
 

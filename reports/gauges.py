@@ -84,17 +84,11 @@ def parse_gauges(declared: object, owner: str) -> tuple[GaugeSpec, ...]:
     return tuple(out)
 
 
-def family_gauges(name: str) -> tuple[GaugeSpec, ...]:
-    """The gauges the family ``name`` declares; none when the family cannot be loaded here (an old
-    or foreign run folder: the rest of the report does not need it). A malformed declaration is a
+def meta_gauges(meta: dict) -> tuple[GaugeSpec, ...]:
+    """The gauges a run's meta line declares (the runner writes the family's ``gauges`` there, so
+    a report never imports a family); none for an older run folder. A malformed declaration is a
     UsageError (see :func:`parse_gauges`)."""
-    try:
-        from harness.family import get_family
-
-        fam = get_family(str(name))
-    except Exception:  # noqa: BLE001 - unknown or unloadable family: no gauges, as reports.load does
-        return ()
-    return parse_gauges(getattr(fam, "gauges", ()), f"family {fam.name!r}")
+    return parse_gauges(meta.get("gauges") or (), f"run {meta.get('scenario')!r} (meta line)")
 
 
 def _bare(key: str, keep_labels: bool) -> str:

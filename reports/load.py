@@ -77,6 +77,13 @@ class Run:
     results: list[Result]
     has_summary: bool
     bench: dict[str, list[float]] | None = None
+    bench_about: dict[str, str] = field(default_factory=dict)  # the samples file's family and op
+
+    def bench_words(self) -> tuple[str, str]:
+        """(the command that measured the normal path, what one sample is) for titles: from the
+        samples file (``family``, ``op``); generic words when it does not say."""
+        fam = self.bench_about.get("family")
+        return (f"pdchaos bench {fam}" if fam else "pdchaos bench"), self.bench_about.get("op") or "op"
     layouts: dict[str, Layout] = field(default_factory=dict)
 
     def scenarios(self) -> list[str]:
@@ -147,17 +154,6 @@ def _layout_of(d: dict) -> Layout | None:
     return Layout(tuple(ts), b if b in ts else None)
 
 
-def _family_layout(name: str) -> Layout | None:
-    """A run folder older than "targets" in the meta line: the family's targets and baseline."""
-    try:
-        from harness.family import get_family
-
-        fam = get_family(str(name))
-        return Layout(tuple(fam.targets), fam.baseline_target)
-    except Exception:  # noqa: BLE001 - an unknown family: no layout, the targets in their run order
-        return None
-
-
 def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
     """The run in ``run_dir``: summary.json if present (verdicts), every journal (data).
 
@@ -192,7 +188,6 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
         if (s, t) not in listed:
             results.append(Result(scenario=s, target=t, dir=f"{s}/{t}"))
     layouts: dict[str, Layout] = dict(saved_layouts)
-    gauge_specs: dict[str, tuple[G.GaugeSpec, ...]] = {}  # per family name
     for r in results:
         jp = root / r.dir / "journal.jsonl"
         if jp.is_file():
@@ -200,12 +195,9 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
             tl = D.timeline(records, r.scenario, r.target)
             r.timeline, r.stats = tl, D.timeline_stats(tl)
             m = J.meta(records)
-            family = str(m.get("family") or "lookup")
-            if family not in gauge_specs:
-                gauge_specs[family] = G.family_gauges(family)
-            r.gauges = G.node_gauges(records, gauge_specs[family], r.scenario, r.target, tl.t0)
+            r.gauges = G.node_gauges(records, G.meta_gauges(m), r.scenario, r.target, tl.t0)
             if r.scenario not in layouts:
-                lay = _layout_of(m) or _family_layout(family)
+                lay = _layout_of(m)
                 if lay is not None:
                     layouts[r.scenario] = lay
     elapsed = doc.get("elapsed_s")
@@ -215,12 +207,22 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
     bench_path = Path(bench) if bench is not None else root / BENCH_FILE
     if bench is not None or bench_path.is_file():
         run.bench = load_bench(bench_path)
+        run.bench_about = bench_about(bench_path)
     return run
+
+
+def bench_about(path: str | Path) -> dict[str, str]:
+    """What a samples file says it measured: ``family`` and ``op`` (strings), when it says so."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: doc[k] for k in ("family", "op") if isinstance(doc, dict) and isinstance(doc.get(k), str)}
 
 
 def load_bench(path: str | Path) -> dict[str, list[float]]:
     """A normal-path benchmark samples file: ``{"hardened": [µs, ...], "legacy": [µs, ...]}``, the
-    keys being targets (``pdchaos bench lookup --save``). Every list of numbers is one target's
+    keys being targets (``pdchaos bench FAMILY --save``; ``family`` and ``op`` say what was measured). Every list of numbers is one target's
     samples; other keys (``unit``, ``n``, and lists of words such as ``kinds``) are ignored. At
     least one target's samples must be there."""
     p = Path(path)

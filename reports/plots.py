@@ -307,13 +307,13 @@ BASELINE_COLOUR = "#EE7733"
 
 
 def bench_cdf_png(samples: dict[str, list[float]], path: str | Path, *, title: str = "",
-                  baseline: str | None = None) -> Path:
+                  baseline: str | None = None, command: str = "pdchaos bench", op: str = "op") -> Path:
     """Normal-path latency CDF (left) and its tail, fraction of calls at or above x (right, log), one
     curve per target; with ``baseline``, the title gives each other target's p50 and p99 ÷ baseline."""
     fig = Figure(figsize=(12, 5.0))
     fig.subplots_adjust(left=0.07, right=0.965, top=0.84, bottom=0.215, wspace=0.2)
     ax, axt = fig.subplots(1, 2)
-    title = title or "normal path: lookup latency without faults (pdchaos bench lookup)"
+    title = title or f"normal path: {op} latency without faults ({command})"
     base = D.bench_stats(samples[baseline]) if baseline in samples else None
     for t, v in samples.items():
         if base is None or t == baseline or not v or not base["p50"] or not base["p99"]:
@@ -349,7 +349,7 @@ def bench_cdf_png(samples: dict[str, list[float]], path: str | Path, *, title: s
         a.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         a.xaxis.set_major_formatter(FuncFormatter(_us_formatter))
         a.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
-        a.set_xlabel("lookup latency (log scale)")
+        a.set_xlabel(f"{op} latency (log scale)")
         a.grid(True, which="major", color="#dddddd", lw=0.6)
     ax.axhline(0.5, color="#888888", ls=":", lw=0.9)
     ax.text(lo / 1.25, 0.5, "p50", va="bottom", ha="left", fontsize=8, color="#555555")

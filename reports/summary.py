@@ -133,7 +133,7 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
 
     bt = bench_table(run)
     if bt is not None:
-        lines += ["#### Normal path (no faults, `pdchaos bench lookup`)", ""] + bt.markdown()
+        lines += [f"#### Normal path (no faults, `{run.bench_words()[0]}`)", ""] + bt.markdown()
         cost = bench_cost_words(run)
         if cost:
             lines += ["", f"Cost on the normal path, {cost}."]

@@ -316,7 +316,7 @@ def test_recovery_schedule_without_room_is_a_validation_error(tmp_path) -> None:
     from harness.schema import load_scenario
 
     f = tmp_path / "late.yaml"
-    f.write_text("name: late\nworkload: {duration: 2s, concurrency: 2, rate: 20}\n"
+    f.write_text("name: late\nfamily: lookup\nworkload: {duration: 2s, concurrency: 2, rate: 20}\n"
                  "faults:\n  - {type: server_kill, at: 1s, for: 950ms}\nexpect: {hardened: pass, legacy: pass}\n")
     with pytest.raises(UsageError) as e:
         load_scenario(f)

@@ -71,6 +71,7 @@ LATENCY_MS = 120
 
 LATENCY_SCENARIO = f"""
 name: e2e-toxic-latency
+family: lookup
 seed: 5
 deadline: 500ms
 targets: [hardened]
@@ -129,6 +130,7 @@ def test_latency_toxic_scenario_end_to_end(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- across namespaces
 
 PARTITION_SCENARIO = """
+family: lookup
 name: e2e-partition
 seed: 6
 deadline: 200ms
@@ -238,10 +240,11 @@ def test_no_floor_without_toxiproxy_scenarios(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- bad input
 
-# Block style, so the line of the offending attribute (9 or 8) differs from the line of its fault
-# entry (5). Either is a fair location; any other line is not.
+# Block style, so the line of the offending attribute (10 or 9) differs from the line of its fault
+# entry (6). Either is a fair location; any other line is not.
 BAD_HEAD = """\
 name: bad-toxic
+family: lookup
 topology: {transport: tcp, link: toxiproxy}
 workload: {duration: 2s}
 faults:
@@ -249,21 +252,21 @@ faults:
     at: 500ms
     for: 500ms
 """
-ENTRY_LINE = 5
+ENTRY_LINE = 6
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("type_, attrs, bad_line, message", [
     # an attribute Toxiproxy does not have (the server itself would silently ignore it)
-    ("slicer", ["average_size: 8", "avg_delay: 100us"], 9, "faults[0].avg_delay: unknown field"),
+    ("slicer", ["average_size: 8", "avg_delay: 100us"], 10, "faults[0].avg_delay: unknown field"),
     # the fault type is also the name of one of its attributes: the error must not point at that
     # (valid) attribute's line
-    ("latency", ["latency: 100ms", "jiter: 5ms"], 9, "faults[0].jiter: unknown field"),
-    ("timeout", ["timeout: 0ms", "timout_ms: 5"], 9, "faults[0].timout_ms: unknown field"),
+    ("latency", ["latency: 100ms", "jiter: 5ms"], 10, "faults[0].jiter: unknown field"),
+    ("timeout", ["timeout: 0ms", "timout_ms: 5"], 10, "faults[0].timout_ms: unknown field"),
     # a value Toxiproxy cannot take
-    ("latency", ["latency: 1500us"], 8, "faults[0].latency: Toxiproxy takes whole milliseconds"),
-    ("bandwidth", ["rate: 10", "stream: sideways"], 9, "faults[0].stream: Input should be"),
-    ("reset_peer", ["toxicity: 1.5"], 8, "faults[0].toxicity: Input should be less than or equal to 1"),
+    ("latency", ["latency: 1500us"], 9, "faults[0].latency: Toxiproxy takes whole milliseconds"),
+    ("bandwidth", ["rate: 10", "stream: sideways"], 10, "faults[0].stream: Input should be"),
+    ("reset_peer", ["toxicity: 1.5"], 9, "faults[0].toxicity: Input should be less than or equal to 1"),
     # an unknown toxic
     ("latancy", ["latency: 100ms"], ENTRY_LINE, "faults[0]: unknown fault type 'latancy'"),
 ])

@@ -44,11 +44,18 @@ def d_cpu(x: float) -> float:
     return 30.0 + 0.02 * min(x, KILL[0]) + 1.0 * max(x - KILL[0], 0.0)
 
 
+def _pd_family():
+    from families.pd.family import FAMILY
+
+    return FAMILY
+
+
 def pd_records(*, samples: bool = True) -> list[dict]:
     recs: list[dict] = [{"type": "meta", "scenario": SCEN, "file": f"{SCEN}.yaml", "family": "pd",
                          "target": "upstream", "deadline_ms": 10000.0, "tolerance_ms": 2000.0, "seed": 1,
                          "t0": T0, "cap_s": 60.0, "checks": {}, "expect": "stall[bounded_return,no_stall]", "targets": ["upstream"],
-                         "baseline_target": "upstream", "topology": {}, "faults": []}]
+                         "baseline_target": "upstream", "topology": {}, "faults": [],
+                         "gauges": [list(g) for g in _pd_family().gauges]}]  # as the runner writes it
     ev: list[tuple[float, dict]] = [
         (-1.0, {"type": "probe", "node": "prefill:0", "kind": "vllm", "when": "baseline", "pid": P_PIDS[0],
                 "counters": _vllm(0, 0, 0.0, 0, 20.0)}),
@@ -137,18 +144,25 @@ def test_counter_value_prefix_labels_and_sums():
     assert G.counter_value(c, "missing") is None and G.counter_value(None, "cpu_s") is None
 
 
+def pd_gauges():
+    """The pd family's gauges as the runner writes them into the meta line (the report reads them there)."""
+    from families.pd.family import FAMILY
+
+    return G.meta_gauges({"scenario": SCEN, "gauges": [list(g) for g in FAMILY.gauges]})
+
+
 @pytest.mark.timeout(10)
 def test_node_gauges_from_a_pd_journal(tmp_path):
     path = tmp_path / "j.jsonl"
     write_journal(path, pd_records())
     recs = read_journal(path)
-    g = G.node_gauges(recs, G.family_gauges("pd"), SCEN, "upstream")
+    g = G.node_gauges(recs, pd_gauges(), SCEN, "upstream")
     assert g.t0 == T0 and g.end == pytest.approx(6.5)
     assert g.bands == D.fault_bands(recs, T0)
     assert [(b.name, round(b.start, 6), round(b.stop, 6)) for b in g.bands] == [("kill", 2.0, 4.0)]
     assert g.nodes == ("decode:0", "proxy", "prefill:0")
     panels = {p.gauge.spec: {s.node: s for s in p.series} for p in g.panels}
-    assert list(panels) == [x.spec for x in G.family_gauges("pd")]  # one panel per gauge, in order
+    assert list(panels) == [x.spec for x in pd_gauges()]  # one panel per gauge, in order
     assert all("proxy" not in by for by in panels.values())  # sampled, but reports none of the gauges
     # D's waiting requests, read under the "vllm:" prefix, 1 from the kill until 5.5 s
     dw = panels["num_requests_waiting"]["decode:0"]
@@ -170,12 +184,12 @@ def test_node_gauges_from_a_pd_journal(tmp_path):
 def test_no_gauges_without_samples_or_declaration(tmp_path):
     write_journal(tmp_path / "j.jsonl", pd_records(samples=False))
     recs = read_journal(tmp_path / "j.jsonl")
-    assert G.node_gauges(recs, G.family_gauges("pd"), SCEN, "upstream") is None
+    assert G.node_gauges(recs, pd_gauges(), SCEN, "upstream") is None
     with_samples = pd_records()
     assert G.node_gauges(with_samples, (), SCEN, "upstream") is None  # a family that declares none
     only_other = G.parse_gauges((("gpu_util", "GPU"),), "t")
     assert G.node_gauges(with_samples, only_other, SCEN, "upstream") is None  # no sample reports it
-    assert G.family_gauges("no_such_family_here") == ()
+    assert G.meta_gauges({"scenario": "old"}) == ()  # a run folder from before gauges travelled in meta
 
 
 @pytest.mark.timeout(10)

@@ -64,6 +64,7 @@ def started_pids(run_dir: Path) -> list[int]:
 
 CLEAN = """
 name: clean
+family: lookup
 seed: 3
 deadline: 200ms
 topology: {transport: TRANSPORT, groups: 2, preload_blocks: 32}
@@ -104,6 +105,7 @@ def test_clean_run_outputs_and_offline_check(tmp_path: Path, transport: str) -> 
 
 
 HANG = """
+family: lookup
 name: silent-peer-forever
 seed: 5
 deadline: 200ms
@@ -156,6 +158,7 @@ def wait_until_running(runs: Path, timeout_s: float = 20.0) -> Path:
 
 SLOW = """
 name: long-run
+family: lookup
 seed: 9
 deadline: 200ms
 cap: 60s
@@ -193,13 +196,14 @@ def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("body,expect", [
-    ("name: x\nworkload: {duration: -1s}\n", "workload.duration: expected a duration"),
-    ("name: x\nfaults:\n  - {type: no_such_fault, at: 1s, for: 1s}\n", "unknown fault type 'no_such_fault'"),
-    ("name: x\nworkload: {duration: 2s}\ncap: 1s\n", "cap must be longer"),
-    ("name: x\nbogus: 1\n", "bogus: unknown field"),
-    ("name: x\nchecks: {nonsense: {}}\n", "checks.nonsense"),
+    ("name: x\nfamily: lookup\nworkload: {duration: -1s}\n", "workload.duration: expected a duration"),
+    ("name: x\nfamily: lookup\nfaults:\n  - {type: no_such_fault, at: 1s, for: 1s}\n", "unknown fault type 'no_such_fault'"),
+    ("name: x\nfamily: lookup\nworkload: {duration: 2s}\ncap: 1s\n", "cap must be longer"),
+    ("name: x\nfamily: lookup\nbogus: 1\n", "bogus: unknown field"),
+    ("name: x\nfamily: lookup\nchecks: {nonsense: {}}\n", "checks.nonsense"),
     ("name: [unclosed\n", "invalid YAML"),
-    ("name: x\ntopology: {link: toxiproxy}\n", "needs transport: tcp"),
+    ("name: x\nworkload: {duration: 2s}\n", "family: missing: every scenario names its system under test"),
+    ("name: x\nfamily: lookup\ntopology: {link: toxiproxy}\n", "needs transport: tcp"),
 ])
 def test_bad_scenario_is_one_clear_error_and_nothing_starts(tmp_path: Path, body: str, expect: str) -> None:
     p = tmp_path / "bad.yaml"
@@ -215,7 +219,7 @@ def test_bad_scenario_is_one_clear_error_and_nothing_starts(tmp_path: Path, body
 @pytest.mark.timeout(30)
 def test_error_names_the_line(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
-    p.write_text("name: x\nseed: 1\nworkload:\n  duration: 2s\n  rate: -5\n")
+    p.write_text("name: x\nfamily: lookup\nseed: 1\nworkload:\n  duration: 2s\n  rate: -5\n")
     proc = run_cli("validate", str(p))
     assert proc.returncode == 2
     assert f"{p}:5: workload.rate" in proc.stderr, proc.stderr

@@ -237,7 +237,7 @@ def _bench(args: argparse.Namespace, workdir: str, nodes: list[ProcHandle]) -> i
         "elapsed_s": round(elapsed, 3),
     }
     if args.save:
-        raw = {"unit": "us", "n": args.n, "seed": args.seed, "hashes": k, "token_len": token_len,
+        raw = {"family": "lookup", "op": "lookup", "unit": "us", "n": args.n, "seed": args.seed, "hashes": k, "token_len": token_len,
                "kinds": measured_kinds, "hardened": [round(x, 3) for x in lat["hardened"]],
                "legacy": [round(x, 3) for x in lat["legacy"]]}
         try:

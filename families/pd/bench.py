@@ -227,7 +227,7 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
                                    and hard_fail["p99"] <= limit_ms),
         "workdir": str(workdir)}
     if args.save:
-        raw = {"unit": "us", "n": args.n, "seed": args.seed, **{t: [round(x, 1) for x in lat[t]] for t in TARGETS}}
+        raw = {"family": "pd", "op": "request", "unit": "us", "n": args.n, "seed": args.seed, **{t: [round(x, 1) for x in lat[t]] for t in TARGETS}}
         with open(args.save, "w", encoding="utf-8") as fh:
             json.dump(raw, fh)
         with open(Path(args.save).with_suffix(".failure.json"), "w", encoding="utf-8") as fh:

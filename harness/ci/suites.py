@@ -23,50 +23,56 @@ from pathlib import Path
 
 from .gha import set_output
 
-# name -> where, which targets, on which runner, how long, in which profile's default set.
-# cpu: the pull-request comparison (CPU runners); ascend: the nightly (NPU runners).
-SUITES: dict[str, dict] = {
-    "lookup": {"path": "scenarios/lookup/", "args": ["--target", "hardened", "--target", "legacy"],
-               "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
-               "timeout": 30, "default": ("cpu", "ascend"), "setup": []},
-    "network": {"path": "scenarios/network/", "args": ["--target", "hardened", "--target", "legacy"],
-                "runner": {"cpu": "linux-amd64-cpu-4-hk", "ascend": "linux-aarch64-a2b3-0"},
-                "timeout": 30, "default": (), "setup": ["toxiproxy-server", "iptables", "iproute2"]},
-    "ascend-cpu": {"path": "scenarios/ascend-cpu/", "args": [],
-                   "runner": {"cpu": "linux-amd64-cpu-8-hk", "ascend": "linux-aarch64-a2b3-0"},
-                   "timeout": 60, "default": ("ascend",), "setup": ["ascend-conf-stack"]},
-    # on NPUs the pd family starts vLLM + vllm-ascend of the job's Python (launch profile ascend,
-    # families/pd/profiles/ascend.yaml): no node env to set up, the model is an input
-    "pd": {"path": "scenarios/pd/", "args": [],
-           "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-           "timeout": 120, "default": ("ascend",),
-           "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []}, "launch_profile": {"ascend": "ascend"}},
-    # the same scenarios with AscendStore's KV pool beside the P2P connector and a real mooncake_master
-    # (launch profile ascend-store); NPU runners only
-    "pd-store": {"path": "scenarios/pd/", "args": [],
-                 "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-                 "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
-                 "launch_profile": {"ascend": "ascend-store"}, "profiles": ("ascend",)},
-    # the same scenarios with vllm-ascend's decoder-first layerwise connector (launch profile
-    # ascend-layerwise); NPU runners only
-    "pd-layerwise": {"path": "scenarios/pd/", "args": [],
-                     "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-                     "timeout": 120, "default": ("ascend",), "setup": {"cpu": [], "ascend": []},
-                     "launch_profile": {"ascend": "ascend-layerwise"}, "profiles": ("ascend",)},
-    # the long P/D set: node restarts and upstream's full default waits, minutes each; kept out of
-    # the 60-minute CI (.ci/run), run by the nightly
-    "pd-long": {"path": "scenarios/pd-long/", "args": [],
-                "runner": {"cpu": "linux-amd64-cpu-16-hk", "ascend": "linux-aarch64-a2b3-2"}, "npus": 2,
-                "timeout": 180, "default": ("ascend",),
-                "setup": {"cpu": ["pd-node-stack", "pd-tiny-model"], "ascend": []},
-                "launch_profile": {"ascend": "ascend"}},
-}
-PROFILES = ("cpu", "ascend")
-_TOKEN = re.compile(r"^([a-z0-9][a-z0-9-]*)(?::([A-Za-z0-9_.-]+))?$")
-
 
 class SelectError(ValueError):
     pass
+
+
+
+# name -> where, which targets, on which runner, how long, in which profile's default set.
+# cpu: the pull-request comparison (CPU runners); ascend: the nightly (NPU runners).
+FAMILIES_DIR = "families"  # each family's CI suite rows: families/<name>/ci_suites.json
+CHECKOUT = Path(__file__).resolve().parents[2]
+KEYS = {"name", "order", "why", "path", "args", "runner", "timeout", "default", "setup", "npus", "launch_profile",
+        "profiles"}
+
+
+def load_suites(root: Path = CHECKOUT) -> dict[str, dict]:
+    """Every family's suite rows (``families/*/ci_suites.json``), by name, in their ``order``: a
+    family brings its own suites, the core names none. A malformed file is one SelectError naming
+    it (a suite named twice, an unknown key, a missing field)."""
+    rows: list[tuple[int, str, dict]] = []
+    for f in sorted((root / FAMILIES_DIR).glob("*/ci_suites.json")):
+        where = f.relative_to(root)
+        try:
+            data = json.loads(f.read_text())
+            suites = data["suites"]
+            for row in suites:
+                extra = set(row) - KEYS
+                if extra:
+                    raise SelectError(f"{where}: suite {row.get('name')!r}: unknown key {sorted(extra)[0]!r}")
+                rows.append((int(row["order"]), row["name"], {k: (tuple(v) if k in ("default", "profiles") else v)
+                                                              for k, v in row.items() if k not in ("name", "order")}))
+                for k in ("path", "args", "runner", "timeout", "default", "setup"):
+                    if k not in row:
+                        raise SelectError(f"{where}: suite {row['name']!r}: missing {k!r}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SelectError(f"{where}: not a suite file: {type(exc).__name__}: {exc}") from None
+    out: dict[str, dict] = {}
+    for _, name, row in sorted(rows, key=lambda r: r[0]):
+        if name in out:
+            raise SelectError(f"suite {name!r} is declared twice (families/*/ci_suites.json)")
+        out[name] = row
+    return out
+
+
+PROFILES = ("cpu", "ascend")
+try:
+    SUITES: dict[str, dict] = load_suites()
+    _LOAD_ERROR = ""
+except SelectError as _exc:  # said by main(): one line, exit 2
+    SUITES, _LOAD_ERROR = {}, str(_exc)
+_TOKEN = re.compile(r"^([a-z0-9][a-z0-9-]*)(?::([A-Za-z0-9_.-]+))?$")
 
 
 def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]:
@@ -122,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="cpu", help=f"one of {', '.join(PROFILES)}")
     p.add_argument("--root", default=".", help="the checkout (default: .)")
     args = p.parse_args(argv)
+    if _LOAD_ERROR:
+        print(f"error: {_LOAD_ERROR}", file=sys.stderr)
+        return 2
     try:
         chosen = select(args.filter, args.profile, Path(args.root))
     except SelectError as exc:

@@ -12,7 +12,7 @@ from ..errors import UsageError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (runs/<run_id>/ with summary.json and journals)")
     p.add_argument("--bench", metavar="PATH",
-                   help="normal-path samples from `pdchaos bench lookup --save PATH` "
+                   help="normal-path samples from `pdchaos bench FAMILY --save PATH` "
                         "(default: RUN_DIR/bench_samples.json if present)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="render plots in N processes (default: the usable CPUs, at most 4)")

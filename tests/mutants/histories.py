@@ -378,6 +378,7 @@ def pd_baseline_run(target: str = "upstream") -> Run:
 
 LOOKUP_KILL_YAML = """\
 name: mut-lookup-server-kill
+family: lookup
 description: the server is SIGKILLed mid-run and restarted on the same endpoint.
 seed: 7
 deadline: 200ms

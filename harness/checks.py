@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from faults.base import Duration
 from nodekit import journal as J
 from .verdicts import RAISED, UNDECIDED
 
@@ -55,18 +58,33 @@ class CheckInput:
 Checker = Callable[[CheckInput, dict], CheckResult]
 
 
+class CheckOptions(BaseModel):
+    """What a scenario may set for any check (``checks: {NAME: {...}}``); a check with options of
+    its own declares a subclass beside it and registers it with the check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+
+
 class CheckRegistry:
-    """Checks by YAML name. Registering a name twice is an error, as it is for faults."""
+    """Checks by YAML name, each with its options model. Registering a name twice is an error, as
+    it is for faults."""
 
     def __init__(self, owner: str):
         self.owner = owner
         self.checks: dict[str, Checker] = {}
+        self.options: dict[str, type[CheckOptions]] = {}
 
-    def check(self, name: str):
+    def check(self, name: str, options: type[CheckOptions] = CheckOptions):
+        if not (isinstance(options, type) and issubclass(options, CheckOptions)):
+            raise TypeError(f"check {name!r} in {self.owner}: options must be a CheckOptions subclass")
+
         def deco(fn):
             if name in self.checks:
                 raise TypeError(f"check {name!r} registered twice in {self.owner}")
             self.checks[name] = lambda inp, opts: _named(name, fn(inp, opts))
+            self.options[name] = options
             return fn
         return deco
 
@@ -84,6 +102,13 @@ def checks_for(family: Any) -> dict[str, Checker]:
         if name in GENERIC.checks:
             raise TypeError(f"family {family.name!r}: check {name!r} is already a generic check")
         out[name] = fn
+    return out
+
+
+def options_for(family: Any) -> dict[str, type[CheckOptions]]:
+    """The options model of every check a scenario of ``family`` runs (as :func:`checks_for`)."""
+    out = {n: m for n, m in GENERIC.options.items() if n not in family.skip_generic_checks}
+    out.update(family.checks.options)
     return out
 
 
@@ -129,7 +154,11 @@ def finite(v: Any) -> bool:
 # --------------------------------------------------------------------------- checks
 
 
-@check("bounded_return")
+class BoundedReturnOptions(CheckOptions):
+    tolerance: Duration | None = Field(None, description="overrides the scenario tolerance")
+
+
+@check("bounded_return", BoundedReturnOptions)
 def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
     deadline = float(inp.meta.get("deadline_ms", 0))
     tol = opts.get("tolerance_ms")
@@ -164,7 +193,11 @@ def merged_windows(windows: list[dict]) -> list[tuple[float, float, list[str]]]:
     return [tuple(x) for x in out]  # type: ignore[misc]
 
 
-@check("recovery")
+class RecoveryOptions(CheckOptions):
+    within: int = Field(1, ge=1, description="the first N ops after a window must include a success")
+
+
+@check("recovery", RecoveryOptions)
 def recovery(inp: CheckInput, opts: dict) -> CheckResult:
     """After every fault window closes (overlapping windows merged), until the next one opens:
     each worker (one client each) that issues ops there succeeds, with the expected value, within
@@ -206,7 +239,11 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
     return _r(True, f"recovered after all {len(merged)} fault periods within {within} ops{note}", joined=joined)
 
 
-@check("no_leaks")
+class NoLeaksOptions(CheckOptions):
+    slack: int = Field(0, ge=0, description="allowed extra threads/fds")
+
+
+@check("no_leaks", NoLeaksOptions)
 def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     """Every node process still running at the end (client included) is back to the threads and
     fds of its baseline probe, taken when it started. Every node must have given both probes. A
@@ -482,7 +519,15 @@ def op_categories(o: dict) -> set[str]:
     return {cat, f"{cat}@{o['error_phase']}"} if o.get("error_phase") else {cat}
 
 
-@check("failures_explained")
+class FailuresExplainedOptions(CheckOptions):
+    tail: Duration | None = Field(None, description="how long after each fault window a failure may still be "
+                                  "its doing, instead of what each fault declares (damage measured to outlast "
+                                  "the heal)")
+    allow: list[str] = Field(default_factory=list, description="op failure categories (outcome or "
+                             "outcome@error_phase) the scenario allows outside fault windows")
+
+
+@check("failures_explained", FailuresExplainedOptions)
 def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
     """Every op the client saw fail (any phase but ok, stalled ones included) is explained by a
     fault: its span overlaps a fault window (start to heal, plus the tail the fault declares,

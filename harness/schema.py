@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
@@ -31,7 +31,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from faults.base import Duration, load_registry
 
 from . import verdicts as V
-from .checks import checks_for
+from .checks import CheckOptions, checks_for, options_for
 from .errors import UsageError
 from .family import Family, get_family, known_families
 
@@ -49,25 +49,23 @@ class RandomFaults(_Strict):
     choices: list[dict[str, Any]] = Field(min_length=1)
 
 
-class CheckOptions(_Strict):
-    enabled: bool = True
-    within: int = Field(1, ge=1, description="recovery: the first N ops after a window must include a success")
-    tolerance: Duration | None = Field(None, description="bounded_return: overrides the scenario tolerance")
-    tail: Duration | None = Field(None, description="failures_explained: how long after each fault window a "
-                                  "failure may still be its doing, instead of what each fault declares (damage "
-                                  "measured to outlast the heal)")
-    slack: int = Field(0, ge=0, description="no_leaks: allowed extra threads/fds")
-    allow: list[str] = Field(default_factory=list, description="failures_explained: op failure categories "
-                             "(outcome or outcome@error_phase) the scenario allows outside fault windows")
-    fail_within: dict[str, Duration] = Field(default_factory=dict, description="fail_fast (pd): per target, "
-                                             "the most a failed request may take (measured); hardened's "
-                                             "default is kv_load_timeout + 2 s")
-    at_once: Duration | None = Field(None, description="drained (pd): also during the run, every vLLM node "
-                                     "holds no KV block and no request whenever no request was in flight or "
-                                     "ended within this long (keep it below P's abort timeout): what a node "
-                                     "held is freed at once, not when a timeout runs out")
-    max_cpu: float | None = Field(None, gt=0, le=64, description="no_busy_wait (pd): most of a core a waiting "
-                                                                  "node may burn during a fault (default 0.5)")
+class _CheckTable(_Strict):
+    """``checks:`` of a scenario: one optional field per check its family runs, each typed by that
+    check's own options model (harness/checks.py, a family's checks.py); read like a mapping of
+    the checks the scenario sets."""
+
+    def items(self) -> list[tuple[str, CheckOptions]]:
+        return [(n, getattr(self, n)) for n in type(self).model_fields
+                if n in self.model_fields_set and getattr(self, n) is not None]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.items()).get(name, default)
+
+
+def _checks_model(family: str, fam: Family) -> type[_CheckTable]:
+    fields = {name: (Optional[model], Field(None, description=f"options of the check {name}"))
+              for name, model in options_for(fam).items()}
+    return create_model(f"Checks_{family}", __base__=_CheckTable, **fields)  # type: ignore[call-overload]
 
 
 def _fault_union(family: Family):
@@ -155,7 +153,7 @@ class _ScenarioBase(_Strict):
                                      f"disables (checks: ... enabled: false)")
 
     def check_options(self, name: str) -> CheckOptions:
-        return self.checks.get(name, CheckOptions())
+        return self.checks.get(name) or CheckOptions()
 
 
 def validate_faults_fit(scenario: Any, faults: list) -> None:
@@ -225,6 +223,7 @@ def scenario_model(family: str):
         fam = get_family(family)
         targets = Literal[fam.targets]  # type: ignore[valid-type]
         check_names = Literal[tuple(checks_for(fam))]  # type: ignore[valid-type]
+        table = _checks_model(family, fam)
         expectation = _expectation_model(family, check_names)
         one = Union[Literal["pass"], expectation]  # type: ignore[valid-type]
         _MODELS[family] = create_model(
@@ -234,7 +233,7 @@ def scenario_model(family: str):
             topology=(fam.Topology, Field(default_factory=fam.Topology)),
             workload=(fam.Workload, Field(default_factory=fam.Workload)),
             faults=(list[_fault_union(fam)], Field(default_factory=list)),
-            checks=(dict[check_names, CheckOptions], Field(default_factory=dict)),
+            checks=(table, Field(default_factory=table)),
             expect=(dict[targets, Annotated[Union[one, list[one]], BeforeValidator(_no_bare_failure)]], Field(
                 default_factory=dict,
                 description="per target the scenario runs (each must have one): `pass`, or the verdict and "

@@ -222,7 +222,7 @@ def test_error_names_the_line(tmp_path: Path) -> None:
     p.write_text("name: x\nfamily: lookup\nseed: 1\nworkload:\n  duration: 2s\n  rate: -5\n")
     proc = run_cli("validate", str(p))
     assert proc.returncode == 2
-    assert f"{p}:5: workload.rate" in proc.stderr, proc.stderr
+    assert f"{p}:6: workload.rate" in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(30)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 
-from harness.checks import CheckInput, CheckResult, _first, _r, finite, op_elapsed_ms, undecided
+from pydantic import Field
+
+from faults.base import Duration
+from harness.checks import CheckInput, CheckOptions, CheckResult, _first, _r, finite, op_elapsed_ms, undecided
 
 from .family import FAMILY
 from .metrics import gauge as _gauge
@@ -48,7 +51,14 @@ def _vllm_probes(inp: CheckInput, when: str) -> list[dict]:
     return [p for p in inp.probes if p.get("kind") == "vllm" and p.get("when") == when]
 
 
-@check("drained")
+class DrainedOptions(CheckOptions):
+    at_once: Duration | None = Field(None, description="also during the run, every vLLM node holds no KV block "
+                                     "and no request whenever no request was in flight or ended within this "
+                                     "long (keep it below P's abort timeout): what a node held is freed at "
+                                     "once, not when a timeout runs out")
+
+
+@check("drained", DrainedOptions)
 def drained(inp: CheckInput, opts: dict) -> CheckResult:
     """After the run (the topology waits a bounded time for it), every vLLM node has no request
     running or waiting (none stuck in WAITING_FOR_REMOTE_KVS) and its KV cache usage is back to
@@ -160,7 +170,12 @@ def _quiet(ops: list[dict], a_t: float, b_t: float) -> bool:
     return True
 
 
-@check("no_busy_wait")
+class NoBusyWaitOptions(CheckOptions):
+    max_cpu: float | None = Field(None, gt=0, le=64, description="most of a core a waiting node may burn "
+                                  "during a fault (default 0.5)")
+
+
+@check("no_busy_wait", NoBusyWaitOptions)
 def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     """While a fault is active and the client is quiet (no request starts or ends; e.g. every
     client waits on a request a dead or frozen peer holds), no vLLM node that has no request
@@ -229,7 +244,13 @@ def _fail_bound(inp: CheckInput, opts: dict) -> tuple[float | None, str]:
     return None, f"no bound declared for target {target} (checks: fail_fast: fail_within: {{{target}: ...}})"
 
 
-@check("fail_fast")
+class FailFastOptions(CheckOptions):
+    fail_within: dict[str, Duration] = Field(default_factory=dict, description="per target, the most a failed "
+                                             "request may take (measured); hardened's default is "
+                                             "kv_load_timeout + 2 s")
+
+
+@check("fail_fast", FailFastOptions)
 def fail_fast(inp: CheckInput, opts: dict) -> CheckResult:
     """A failed KV load ends the request promptly, as the failure policy says.
 

@@ -673,7 +673,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--upstream", required=True, help="endpoint of the real server")
     p.add_argument("--rules", help='initial rules: JSON (a list, or {"rules": [...]}) or @FILE')
     p.add_argument("--codec", help="module providing the named rewrites (NAMED_REWRITES, request_info), "
-                                   "e.g. families.lookup.wire")
+                                   "as a dotted module path (a family's wire module)")
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--idle-timeout-ms", type=int, default=10_000,
                    help="close a client's upstream socket after this much silence (default 10000)")

@@ -1,18 +1,42 @@
-"""Dependencies point one way: the harness and faults may import connector_patch; connector_patch
-imports neither; its pure logic imports no vLLM, torch or zmq; only the modules that run inside a vLLM
-or vllm-ascend process (the hardened connectors, their plugin, and the harness's node-env side of the
-conformance targets) import vLLM, vllm-ascend or torch."""
+"""The house's floors, guarded: dependencies point one way.
+
+    nodekit          the ground floor: imports nothing of this project
+    faults           may stand on nodekit
+    harness          the neutral core: nodekit, faults, stacks' mechanics (never a family)
+    reports          reads journals: nodekit, harness (never a family)
+    stacks           node stacks: nodekit, harness (never a family)
+    families/<name>  one system under test each: anything below, never another family, never the CLI
+    connector_patch  the system under test: imports nothing of ours
+
+``nodekit``, ``faults``, ``harness`` and ``reports`` do not even name a family in their code (the
+plugin loader finds families by walking the ``families`` package, and the CI suite rows come from
+each family's own file). No import circle anywhere. Only the modules that run inside a vLLM or
+vllm-ascend process import vLLM, vllm-ascend or torch.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+OURS = ("nodekit", "faults", "harness", "reports", "stacks", "families", "connector_patch")
+FAMILIES = sorted(p.name for p in (ROOT / "families").iterdir() if (p / "__init__.py").is_file())
+NEUTRAL = ("nodekit", "faults", "harness", "reports")
+MAY_IMPORT = {
+    "nodekit": set(),
+    "faults": {"nodekit"},
+    "harness": {"nodekit", "faults"},
+    "reports": {"nodekit", "faults", "harness"},
+    "stacks": {"nodekit", "faults", "harness"},
+    "families": {"nodekit", "faults", "harness", "stacks", "connector_patch", "families"},
+    "connector_patch": set(),
+}
 VLLM_SIDE = {"connector_patch/vllm_mooncake.py", "connector_patch/vllm_plugin.py",
              "connector_patch/ascend_store.py", "connector_patch/ascend_layerwise.py",
              # run with a node env's python (harness/nodeenv/exec_node.py), never in the harness's
@@ -21,35 +45,155 @@ VLLM_SIDE = {"connector_patch/vllm_mooncake.py", "connector_patch/vllm_plugin.py
              "families/layerwise/stack.py"}
 
 
+def _files(pkg: str) -> list[Path]:
+    # the plugin and stub packages a stack installs into its node env are their own projects
+    return sorted(p for p in (ROOT / pkg).rglob("*.py")
+                  if not any(part.startswith("pdchaos_") for part in p.relative_to(ROOT).parts))
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (at the top or inside a function), absolute dotted names."""
     tree = ast.parse(path.read_text(), str(path))
+    here = _module(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module.split(".")[0])
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (package[:len(package) - node.level + 1] if node.level else [])
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}
     return out
 
 
-def _files(pkg: str) -> list[Path]:
-    return sorted((ROOT / pkg).rglob("*.py"))
+def _top(name: str) -> str:
+    return name.split(".")[0]
 
 
-def test_connector_patch_imports_neither_harness_nor_faults() -> None:
-    bad = {str(p.relative_to(ROOT)): sorted(_imports(p) & {"harness", "faults", "reports"})
-           for p in _files("connector_patch")}
-    assert not {k: v for k, v in bad.items() if v}
+# the top floor of the core: the commands and the CI helpers show reports (the rest of the core
+# never imports them; reports read what the core wrote)
+TOP_OF_CORE = ("harness/cli/", "harness/ci/")
+
+
+@pytest.mark.parametrize("pkg", list(MAY_IMPORT))
+def test_each_floor_imports_only_what_lies_below(pkg: str) -> None:
+    bad = {}
+    for p in _files(pkg):
+        ours = {_top(m) for m in _imports(p)} & set(OURS) - {pkg}
+        if pkg == "families":
+            ours -= {"families"}
+        if str(p.relative_to(ROOT)).startswith(TOP_OF_CORE):
+            ours -= {"reports"}
+        wrong = sorted(ours - MAY_IMPORT[pkg])
+        if wrong:
+            bad[str(p.relative_to(ROOT))] = wrong
+    assert not bad
+
+
+def test_families_import_neither_each_other_nor_the_cli() -> None:
+    bad = {}
+    for fam in FAMILIES:
+        for p in _files(f"families/{fam}"):
+            wrong = sorted(m for m in _imports(p)
+                           if (_top(m) == "families" and len(m.split(".")) > 1 and m.split(".")[1] != fam)
+                           or m == "harness.cli" or m.startswith("harness.cli."))
+            if wrong:
+                bad[str(p.relative_to(ROOT))] = wrong
+    assert not bad
+    assert len(FAMILIES) >= 3, FAMILIES
+
+
+_WORD = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, FAMILIES)) + r")(?![A-Za-z0-9])")
+
+
+def _named_families(path: Path) -> list[str]:
+    """The places ``path``'s code names a family: a string (not a docstring) or an identifier
+    holding a family's name as a word. Prose (docstrings, comments) may mention them."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    out = []
+    for n in ast.walk(tree):
+        text = None
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            text = n.value.replace("pd-chaos", "")  # the project's own name
+        elif isinstance(n, ast.Name):
+            text = n.id.replace("_", " ")
+        elif isinstance(n, ast.Attribute):
+            text = n.attr.replace("_", " ")
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg)):
+            text = (n.name if not isinstance(n, ast.arg) else n.arg).replace("_", " ")
+        if text and _WORD.search(text):
+            out.append(f"{path.relative_to(ROOT)}:{getattr(n, 'lineno', '?')}: {_WORD.search(text).group(1)}")
+    return out
+
+
+def test_the_neutral_core_names_no_family() -> None:
+    found = [hit for pkg in NEUTRAL for p in _files(pkg) for hit in _named_families(p)]
+    assert not found
+
+
+def test_the_name_check_would_see_a_family_named_in_code(tmp_path: Path) -> None:
+    """The guard above can fail: a string or an identifier naming a family is found, prose is not."""
+    p = ROOT / "harness" / "_layering_probe.py"
+    p.write_text(f'"""Mentions {FAMILIES[0]} in prose."""\nX = "{FAMILIES[0]}"\ndef use_{FAMILIES[-1]}():\n    pass\n')
+    try:
+        found = _named_families(p)
+    finally:
+        p.unlink()
+    assert sorted(h.split(": ")[-1] for h in found) == sorted([FAMILIES[0], FAMILIES[-1]])
+
+
+def test_no_import_circle() -> None:
+    """Among this project's modules (imports at the top and inside functions alike), no cycle."""
+    mods = {_module(p): p for pkg in OURS for p in _files(pkg)}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        for name in _imports(p):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in mods:
+                parts.pop()
+            target = ".".join(parts)
+            # a module importing its own package's __init__ (``from . import x``) is not a circle
+            if parts and target != m and not m.startswith(target + "."):
+                graph[m].add(target)
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(v: str, stack: list[str]) -> None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                cycles.append(stack[stack.index(w):] + [w])
+            elif w not in state:
+                visit(w, stack)
+        stack.pop()
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v, [])
+    assert not cycles, cycles[:3]
 
 
 def test_pure_logic_imports_no_vllm_torch_or_zmq() -> None:
-    pure = [p for p in _files("connector_patch/pd") + _files("connector_patch/layerwise")]
+    pure = _files("connector_patch/pd") + _files("connector_patch/layerwise")
     assert pure, "connector_patch/pd holds the pure rules"
-    bad = {str(p.relative_to(ROOT)): sorted(_imports(p) & {"vllm", "torch", "zmq", "msgspec"}) for p in pure}
+    bad = {str(p.relative_to(ROOT)): sorted({_top(m) for m in _imports(p)} & {"vllm", "torch", "zmq", "msgspec"})
+           for p in pure}
     assert not {k: v for k, v in bad.items() if v}
 
 
 def test_only_the_server_side_modules_import_vllm_or_torch() -> None:
-    users = {str(p.relative_to(ROOT)) for pkg in ("connector_patch", "harness", "faults", "reports")
-             for p in _files(pkg) if _imports(p) & {"vllm", "torch", "vllm_ascend"}}
+    users = {str(p.relative_to(ROOT)) for pkg in OURS for p in _files(pkg)
+             if {_top(m) for m in _imports(p)} & {"vllm", "torch", "vllm_ascend"}}
     assert users == VLLM_SIDE

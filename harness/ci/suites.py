@@ -124,7 +124,8 @@ def one_run_args(chosen: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m harness.ci.suites", description=__doc__.splitlines()[0])
-    p.add_argument("--filter", default="", help="suites, e.g. 'lookup,pd:baseline'; empty or 'all': the defaults")
+    p.add_argument("--filter", default="", help="suites, e.g. 'SUITE,SUITE:TEXT' (the names: families/*/ci_suites.json); "
+                                                     "empty or 'all': the defaults")
     p.add_argument("--profile", default="cpu", help=f"one of {', '.join(PROFILES)}")
     p.add_argument("--root", default=".", help="the checkout (default: .)")
     args = p.parse_args(argv)

@@ -14,7 +14,7 @@ from ..errors import UsageError
 
 def make(tool: str):
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("family", metavar="FAMILY", help=f"whose {tool} to run (e.g. lookup)")
+        p.add_argument("family", metavar="FAMILY", help=f"whose {tool} to run (`pdchaos list --families`)")
         p.add_argument("options", nargs=argparse.REMAINDER, help=f"the family's {tool} options (FAMILY --help)")
 
     def run(args: argparse.Namespace) -> int:

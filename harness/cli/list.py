@@ -18,7 +18,9 @@ def run(args: argparse.Namespace) -> int:
         from ..family import all_families
 
         for fam in all_families():
-            print(f"{fam.name:12s} targets: {', '.join(fam.targets):24s} {fam.description}")
+            profiles = fam.profile_names()
+            print(f"{fam.name:12s} targets: {', '.join(fam.targets):24s} {fam.description}"
+                  + (f" (launch profiles: {', '.join(profiles)})" if profiles else ""))
         return 0
     for s in load_all(args.paths):
         m = s.model

@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "scenario and target, and start nothing (ports, temporary paths and this interpreter "
                         "are shown as placeholders, so the output is stable)")
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
-                   help="node launch profile of the families that have them (pd: cpu, the default, or ascend: "
-                        "vLLM + vllm-ascend on NPUs); a name or a .yaml file")
+                   help="node launch profile of the families that have them, a name or a .yaml file "
+                        "(`pdchaos list --families` shows each family's profiles; none: each family's default)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
                    help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
                         "--set devices.decode=3")

@@ -96,7 +96,7 @@ class HardenedPromMetrics(KVConnectorPromMetrics):
     """``vllm:pdchaos_kv_failures_total{code}`` from :class:`HardenedStats`' ``failure_codes``.
     Nothing of upstream's is replaced: vLLM 0.32.0's MooncakeConnector exports no Prometheus
     metric (its ``build_prom_metrics`` is the base class's, None); its stats reach vLLM's "KV
-    Transfer metrics" log line, which :class:`HardenedStats` keeps (tests/test_pd_claims.py)."""
+    Transfer metrics" log line, which :class:`HardenedStats` keeps (tests/connector_patch/test_pd_claims.py)."""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)

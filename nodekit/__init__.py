@@ -1,5 +1,5 @@
 """The ground floor: what every node process stands on, inside the harness's environment and
-inside the node envs alike. It imports nothing of this project (tests/test_layering.py).
+inside the node envs alike. It imports nothing of this project (tests/harness/test_layering.py).
 
 - ``journal``: the run's history, one JSON line per record, written by every node.
 - ``nodeio``: a node's life (endpoint checks, bind, READY, signals, the runner's death, exit codes).

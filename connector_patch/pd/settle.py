@@ -5,7 +5,7 @@ P writes D's blocks itself (Mooncake is push: P's transfer engine writes D's mem
 up to its abort timeout for its own prefill before it does (``send_kv_to_decode``). Upstream D
 waits just as long (its receive timeout is abort timeout + 60 s, "let P wait timeout first"), so
 its blocks are never given away under a late write. A load deadline breaks that: D gives up while
-P may still write. Measured in the real Scheduler (tests/test_pd_hardened_inproc.py): a load failed
+P may still write. Measured in the real Scheduler (tests/connector_patch/test_pd_hardened_inproc.py): a load failed
 at 300 ms, its blocks went to another request, then P wrote 589,824 bytes over them.
 
 So a load whose pulls are in flight is *open*; each pull (one per P side channel) *settles* once

@@ -12,7 +12,7 @@ zero frames) together with what a protocol-v1 server must answer:
   well-formed reply" is required.
 
 The stream depends only on the seed and the options (``groups``, ``allow_reset``), never on
-timing, so a run is repeatable. ``tests/test_fuzz.py`` checks every expectation declared here
+timing, so a run is repeatable. ``tests/families/lookup/test_fuzz.py`` checks every expectation declared here
 against ``connector_patch.lookup.protocol.decode_request`` so the oracle cannot drift from the
 protocol.
 """

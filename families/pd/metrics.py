@@ -6,7 +6,7 @@ It is only in the harness's ``dev`` and ``metrics`` extras, not in its runtime d
 node must still work without it: then :func:`parse_text` falls back to a small parser written
 here, which reads the subset of the text format vLLM writes (``# TYPE`` lines, then
 ``name{label="value",...} value [timestamp]`` lines; label values with the format's escapes
-``\\\\``, ``\\"``, ``\\n``). Both give the same samples (tests/test_pd_nodes.py compares them on a
+``\\\\``, ``\\"``, ``\\n``). Both give the same samples (tests/families/pd/test_pd_nodes.py compares them on a
 live server's scrape).
 
 Flattening (:func:`flatten`): the samples of ``vllm:`` metrics, keyed by the name without the

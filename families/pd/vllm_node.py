@@ -41,7 +41,7 @@ Known, on hosts with AMX (measured here): vLLM 0.32.0's CPU attention uses its A
 nothing asks Linux for the AMX tile permission unless oneDNN happened to JIT an AMX GEMM first (a
 forward step of many tokens); a server whose first step is small (D right after a KV pull, or a
 1-token prompt) dies with SIGILL. ``torch._C._cpu._init_amx()`` in every vLLM process (the CPU
-shim's job) fixes it; tests/test_pd_nodes.py warms each server up with one big prompt meanwhile.
+shim's job) fixes it; tests/families/pd/test_pd_nodes.py warms each server up with one big prompt meanwhile.
 This node does not hide it: it serves vLLM as it is.
 
 Control channel (``--control``): ``stats`` = ``pid`` (this wrapper's) + ``alive`` (vLLM's process

@@ -1,7 +1,7 @@
 """vLLM's real v1 Scheduler with vllm-ascend's real ``AscendStoreConnector`` (upstream) or
 ``HardenedAscendStoreConnector`` (connector_patch/ascend_store.py), driven in-process on CPU,
 against lookup servers that are dead, frozen, malformed, legacy or healthy. Run by
-tests/test_ascend_store_inproc.py with the conformance env's python (vLLM 0.23.0, vllm-ascend
+tests/connector_patch/test_ascend_store_inproc.py with the conformance env's python (vLLM 0.23.0, vllm-ascend
 0.23.0.post1, torch 2.11.0; the harness env has no vLLM).
 
 argv: REPO OUTDIR. Prints vLLM's log lines, then one line ``PDCHAOS-ASCEND-RESULT {json}``:

@@ -1,5 +1,5 @@
 """One rank of the abort-drain agreement over real torch.distributed Gloo (run twice, by
-tests/test_pd_pure.py, with the P/D node env's python: torch lives there, not in the harness's env).
+tests/connector_patch/test_pd_pure.py, with the P/D node env's python: torch lives there, not in the harness's env).
 
 argv: RANK PORT REPO. Prints one JSON line: the requests released in each round.
 """

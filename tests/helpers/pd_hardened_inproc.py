@@ -1,6 +1,6 @@
 """vLLM's real v1 Scheduler stepped in-process on CPU with the hardened Mooncake connector on both
 sides, against stand-in prefill nodes on 127.0.0.1 (and, in the late-write case, a real hardened
-P worker). Run by tests/test_pd_hardened_inproc.py with the P/D node env's python (vLLM, torch and
+P worker). Run by tests/connector_patch/test_pd_hardened_inproc.py with the P/D node env's python (vLLM, torch and
 Mooncake live there, not in the harness's env).
 
 argv: REPO. Prints many vLLM log lines, then one line ``PDCHAOS-INPROC-RESULT {json}``: for each

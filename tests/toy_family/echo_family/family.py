@@ -91,7 +91,7 @@ class EchoGarble(OnceFault):
     family = "echo_family"
     Params = FaultParams
 
-    def prepare(self) -> None:  # the runner calls it before t0; recorded so tests/test_families.py sees when
+    def prepare(self) -> None:  # the runner calls it before t0; recorded so tests/harness/test_families.py sees when
         self.ctx.event("echo_garble_prepare")
 
     def release(self) -> None:  # at teardown, after the heal

@@ -15,7 +15,7 @@ import pytest
 from harness import setup as S
 from harness.family import _FAMILIES, Family
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
 
 

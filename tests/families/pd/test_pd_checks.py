@@ -1,5 +1,5 @@
 """The pd family's checks and faults on hand-made histories: each check passes a good history and
-fails the bad ones it exists for (no real node needed here; tests/test_pd_nodes.py runs real ones)."""
+fails the bad ones it exists for (no real node needed here; tests/families/pd/test_pd_nodes.py runs real ones)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from faults import netns
 from faults.toxiproxy import PINNED_VERSION, binary_version, find_binary
 from harness.cli.doctor import CHECK_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The layerwise family without the conformance env: its scenarios validate, its checks judge
 hand-made histories, its metaserver (a real HTTP server and control channel) behaves per mode, and
-bad input to its nodes is one clear error. tests/test_layerwise_env.py runs the real connector."""
+bad input to its nodes is one clear error. tests/families/layerwise/test_layerwise_env.py runs the real connector."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from harness import checks as C
 from harness.family import get_family
 from harness.topology import free_tcp_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FAM = get_family("layerwise")
 CHECKS = C.checks_for(FAM)
 T0 = 100.0

@@ -24,7 +24,7 @@ from reports.load import load_run
 from reports.page import report_html
 from reports.summary import summary_md
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PDCHAOS = [sys.executable, "-m", "harness.cli"]
 TOXIC_SCENARIO = REPO / "scenarios" / "network" / "toxic-slicer.yaml"
 

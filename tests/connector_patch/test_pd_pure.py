@@ -239,7 +239,7 @@ def test_two_ranks_agree_by_a_min_all_reduce_over_real_gloo(tmp_path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     script = repo / "tests" / "helpers" / "drain_gloo.py"
     procs = [subprocess.Popen([str(env.python), str(script), str(rank), str(port), str(repo)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]

@@ -83,7 +83,7 @@ def inproc() -> dict:
     if not env.installed():
         pytest.skip("the P/D node stack (vLLM, torch, Mooncake) is not installed here: "
                     "run `pdchaos setup --only pd-node-stack`")
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     script = repo / "tests" / "helpers" / "pd_hardened_inproc.py"
     child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     child_env["PD_INPROC_WATCHDOG_S"] = str(SUBPROCESS_TIMEOUT_S - 20)  # it dumps its stacks and exits first

@@ -14,7 +14,7 @@ from harness.cli.mutate import mutant_tables, system_mutants
 from harness.errors import UsageError
 from harness.schema import load_all
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "tests" / "mutants" / "system" / "site"
 
 

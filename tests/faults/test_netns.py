@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -371,7 +372,7 @@ def test_atexit_cleanup_in_a_child_process(tmp_path):
     code = ("import json; from faults.netns import NetnsPair; p = NetnsPair().create(); "
             "print(json.dumps([p.a, p.b]), flush=True)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+                         cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     names = json.loads(out.stdout)
     left = netns.list_namespaces()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]
 TOY = HERE / "toy_family"
 PDCHAOS = [sys.executable, "-m", "harness.cli"]
 

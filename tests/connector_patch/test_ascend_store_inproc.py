@@ -73,7 +73,7 @@ def run(tmp_path_factory) -> dict:
     if not env.installed():
         pytest.skip("the conformance env (vLLM 0.23.0 + vllm-ascend 0.23.0.post1) is not installed here: "
                     "run `pdchaos setup --only ascend-conf-stack`")
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out_dir = tmp_path_factory.mktemp("ascend")
     rpc_dir = out_dir / "rpc"
     rpc_dir.mkdir()

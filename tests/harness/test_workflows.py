@@ -39,7 +39,7 @@ from harness.ci import comment as C
 from harness.ci import suites as S
 from reports.compare import COMMENT_LIMIT, format_markdown
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WF = REPO / ".github" / "workflows"
 LABELS_FILE = REPO / ".github" / "actionlint.yaml"
 TOOLS = Path(os.environ.get("PDCHAOS_TOOLS", Path.home() / ".cache" / "pdchaos" / "tools"))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "connector_patch"
 DESIGN = PKG / "DESIGN.md"
 PROBE_TIMEOUT_S = 280  # importing vLLM and torch: ~15 s on a quiet machine, minutes under load

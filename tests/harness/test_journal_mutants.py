@@ -951,7 +951,7 @@ def test_the_rebuilt_meta_line_says_what_the_run_said() -> None:
     from harness.runner import scenario_meta
     from harness.schema import load_scenario
 
-    root = Path(__file__).resolve().parent.parent / "scenarios"
+    root = Path(__file__).resolve().parents[2] / "scenarios"
     for f in ("network/toxic-latency-below-deadline.yaml", "lookup/backend-slow.yaml"):
         m = scenario_meta(load_scenario(root / f), "hardened")
         assert [x["categories"] for x in m["faults"]] == [[]] * len(m["faults"]), f

@@ -1,6 +1,6 @@
 """Warm nodes between scenario runs (harness/pool.py + BaseTopology's pool hooks), with real
 node processes: the toy echo family's server, pooled by a topology subclass defined here (the
-pd family pools its vLLM servers the same way; tests/test_pd_nodes.py and the P/D suite run
+pd family pools its vLLM servers the same way; tests/families/pd/test_pd_nodes.py and the P/D suite run
 that for real).
 """
 
@@ -17,7 +17,7 @@ import pytest
 from harness.pool import NodePool
 from harness.runner import Runner
 
-TOY = Path(__file__).parent / "toy_family"
+TOY = Path(__file__).resolve().parents[1] / "toy_family"
 
 
 @pytest.fixture()
@@ -178,7 +178,7 @@ def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
     from harness.plan import order_for_reuse
     from harness.schema import load_all
 
-    scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])
+    scenarios = load_all([str(Path(__file__).resolve().parents[2] / "scenarios" / "pd")])
     ordered = order_for_reuse(scenarios)
     assert sorted(s.name for s in ordered) == sorted(s.name for s in scenarios)  # nothing lost or added
     groups = [s.family.reuse_group(s.model) for s in ordered]
@@ -200,7 +200,7 @@ def test_pdchaos_run_plans_one_target_after_the_other_within_a_group() -> None:
     from harness.plan import plan_for_reuse
     from harness.schema import load_all
 
-    scenarios = load_all([str(Path(__file__).parent.parent / "scenarios" / "pd")])
+    scenarios = load_all([str(Path(__file__).resolve().parents[2] / "scenarios" / "pd")])
     plan = plan_for_reuse(scenarios)
     assert sorted((s.name, t) for s, t in plan) == sorted((s.name, t) for s in scenarios for t in s.model.targets)
     switches = sum(1 for (a, ta), (b, tb) in zip(plan, plan[1:]) if ta != tb)

@@ -26,7 +26,7 @@ from harness.nodeenv import pip as nodepip
 from stacks.vllm_cpu import recipe as pd_stack, tiny_model
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, pin_hash, run_logged, tree_hash
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIM_SRC = ROOT / "stacks" / "vllm_cpu" / "pdchaos_cpu_shim"
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ import pytest
 from families.pd.topology import PDTopology
 from harness.schema import load_scenario
 
-SCENARIOS = Path(__file__).parent.parent / "scenarios" / "pd"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios" / "pd"
 
 
 def topology(tmp_path: Path, name: str, pool=None, target: str = "upstream", profile=None) -> PDTopology:

@@ -14,7 +14,7 @@ import pytest
 
 from harness.topology import free_tcp_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _missing() -> str | None:

@@ -47,7 +47,7 @@ TARGETS = ("upstream", "hardened")
 TARGET_P50 = 1.02
 TARGET_P99 = 1.05
 FAIL_SLACK_MS = 500.0
-BASELINE = Path(__file__).resolve().parents[3] / "scenarios" / "pd" / "baseline.yaml"
+BASELINE = Path(__file__).resolve().parents[2] / "scenarios" / "pd" / "baseline.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

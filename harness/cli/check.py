@@ -47,7 +47,7 @@ def scenario_roots() -> list[Path]:
     """Where scenario files are looked up: ``scenarios/`` of the working directory and of the
     checkout this harness belongs to (never a path a journal names)."""
     roots = []
-    for r in (Path.cwd() / "scenarios", Path(__file__).resolve().parent.parent / "scenarios"):
+    for r in (Path.cwd() / "scenarios", Path(__file__).resolve().parents[2] / "scenarios"):
         if r.is_dir() and r.resolve() not in roots:
             roots.append(r.resolve())
     return roots

@@ -140,7 +140,7 @@ def mutant_tables() -> dict[str, object]:
     """{family: its mutant table module} from tests/mutants/system/ beside this checkout."""
     import importlib.util
 
-    root = Path(__file__).resolve().parent.parent / "tests" / "mutants" / "system"
+    root = Path(__file__).resolve().parents[2] / "tests" / "mutants" / "system"
     out: dict[str, object] = {}
     for f in sorted(root.glob("*.py")) if root.is_dir() else []:
         if f.name.startswith("_"):

@@ -228,6 +228,7 @@ def test_floor_not_measured_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_no_floor_without_toxiproxy_scenarios(tmp_path: Path) -> None:
     plain = load_all([str(write(tmp_path, "plain", """
         name: plain-tcp
+        family: lookup
         topology: {transport: tcp}
         workload: {duration: 1s}
         expect: {hardened: pass, legacy: pass}

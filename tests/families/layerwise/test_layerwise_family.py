@@ -96,7 +96,7 @@ def test_no_leaks_is_not_applicable_and_listener_answers_only_with_its_fault():
 
 
 def test_unavailable_names_the_setup_step_when_the_env_is_missing(monkeypatch):
-    from harness.nodeenv import steps
+    from stacks.ascend_cpu import steps
 
     monkeypatch.setattr(steps.AscendStackStep, "check", lambda self: None)
     why = FAM.unavailable(None)

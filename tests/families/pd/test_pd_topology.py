@@ -336,3 +336,10 @@ def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
     keep, out = split_plan([(sc, "upstream"), (sc, "hardened")], {"pd": profile("ascend-layerwise", "model=/m")})
     assert keep == [] and all("fault fake_prefill_peer" in why for _, _, why in out)
     assert split_plan([(sc, "upstream")]) == ([(sc, "upstream")], [])
+
+
+def test_bench_pd_reads_the_baseline_scenario_of_this_checkout() -> None:
+    """``pdchaos bench pd`` builds its nodes from scenarios/pd/baseline.yaml (found from its own file)."""
+    from families.pd import bench
+
+    assert bench.BASELINE == SCENARIOS / "baseline.yaml" and bench.BASELINE.is_file()

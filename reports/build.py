@@ -75,14 +75,16 @@ def plan(run: Run) -> tuple[list[tuple], dict[str, list[str]], str | None]:
                 jobs.append(("gauges", rel, dict(g=r.gauges, subtitle=_subtitle(r),
                                                  xmax=max(r.timeline.end, bucket))))
                 out.append(rel)
-    bench_rel = None
-    if run.bench:
-        bench_rel = f"{PLOTS_DIR}/normal-path-cdf.png"
-        order, baseline = S.bench_order(run)
-        command, op = run.bench_words()
-        jobs.append(("bench", bench_rel, dict(samples={t: run.bench[t] for t in order}, baseline=baseline,
-                                              command=command, op=op)))
-    return jobs, rels, bench_rel
+    bench_rels: list[str] = []
+    for i, view in enumerate(run.bench_views()):
+        fam = view.bench_about.get("family") or str(i)
+        rel = f"{PLOTS_DIR}/normal-path-cdf.png" if i == 0 else f"{PLOTS_DIR}/normal-path-cdf-{fam}.png"
+        order, baseline = S.bench_order(view)
+        command, op = view.bench_words()
+        jobs.append(("bench", rel, dict(samples={t: view.bench[t] for t in order}, baseline=baseline,
+                                        command=command, op=op)))
+        bench_rels.append(rel)
+    return jobs, rels, bench_rels
 
 
 def render(job: tuple, root: str) -> str:
@@ -164,7 +166,7 @@ def default_jobs() -> int:
 def generate(run_dir: str | Path, *, bench: str | Path | None = None, jobs: int | None = None) -> list[Path]:
     root = Path(run_dir)
     run = load_run(root, bench=bench)
-    plot_jobs, rels, bench_rel = plan(run)
+    plot_jobs, rels, bench_rels = plan(run)
     plots_dir = root / PLOTS_DIR
     wanted = {root / rel for _, rel, _ in plot_jobs}
     if plots_dir.is_dir():  # stale plots of an earlier generation would mislead
@@ -173,8 +175,8 @@ def generate(run_dir: str | Path, *, bench: str | Path | None = None, jobs: int 
                 old.unlink()
     _render_all(plot_jobs, root, default_jobs() if jobs is None else jobs)
     written = sorted(wanted)
-    for name, text in (("summary.md", S.summary_md(run, rels, bench_rel)),
-                       ("report.html", report_html(run, rels, bench_rel)),
+    for name, text in (("summary.md", S.summary_md(run, rels, bench_rels)),
+                       ("report.html", report_html(run, rels, bench_rels)),
                        ("bench.json", S.bench_json(run))):
         path = root / name
         path.write_text(text, encoding="utf-8")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness import verdicts as V
@@ -27,6 +27,7 @@ from . import data as D
 from . import gauges as G
 
 BENCH_FILE = "bench_samples.json"
+MORE_BENCH_GLOB = "bench_samples-*.json"
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,17 @@ class Run:
     has_summary: bool
     bench: dict[str, list[float]] | None = None
     bench_about: dict[str, str] = field(default_factory=dict)  # the samples file's family and op
+    more_benches: list[tuple[dict[str, str], dict[str, list[float]]]] = field(default_factory=list)
+    """Further families' samples (``bench_samples-<family>.json``: ``pdchaos run --bench`` over
+    several families writes one file each), as (about, samples)."""
+
+    def bench_views(self) -> list["Run"]:
+        """One view of this run per samples file, each with that file as its ``bench`` (the
+        first file first): what the reports show per benchmark."""
+        if not self.bench:
+            return []
+        return [self] + [replace(self, bench=samples, bench_about=about, more_benches=[])
+                         for about, samples in self.more_benches]
 
     def bench_words(self) -> tuple[str, str]:
         """(the command that measured the normal path, what one sample is) for titles: from the
@@ -208,6 +220,8 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
     if bench is not None or bench_path.is_file():
         run.bench = load_bench(bench_path)
         run.bench_about = bench_about(bench_path)
+        if bench is None:  # the other families' samples of a pdchaos run --bench, in name order
+            run.more_benches = [(bench_about(p), load_bench(p)) for p in sorted(root.glob(MORE_BENCH_GLOB))]
     return run
 
 

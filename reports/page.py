@@ -6,7 +6,7 @@ import base64
 from pathlib import Path
 
 from .load import Run
-from .summary import NOT_AS_EXPECTED, bench_cost_words, failed_checks, legend, outcome_counts, run_facts, tally_words
+from .summary import NOT_AS_EXPECTED, bench_cost_words, bench_plot_list, failed_checks, legend, outcome_counts, run_facts, tally_words
 from .tables import CLS, MARK, _e, bench_table, expected_words, latency_table, verdict_tables
 
 _CSS = """
@@ -73,7 +73,7 @@ def _scenario_section(run: Run, s: str, plots: list[str]) -> list[str]:
     return p
 
 
-def report_html(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
+def report_html(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | str | None) -> str:
     c = outcome_counts(run)
     cls = "ok" if not (c["deviation"] or c["error"]) else "bad"
     p: list[str] = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -95,14 +95,17 @@ def report_html(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -
 
     p += ["<h2>Latency and outcomes</h2>", latency_table(run).html()]
 
-    bt = bench_table(run)
-    if bt is not None:
-        p += ["<h2>Normal path (no faults)</h2>", bt.html()]
-        cost = bench_cost_words(run)
+    rels = bench_plot_list(bench_plots)
+    for i, view in enumerate(run.bench_views()):
+        bt = bench_table(view)
+        if bt is None:
+            continue
+        p += [f"<h2>Normal path (no faults, {_e(view.bench_words()[0])})</h2>", bt.html()]
+        cost = bench_cost_words(view)
         if cost:
             p.append(f"<p>Cost on the normal path, {_e(cost.replace('**', ''))}.</p>")
-        if bench_plot:
-            p.append(_img(run.path, bench_plot, "normal path latency CDF"))
+        if i < len(rels):
+            p.append(_img(run.path, rels[i], "normal path latency CDF"))
 
     for s in run.scenarios():
         p += _scenario_section(run, s, plots.get(s, []))

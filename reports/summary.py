@@ -118,7 +118,12 @@ def mutation_md(run_dir: Path) -> list[str]:
     return lines + [""]
 
 
-def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) -> str:
+def bench_plot_list(bench_plots: list[str] | str | None) -> list[str]:
+    """The normal-path CDF plots, one per samples file (a single path or none is accepted)."""
+    return [bench_plots] if isinstance(bench_plots, str) else list(bench_plots or [])
+
+
+def summary_md(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
     lines = [f"### pd-chaos run `{_md(run.run_id)}`", "",
              _md(", ".join(run_facts(run))) + f": **{tally_words(run)}**.", ""]
@@ -131,10 +136,12 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
     lines += ["<details><summary>Latency and outcomes per scenario and target</summary>", ""]
     lines += latency_table(run).markdown() + ["", "</details>", ""]
 
-    bt = bench_table(run)
-    if bt is not None:
-        lines += [f"#### Normal path (no faults, `{run.bench_words()[0]}`)", ""] + bt.markdown()
-        cost = bench_cost_words(run)
+    for view in run.bench_views():
+        bt = bench_table(view)
+        if bt is None:
+            continue
+        lines += [f"#### Normal path (no faults, `{view.bench_words()[0]}`)", ""] + bt.markdown()
+        cost = bench_cost_words(view)
         if cost:
             lines += ["", f"Cost on the normal path, {cost}."]
         lines.append("")
@@ -160,10 +167,11 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plot: str | None) ->
                 lines.append(f"  - `{_md(c.get('name', '?'))}`: {_md(c.get('message', ''))}")
         lines.append("")
 
+    bench_plot = bench_plot_list(bench_plots)
     if plots or bench_plot:
         lines += ["#### Plots", "", "In the run folder:", ""]
-        if bench_plot:
-            lines.append(f"- normal path CDF: `{bench_plot}`")
+        for rel in bench_plot:
+            lines.append(f"- normal path CDF: `{rel}`")
         for s in run.scenarios():
             if plots.get(s):
                 lines.append(f"- {_md(s)}: " + ", ".join(f"`{p}`" for p in plots[s]))
@@ -188,13 +196,15 @@ def bench_entries(run: Run) -> list[dict[str, Any]]:
                 v = getattr(st, name)
                 if v is not None:
                     out.append({"name": f"{s}/{t}/{name}", "unit": "ms", "value": round(v, 4), "extra": extra})
-    for t in bench_order(run)[0]:
-        b = D.bench_stats(run.bench[t])
-        if not b["n"]:
-            continue
-        for name in ("p50", "p99"):
-            out.append({"name": f"normal-path/{t}/{name}", "unit": "us", "value": round(b[name], 3),
-                        "range": f"± {b['stdev']:.3f}", "extra": f"calls={b['n']} (stdev over all calls)"})
+    for i, view in enumerate(run.bench_views()):
+        prefix = "normal-path" if i == 0 else f"normal-path-{view.bench_about.get('family') or i}"
+        for t in bench_order(view)[0]:
+            b = D.bench_stats(view.bench[t])
+            if not b["n"]:
+                continue
+            for name in ("p50", "p99"):
+                out.append({"name": f"{prefix}/{t}/{name}", "unit": "us", "value": round(b[name], 3),
+                            "range": f"± {b['stdev']:.3f}", "extra": f"calls={b['n']} (stdev over all calls)"})
     return out
 
 

@@ -202,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "not_run.json").write_text(json.dumps(
             [{"scenario": sc.name, "target": t, "why": why} for sc, t, why in left_out], indent=1) + "\n")
     for i, fam in enumerate(benched if args.bench else []):
-        # the reports read bench_samples.json (the first family's); others keep their own file
+        # one samples file per family: the first is bench_samples.json, the others bench_samples-<family>.json;
+        # the reports show each (reports/load.py: Run.bench_views)
         run_bench(run_dir, args.bench, fam, run_dir / ("bench_samples.json" if i == 0 else f"bench_samples-{fam}.json"))
     started_wall = datetime.now(timezone.utc).isoformat()
     t_start = time.monotonic()

@@ -351,8 +351,8 @@ def test_synthetic_run_plot_data(run_dir):
 @pytest.mark.timeout(30)
 def test_before_after_and_timelines_share_axes_per_scenario(run_dir):
     run = load_run(run_dir[0])
-    jobs, rels, bench_rel = plan(run)
-    assert bench_rel == "plots/normal-path-cdf.png"
+    jobs, rels, bench_rels = plan(run)
+    assert bench_rels == ["plots/normal-path-cdf.png"]
     assert rels["silent-server"] == ["plots/silent-server--before-after.png", "plots/silent-server--legacy.png",
                                      "plots/silent-server--hardened.png"]
     timelines = [kw for kind, rel, kw in jobs if kind == "timeline" and "silent-server" in rel]
@@ -634,6 +634,27 @@ def test_bench_samples_of_other_targets_render(tmp_path):
     assert "Cost on the normal path, fast ÷ base: **p50 ×0.83**" in md
     names = {e["name"] for e in json.loads((root / "bench.json").read_text())}
     assert {"normal-path/fast/p50", "normal-path/base/p99"} <= names
+
+
+@pytest.mark.timeout(60)
+def test_each_familys_bench_samples_get_their_own_table_plot_and_entries(tmp_path):
+    """``pdchaos run --bench`` over two families writes bench_samples.json and
+    bench_samples-<family>.json: the report shows both, each titled from its own file."""
+    root = _three_target_run(tmp_path / "three")
+    (root / "bench_samples.json").write_text(json.dumps({"family": "famA", "op": "call", "unit": "us",
+                                                         "fast": [90.0, 100.0, 110.0], "base": [100.0, 120.0, 140.0]}))
+    (root / "bench_samples-famB.json").write_text(json.dumps({"family": "famB", "op": "request", "unit": "us",
+                                                              "fast": [900.0, 1000.0], "base": [1000.0, 1100.0]}))
+    written = generate(root, jobs=1)
+    assert {root / "plots" / "normal-path-cdf.png", root / "plots" / "normal-path-cdf-famB.png"} <= set(written)
+    md = (root / "summary.md").read_text()
+    assert "#### Normal path (no faults, `pdchaos bench famA`)" in md
+    assert "#### Normal path (no faults, `pdchaos bench famB`)" in md
+    assert md.index("pdchaos bench famA") < md.index("pdchaos bench famB")
+    names = {e["name"] for e in json.loads((root / "bench.json").read_text())}
+    assert {"normal-path/fast/p50", "normal-path-famB/fast/p50", "normal-path-famB/base/p99"} <= names
+    page = (root / "report.html").read_text()
+    assert "pdchaos bench famB" in page and page.count('alt="normal path latency CDF"') == 2
 
 
 @pytest.mark.timeout(20)

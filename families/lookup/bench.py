@@ -46,6 +46,7 @@ from connector_patch.lookup.protocol import MAX_HASHES
 
 from harness.errors import HarnessError, UsageError
 from harness.procs import ProcHandle, start_node
+from harness.benchkit import Terminated, bench_signals, check_save_path, save_samples
 
 TARGET_P50 = 1.05
 TARGET_P99 = 1.10
@@ -74,14 +75,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--block-size: must be a positive integer, got {args.block_size}")
     if args.timeout_ms <= 0:
         raise UsageError(f"--timeout-ms: must be a positive integer, got {args.timeout_ms}")
-    if args.save is not None:
-        folder = os.path.dirname(os.path.abspath(args.save))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--save: folder {folder!r} does not exist")
-        if os.path.isdir(args.save):
-            raise UsageError(f"--save: {args.save!r} is a folder, expected a file path")
-        if not os.access(folder, os.W_OK):
-            raise UsageError(f"--save: folder {folder!r} is not writable")
+    check_save_path(args.save)
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -90,39 +84,32 @@ def _stats(samples: list[float]) -> dict[str, float]:
             "max_us": round(max(samples), 2), "min_us": round(min(samples), 2)}
 
 
-class _Term(Exception):
-    pass
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise _Term()
-
-
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     # Ctrl-C or kill -INT stops the bench also when it was started with SIGINT ignored (a job
     # started in the background inherits that: CI's test run did, and the bench never heard it)
-    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    with bench_signals():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     base = tempfile.gettempdir()  # honours TMPDIR, unless that would make ipc paths too long
     workdir = tempfile.mkdtemp(prefix="pdc", dir=base if len(base) <= 64 else "/tmp")
     nodes: list[ProcHandle] = []
     stuck = None
     try:
         return _bench(args, workdir, nodes)
-    except _Term:
+    except Terminated:
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except _Stuck as exc:  # interrupted, and the sockets would not close: see _close_bounded
-        stuck = 128 + (signal.SIGTERM if isinstance(exc.__context__, _Term) else signal.SIGINT)
+        stuck = 128 + (signal.SIGTERM if isinstance(exc.__context__, Terminated) else signal.SIGINT)
         print(f"interrupted; the clients' sockets did not close within {CLOSE_BOUND_S:g} s", file=sys.stderr)
         return stuck
     finally:
         for node in nodes:
             node.stop(5.0)
         shutil.rmtree(workdir, ignore_errors=True)
-        signal.signal(signal.SIGTERM, old_term)
-        signal.signal(signal.SIGINT, old_int)
         if stuck is not None:
             sys.stderr.flush()
             os._exit(stuck)
@@ -237,14 +224,8 @@ def _bench(args: argparse.Namespace, workdir: str, nodes: list[ProcHandle]) -> i
         "elapsed_s": round(elapsed, 3),
     }
     if args.save:
-        raw = {"family": "lookup", "op": "lookup", "unit": "us", "n": args.n, "seed": args.seed, "hashes": k, "token_len": token_len,
-               "kinds": measured_kinds, "hardened": [round(x, 3) for x in lat["hardened"]],
-               "legacy": [round(x, 3) for x in lat["legacy"]]}
-        try:
-            with open(args.save, "w", encoding="utf-8") as fh:
-                json.dump(raw, fh)
-        except OSError as exc:
-            raise UsageError(f"--save: cannot write {args.save!r}: {exc.strerror or exc}") from None
+        save_samples(args.save, "lookup", "lookup", {t: [round(x, 3) for x in lat[t]] for t in ("hardened", "legacy")},
+                     n=args.n, seed=args.seed, hashes=k, token_len=token_len, kinds=measured_kinds)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import statistics
 import sys
 import threading
@@ -42,6 +40,7 @@ import uuid
 from pathlib import Path
 
 from harness.errors import HarnessError, UsageError
+from harness.benchkit import Terminated, bench_signals, check_save_path, save_samples
 
 TARGETS = ("upstream", "hardened")
 TARGET_P50 = 1.02
@@ -78,12 +77,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--kv-load-timeout-ms: at least 100")
     if args.abort_timeout_s < 1:
         raise UsageError("--abort-timeout-s: at least 1")
-    if args.save is not None:
-        folder = os.path.dirname(os.path.abspath(args.save))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--save: folder {folder!r} does not exist")
-        if os.path.isdir(args.save):
-            raise UsageError(f"--save: {args.save!r} is a folder, expected a file path")
+    check_save_path(args.save)
 
 
 def _q(v: list[float], q: float) -> float:
@@ -96,14 +90,6 @@ def _stats(v: list[float]) -> dict:
             "mean": round(statistics.fmean(v), 1)} if v else {"n": 0}
 
 
-class _Stop(Exception):
-    pass
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise _Stop()
-
-
 def run(args: argparse.Namespace) -> int:
     _check(args)
     from families.pd.family import FAMILY
@@ -113,17 +99,16 @@ def run(args: argparse.Namespace) -> int:
         raise HarnessError(f"bench pd: {why}")
     workdir = Path(args.workdir or Path("runs") / time.strftime("bench-pd-%Y%m%d-%H%M%S"))
     workdir.mkdir(parents=True, exist_ok=True)
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
     topos: dict = {}
-    try:
-        return _bench(args, workdir, topos)
-    except _Stop:
-        print("bench pd: stopped (SIGTERM); nodes stopped", file=sys.stderr)
-        return 1
-    finally:
-        for t in topos.values():
-            t.close()
-        signal.signal(signal.SIGTERM, old)
+    with bench_signals():
+        try:
+            return _bench(args, workdir, topos)
+        except Terminated:
+            print("bench pd: stopped (SIGTERM); nodes stopped", file=sys.stderr)
+            return 1
+        finally:
+            for t in topos.values():
+                t.close()
 
 
 def _start(args: argparse.Namespace, workdir: Path, topos: dict) -> None:
@@ -227,9 +212,8 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
                                    and hard_fail["p99"] <= limit_ms),
         "workdir": str(workdir)}
     if args.save:
-        raw = {"family": "pd", "op": "request", "unit": "us", "n": args.n, "seed": args.seed, **{t: [round(x, 1) for x in lat[t]] for t in TARGETS}}
-        with open(args.save, "w", encoding="utf-8") as fh:
-            json.dump(raw, fh)
+        save_samples(args.save, "pd", "request", {t: [round(x, 1) for x in lat[t]] for t in TARGETS},
+                     n=args.n, seed=args.seed)
         with open(Path(args.save).with_suffix(".failure.json"), "w", encoding="utf-8") as fh:
             json.dump(failure, fh)
     if args.json:

@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .venv import NodeEnv, NodeEnvError
+from .venv import NodeEnv, NodeEnvError, Step
 
 FIND_LINKS_ENV = "PDCHAOS_NODEENV_FIND_LINKS"
 WARM_WHEELS = Path("~/.cache/pdchaos-warm/wheels")
@@ -78,6 +78,18 @@ def install_local_package(env: NodeEnv, src: Path, what: str) -> None:
     shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"))
     env.pip(["--no-deps", "--no-build-isolation", "--force-reinstall", str(copy)], INSTALL_TIMEOUT_S,
             f"pip install {src}")
+
+
+def source_key(src: Path) -> str:
+    """The key of a step that installs the local package ``src`` (its tree's hash; "missing")."""
+    from .venv import tree_hash
+
+    return tree_hash(src) if src.is_dir() else "missing"
+
+
+def import_check(key: str, code: str) -> Step:
+    """The last step of a node env: ``code`` runs with the env's python (see :func:`verify_imports`)."""
+    return Step("import-check", f"v1 {key}", lambda env: verify_imports(env, code), VERIFY_TIMEOUT_S)
 
 
 def verify_imports(env: NodeEnv, code: str) -> str:

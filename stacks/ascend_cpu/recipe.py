@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.nodeenv.pip import (VERIFY_TIMEOUT_S, canonical, install_local_package, links_args,
-                                  requires_from_metadata, verify_imports)
-from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, child_env, run_logged, tree_hash
+from harness.nodeenv.pip import (canonical, import_check, install_local_package, links_args,
+                                  requires_from_metadata, source_key)
+from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, child_env, run_logged
 
 ENV_NAME = "ascend-conf"
 TORCH = "torch==2.11.0"
@@ -125,14 +125,9 @@ print("torch", torch.__version__, "vllm", md.version("vllm"), "vllm-ascend", md.
 """
 
 
-def _verify(env: NodeEnv) -> str:
-    return verify_imports(env, VERIFY_CODE)
-
-
 def ascend_conf_env(out=print) -> NodeEnv:
     """The conformance env (not installed by this call: ``.ensure()`` does that)."""
-    src = stubs_source()
-    stubs_key = tree_hash(src) if src.is_dir() else "missing"
+    stubs_key = source_key(stubs_source())
     steps = [
         Step("torch", TORCH, _torch, TORCH_TIMEOUT_S),
         Step("vllm", VLLM + " --no-deps", _vllm, PIP_TIMEOUT_S),
@@ -141,7 +136,7 @@ def ascend_conf_env(out=print) -> NodeEnv:
         Step("vllm-ascend", ASCEND, _ascend, PIP_TIMEOUT_S),
         Step("node-deps", MSGPACK, _node_deps, PIP_TIMEOUT_S),
         Step("npu-stubs", stubs_key, _stubs, PIP_TIMEOUT_S),
-        Step("import-check", f"v1 {stubs_key}", _verify, VERIFY_TIMEOUT_S),
+        import_check(stubs_key, VERIFY_CODE),
     ]
     return NodeEnv(ENV_NAME, PINS, steps, out=out)
 

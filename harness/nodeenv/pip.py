@@ -80,6 +80,13 @@ def install_local_package(env: NodeEnv, src: Path, what: str) -> None:
             f"pip install {src}")
 
 
+def pip_install(env: NodeEnv, spec: str, timeout: float, *, no_deps: bool = False) -> str:
+    """``pip install [--no-deps] SPEC`` into ``env`` with the local wheel folders offered; the step's key."""
+    flags = ["--no-deps"] if no_deps else []
+    env.pip([*flags, *links_args(), spec], timeout, " ".join(["pip install", *flags, spec]))
+    return " ".join([spec, *flags])
+
+
 def source_key(src: Path) -> str:
     """The key of a step that installs the local package ``src`` (its tree's hash; "missing")."""
     from .venv import tree_hash

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.nodeenv.pip import (canonical, import_check, install_local_package, links_args,
+from harness.nodeenv.pip import (canonical, import_check, install_local_package, links_args, pip_install,
                                   requires_from_metadata, source_key)
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, child_env, run_logged
 
@@ -56,13 +56,11 @@ def stubs_source() -> Path:
 
 
 def _torch(env: NodeEnv) -> str:
-    env.pip([*links_args(), TORCH], TORCH_TIMEOUT_S, f"pip install {TORCH}")
-    return TORCH
+    return pip_install(env, TORCH, TORCH_TIMEOUT_S)
 
 
 def _vllm(env: NodeEnv) -> str:
-    env.pip(["--no-deps", *links_args(), VLLM], PIP_TIMEOUT_S, f"pip install --no-deps {VLLM}")
-    return f"{VLLM} --no-deps"
+    return pip_install(env, VLLM, PIP_TIMEOUT_S, no_deps=True)
 
 
 def _constraints(env: NodeEnv) -> Path:

@@ -37,13 +37,14 @@ batches of 5 to 12: from 2 of 5 to 12 of 12; 57 of 82 runs in all); on the other
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from nodes import run_env_helper
+
 
 MARKER = "PDCHAOS-ASCEND-RESULT "
 SUBPROCESS_TIMEOUT_S = 360  # ~50 s on a quiet machine; `import torch` alone took 20-65 s under load
@@ -84,18 +85,8 @@ def run(tmp_path_factory) -> dict:
                       "ASCEND_INPROC_WATCHDOG_S": str(SUBPROCESS_TIMEOUT_S - 20)})
     script = repo / "tests" / "helpers" / "ascend_store_inproc.py"
     t0 = time.monotonic()
-    proc = subprocess.Popen([str(env.python), str(script), str(repo), str(out_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env, cwd=str(repo))
-    try:
-        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, f"helper exited {proc.returncode}:\n{err[-3000:]}"
-    lines = [ln for ln in out.splitlines() if ln.startswith(MARKER)]
-    assert lines, f"no result line from the helper:\n{err[-3000:]}"
-    result = json.loads(lines[-1][len(MARKER):])
+    result, out, err = run_env_helper([str(env.python), str(script), str(repo), str(out_dir)], env=child_env,
+                                      cwd=str(repo), timeout=SUBPROCESS_TIMEOUT_S, marker=MARKER)
     result["wall_s"] = round(time.monotonic() - t0, 1)
     result["output"] = out + err
     result["hashes"] = (out_dir / "hashes.txt").read_text().split()

@@ -62,12 +62,12 @@ node env's CPU shim (``pdchaos_cpu_shim``) is registered by hand.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from nodes import run_env_helper
 
 MARKER = "PDCHAOS-INPROC-RESULT "
 SUBPROCESS_TIMEOUT_S = 480  # start-up is 10 s on a quiet machine, 20-65 s for `import torch` under load
@@ -87,18 +87,8 @@ def inproc() -> dict:
     script = repo / "tests" / "helpers" / "pd_hardened_inproc.py"
     child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     child_env["PD_INPROC_WATCHDOG_S"] = str(SUBPROCESS_TIMEOUT_S - 20)  # it dumps its stacks and exits first
-    proc = subprocess.Popen([str(env.python), str(script), str(repo)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env, cwd=str(repo))
-    try:
-        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, f"helper exited {proc.returncode}:\n{err[-3000:]}"
-    lines = [ln for ln in out.splitlines() if ln.startswith(MARKER)]
-    assert lines, f"no result line from the helper:\n{err[-3000:]}"
-    result = json.loads(lines[-1][len(MARKER):])
+    result, _, _ = run_env_helper([str(env.python), str(script), str(repo)], env=child_env, cwd=str(repo),
+                                  timeout=SUBPROCESS_TIMEOUT_S, marker=MARKER)
     print("in-process P/D timing (s):", result["timing"])
     return result["cases"]
 

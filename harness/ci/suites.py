@@ -56,6 +56,8 @@ def load_suites(root: Path = CHECKOUT) -> dict[str, dict]:
                 for k in ("path", "args", "runner", "timeout", "default", "setup"):
                     if k not in row:
                         raise SelectError(f"{where}: suite {row['name']!r}: missing {k!r}")
+        except SelectError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SelectError(f"{where}: not a suite file: {type(exc).__name__}: {exc}") from None
     out: dict[str, dict] = {}

@@ -62,7 +62,7 @@ def claims(scenarios: list, target: str) -> list[tuple]:
 
 
 def judge(journal: Path, target: str) -> dict:
-    """The baseline's saved run judged against ``target``'s claims (cmd_check.judged_as)."""
+    """The baseline's saved run judged against ``target``'s claims (harness/cli/check.py: judged_as)."""
     from ..saved import check_saved
     from .check import _not_run, judged_as
 

@@ -271,7 +271,7 @@ class Workspace:
 def made_runs(tmp_path_factory):
     """Run folders as ``pdchaos run --bench`` leaves them (reports included): base, a slower head,
     and a head where a verdict changed."""
-    from test_reports import make_run  # the reports' synthetic run folders
+    from synthetic_runs import make_run  # the reports' synthetic run folders
 
     import reports
 

@@ -3,19 +3,19 @@ connectors with vLLM's KV connector factory, lazily (nothing of a connector is i
 server selects it by name in ``--kv-transfer-config``). vLLM calls this in every process it starts;
 registering twice is a no-op.
 
-* ``HardenedMooncakeConnector`` (connector_patch/vllm_mooncake.py), always;
-* when vllm-ascend is installed: ``HardenedAscendStoreConnector`` (connector_patch/ascend_store.py,
+* ``HardenedMooncakeConnector`` (connector_patch/pd/vllm_connector.py), always;
+* when vllm-ascend is installed: ``HardenedAscendStoreConnector`` (connector_patch/lookup/ascend_store.py,
   the hardened lookup RPC inside vllm-ascend's AscendStoreConnector) and
-  ``HardenedMooncakeLayerwiseConnector`` (connector_patch/ascend_layerwise.py).
+  ``HardenedMooncakeLayerwiseConnector`` (connector_patch/layerwise/ascend_connector.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-CONNECTORS = (("HardenedMooncakeConnector", "connector_patch.vllm_mooncake", None),
-              ("HardenedAscendStoreConnector", "connector_patch.ascend_store", "vllm_ascend"),
-              ("HardenedMooncakeLayerwiseConnector", "connector_patch.ascend_layerwise", "vllm_ascend"))
+CONNECTORS = (("HardenedMooncakeConnector", "connector_patch.pd.vllm_connector", None),
+              ("HardenedAscendStoreConnector", "connector_patch.lookup.ascend_store", "vllm_ascend"),
+              ("HardenedMooncakeLayerwiseConnector", "connector_patch.layerwise.ascend_connector", "vllm_ascend"))
 
 
 def register() -> None:

@@ -1,6 +1,6 @@
 """Pure rules of the hardened layerwise (decoder-first) connector: no vllm, torch or zmq here.
 
-``connector_patch/ascend_layerwise.py`` puts them into vllm-ascend's real classes.
+``connector_patch/layerwise/ascend_connector.py`` puts them into vllm-ascend's real classes.
 """
 
 from .rules import (ACK, DONE, FAILED, GET_META, NACK_FIELDS, NACK_MALFORMED, NACK_UNKNOWN, Message,

@@ -2,7 +2,7 @@
 
 Nothing here imports vLLM, torch or zmq: the modules are the rules the hardened connector applies,
 tested on their own. The vLLM subclass that calls them is
-:class:`connector_patch.vllm_mooncake.HardenedMooncakeConnector` (``connector_patch/vllm_mooncake.py``).
+:class:`connector_patch.pd.vllm_connector.HardenedMooncakeConnector` (``connector_patch/pd/vllm_connector.py``).
 
 - :mod:`.ledger`: D's KV loads with a deadline each, outcomes from any thread, reported once in
   vLLM's contract (``finished_recving`` + blocks with load errors).

@@ -1,7 +1,7 @@
 """The ``layerwise`` family: vllm-ascend's layerwise (decoder-first) P/D connector, real code on CPU.
 
 Targets: ``upstream`` (vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector`` as released) and
-``hardened`` (the same classes with ``connector_patch.ascend_layerwise``'s plugin). Nodes: D
+``hardened`` (the same classes with ``connector_patch.layerwise.ascend_connector``'s plugin). Nodes: D
 (``layerwise-decode``: the connector's scheduler and worker sides, D's listener on a ROUTER),
 P (``layerwise-prefill``: the worker side, P's per-layer sending thread over a fake transfer
 engine the nemesis controls), the metaserver (``layerwise-metaserver``: the proxy's endpoint D

@@ -5,7 +5,7 @@
 (harness/nodeenv/exec_node.py): same pid, READY line and control channel.
 
 * ``--impl upstream``: vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector``, unmodified;
-* ``--impl hardened``: ``connector_patch.ascend_layerwise.HardenedMooncakeLayerwiseConnector``.
+* ``--impl hardened``: ``connector_patch.layerwise.ascend_connector.HardenedMooncakeLayerwiseConnector``.
 
 D (``kv_consumer``) builds the connector's scheduler and worker sides (its listener binds
 ``127.0.0.1:kv-port`` on a ROUTER) and runs :class:`~.engine.DecodeEngine`; control commands

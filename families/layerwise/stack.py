@@ -49,7 +49,7 @@ def import_stack() -> None:
         from vllm_ascend.distributed.kv_transfer import register_connector
 
         register_connector()  # what vllm-ascend's platform plugin does at start-up
-    from connector_patch.ascend_layerwise import register
+    from connector_patch.layerwise.ascend_connector import register
 
     register()
 
@@ -119,7 +119,7 @@ def init_distributed(port: int) -> None:
 
 def connector_class(impl: str) -> type:
     if impl == "hardened":
-        from connector_patch.ascend_layerwise import HardenedMooncakeLayerwiseConnector
+        from connector_patch.layerwise.ascend_connector import HardenedMooncakeLayerwiseConnector
 
         return HardenedMooncakeLayerwiseConnector
     from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import MooncakeLayerwiseConnector

@@ -1,6 +1,6 @@
 """The ``lookup`` family: the AscendStore lookup RPC (scheduler -> worker rank 0 over ZMQ REQ/REP).
 
-Targets: ``hardened`` (connector_patch.lookup) and ``legacy`` (connector_patch.legacy, a model of
+Targets: ``hardened`` (connector_patch.lookup) and ``legacy`` (connector_patch.lookup.legacy, a model of
 vllm-ascend ``182b75ea``). Nodes: the lookup server (hardened or legacy), a fake peer that a fault
 swaps in, the ZMQ interposer, and the workload (the scheduler side). Its checks are in
 ``checks.py``, its faults in ``fault_*.py``.

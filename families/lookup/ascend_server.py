@@ -6,7 +6,7 @@
 
 * ``--impl upstream``: vllm-ascend 0.23.0.post1's own ``LookupKeyServer(pool_worker, vllm_config)``
   (``kv_pool/ascend_store/ascend_store_connector.py``), unmodified.
-* ``--impl hardened``: ``connector_patch.ascend_store.HardenedLookupKeyServer``, the server the
+* ``--impl hardened``: ``connector_patch.lookup.ascend_store.HardenedLookupKeyServer``, the server the
   plugin installs into ``AscendStoreConnector`` on rank 0.
 
 Both get the same ``vllm_config`` (vLLM's real ``ParallelConfig`` and ``KVTransferConfig`` with
@@ -149,7 +149,7 @@ class AscendServerNode:
                 LookupKeyServer)
 
             return LookupKeyServer(self.worker, self.config)
-        from connector_patch.ascend_store import HardenedLookupKeyServer
+        from connector_patch.lookup.ascend_store import HardenedLookupKeyServer
 
         return HardenedLookupKeyServer(self.worker, self.config, groups=self.groups,
                                        backend_timeout_ms=self.backend_timeout_ms)

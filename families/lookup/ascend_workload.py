@@ -7,7 +7,7 @@ scheduler rules), with the client of the target:
 
 * ``upstream``: vllm-ascend 0.23.0.post1's ``LookupKeyClient(vllm_config)``
   (``kv_pool/ascend_store/pool_scheduler.py``), unmodified: no deadline, a raw 4-byte reply;
-* ``hardened``: ``connector_patch.ascend_store.HardenedLookupKeyClient``, the client the plugin
+* ``hardened``: ``connector_patch.lookup.ascend_store.HardenedLookupKeyClient``, the client the plugin
   installs into ``KVPoolScheduler`` (deadline ``deadline`` of the scenario, fail-open).
 
 Both connect to the path vllm-ascend derives from the config (``VLLM_RPC_BASE_PATH`` = the
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         def make_client(self) -> Any:
             if target == "upstream":
                 return _UpstreamClient(config)
-            from connector_patch.ascend_store import HardenedLookupKeyClient
+            from connector_patch.lookup.ascend_store import HardenedLookupKeyClient
 
             return HardenedLookupKeyClient(config, int(cfg["deadline_ms"]))
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import zmq
 
-from connector_patch.legacy import LegacyLookupClient
+from connector_patch.lookup.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
 from connector_patch.lookup.protocol import MAX_HASHES
 

@@ -12,7 +12,7 @@ import argparse
 import threading
 import time
 
-from connector_patch.legacy import LegacyLookupServer
+from connector_patch.lookup.legacy import LegacyLookupServer
 from connector_patch.lookup import LookupServer, MemoryBackend
 from connector_patch.lookup.backend import Backend
 from connector_patch.lookup.protocol import LookupRequest

@@ -5,7 +5,7 @@ groups), knows the expected hit of each from the preloaded keys, calls the targe
 records every op in the journal part (invoke, then ok / fail / info). Workers are threads, each
 with its own client (REQ is strictly request-reply), paced to the configured rate.
 
-Each lookup is asked the way the scheduler asks it: through ``connector_patch.scheduler``
+Each lookup is asked the way the scheduler asks it: through ``connector_patch.lookup.scheduler``
 (upstream's ``get_num_new_matched_tokens`` rules around the client, chunk size = block size,
 ``hbm_hit_tokens`` as the tokens already computed). The op records the client's answer as
 ``value`` (what the checks compare with ``expected``) and the scheduler's decision as ``matched``
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connector_patch.lookup.backend import prefix_hit_tokens
-from connector_patch.scheduler import PoolRequest, PoolScheduler
+from connector_patch.lookup.scheduler import PoolRequest, PoolScheduler
 from nodekit.control import process_stats
 from nodekit.nodeio import watch_parent
 
@@ -147,7 +147,7 @@ class Workload:
             from connector_patch.lookup import LookupClient
 
             return LookupClient(self.cfg["endpoint"], int(self.cfg["deadline_ms"]))
-        from connector_patch.legacy import LegacyLookupClient
+        from connector_patch.lookup.legacy import LegacyLookupClient
 
         return LegacyLookupClient(self.cfg["endpoint"])
 

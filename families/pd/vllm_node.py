@@ -89,7 +89,7 @@ from .metrics import MetricsError, http_get, scrape
 log = logging.getLogger(__name__)
 
 ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
-HARDENED = "HardenedMooncakeConnector"  # connector_patch/vllm_mooncake.py, registered by its vLLM plugin
+HARDENED = "HardenedMooncakeConnector"  # connector_patch/pd/vllm_connector.py, registered by its vLLM plugin
 MOONCAKE = ("MooncakeConnector", HARDENED)
 
 

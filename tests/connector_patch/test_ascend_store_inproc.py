@@ -56,7 +56,7 @@ CLOSE_RUNS = 8  # per server class; upstream aborted in 2 of 5 to 12 of 12 runs 
 PROMPT_LEN = 200  # the helper's prompt: 6 full blocks of 32; the lookup asks for 192 tokens
 HIT = 128  # the healthy pool holds 4 blocks of 32
 PENDING_STORE_S = 0.5  # the store pending in the worker's queue when the reset arrives
-RESET_DRAIN_S = 2.0  # connector_patch.ascend_store.RESET_DRAIN_S (the server's drain budget)
+RESET_DRAIN_S = 2.0  # connector_patch.lookup.ascend_store.RESET_DRAIN_S (the server's drain budget)
 TIMEOUTS = ("dead", "frozen_rep", "frozen_silent", "frozen_process")
 MALFORMED = {"malformed_not_msgpack": "BAD_REPLY", "malformed_empty_frame": "EMPTY_REPLY",
              "malformed_two_frames": "EXTRA_FRAMES", "malformed_hit_out_of_range": "HIT_OUT_OF_RANGE",

@@ -99,6 +99,8 @@ def test_ack_and_nacks_are_distinct_bytes():
 def test_rules_import_neither_vllm_nor_torch_nor_zmq():
     folder = Path(__file__).resolve().parents[2] / "connector_patch" / "layerwise"
     for path in folder.glob("*.py"):
+        if path.name == "ascend_connector.py":  # the vllm-ascend subclass that applies the rules
+            continue
         tree = ast.parse(path.read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from connector_patch import legacy
-from connector_patch.legacy import LegacyLookupClient, LegacyLookupServer
+from connector_patch.lookup.legacy import LegacyLookupClient, LegacyLookupServer
 from connector_patch.lookup import Code
 from rawpeers import PROMPT_S, ControlledBackend, distinct_hashes, hexes, req_exchange
 

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import zmq
 
-from connector_patch.legacy import LegacyLookupServer
+from connector_patch.lookup.legacy import LegacyLookupServer
 from connector_patch.lookup import Code, LookupClient
 from connector_patch.lookup.metrics import RateLimitedWarner
 from connector_patch.lookup.protocol import encode_error, encode_ok, encode_u32
@@ -105,7 +105,7 @@ def test_every_failure_logs_counts_and_codes_never_hashes(caplog, make_endpoint,
 
     client_lines = lines(caplog, "connector_patch.lookup.client")
     server_lines = lines(caplog, "connector_patch.lookup.server")
-    legacy_lines = lines(caplog, "connector_patch.legacy")
+    legacy_lines = lines(caplog, "connector_patch.lookup.legacy")
     # non-vacuous: every failure above produced its line
     assert len(client_lines) == 2 + len(BAD_REPLIES) + 3 + 3
     assert len(server_lines) == len(BAD_REQUESTS) + 3

@@ -35,8 +35,8 @@ DESIGN = PKG / "DESIGN.md"
 PROBE_TIMEOUT_S = 280  # importing vLLM and torch: ~15 s on a quiet machine, minutes under load
 
 # DESIGN.md's short names for the hardened Mooncake classes (its "Names in the tables" paragraph)
-ALIASES = {"Worker": "vllm_mooncake.HardenedMooncakeConnectorWorker",
-           "Scheduler": "vllm_mooncake.HardenedMooncakeConnectorScheduler"}
+ALIASES = {"Worker": "pd.vllm_connector.HardenedMooncakeConnectorWorker",
+           "Scheduler": "pd.vllm_connector.HardenedMooncakeConnectorScheduler"}
 
 # Names of ours that the code builds rather than spells: token -> (file, text that builds it)
 DERIVED = {
@@ -474,7 +474,7 @@ def run(name, stats_cls, codes):
             "data_keys": sorted(stats_cls().data)}
 
 
-from connector_patch.vllm_mooncake import HardenedStats
+from connector_patch.pd.vllm_connector import HardenedStats
 
 class Upstream(MooncakeKVConnectorStats):  # upstream's stats, with record_code a no-op
     def record_code(self, code):
@@ -514,7 +514,7 @@ def _fields(log_line: str) -> dict[str, str]:
 @pytest.mark.timeout(PROBE_TIMEOUT_S + 60)
 def test_hardened_exports_every_prometheus_series_upstream_exports_and_its_failure_counter(metrics) -> None:
     up, hard = metrics["upstream"], metrics["hardened"]
-    assert hard["cls"] == "connector_patch.vllm_mooncake.HardenedMooncakeConnector"
+    assert hard["cls"] == "connector_patch.pd.vllm_connector.HardenedMooncakeConnector"
     assert up["cls"].endswith("mooncake_connector.MooncakeConnector")
     # vLLM 0.32.0: upstream keeps the base build_prom_metrics (None), so it exports no series; the
     # comparison below becomes a real one the day upstream adds its own

@@ -44,5 +44,5 @@ def test_vllm_finds_and_registers_the_hardened_connector() -> None:
     assert line, r.stderr[-2000:]
     out = json.loads(line[len("RESULT "):])
     assert "pdchaos_hardened_mooncake=connector_patch.vllm_plugin:register" in out["eps"]
-    assert out["cls"] == "connector_patch.vllm_mooncake.HardenedMooncakeConnector" and out["sub"] is True
+    assert out["cls"] == "connector_patch.pd.vllm_connector.HardenedMooncakeConnector" and out["sub"] is True
     assert os.path.realpath(out["pkg"]).startswith(str(package_dir()))  # this checkout's code

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from connector_patch.legacy import LegacyLookupClient, LegacyLookupServer
+from connector_patch.lookup.legacy import LegacyLookupClient, LegacyLookupServer
 from connector_patch.lookup.protocol import LookupRequest
-from connector_patch.scheduler import LoadSpec, PoolRequest, PoolScheduler
+from connector_patch.lookup.scheduler import LoadSpec, PoolRequest, PoolScheduler
 from rawpeers import SHORT_DEADLINE_MS, TOLERANCE_S, distinct_hashes, hexes, reply_always
 
 pytestmark = [pytest.mark.usefixtures("log_guard"), pytest.mark.timeout(30)]

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import pytest
 from pydantic import ValidationError
 
-from connector_patch.legacy import LegacyLookupServer
+from connector_patch.lookup.legacy import LegacyLookupServer
 from connector_patch.lookup import LookupClient, LookupServer, MemoryBackend
 from faults.base import FAULT_MODULES, OnceFault, load_registry
 from nodekit.control import ControlError, control_call

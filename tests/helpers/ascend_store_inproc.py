@@ -1,5 +1,5 @@
 """vLLM's real v1 Scheduler with vllm-ascend's real ``AscendStoreConnector`` (upstream) or
-``HardenedAscendStoreConnector`` (connector_patch/ascend_store.py), driven in-process on CPU,
+``HardenedAscendStoreConnector`` (connector_patch/lookup/ascend_store.py), driven in-process on CPU,
 against lookup servers that are dead, frozen, malformed, legacy or healthy. Run by
 tests/connector_patch/test_ascend_store_inproc.py with the conformance env's python (vLLM 0.23.0, vllm-ascend
 0.23.0.post1, torch 2.11.0; the harness env has no vLLM).
@@ -100,7 +100,7 @@ from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.ascend_store_conne
     LookupKeyServer)
 
 from connector_patch import vllm_plugin  # noqa: E402
-from connector_patch.ascend_store import HardenedLookupKeyServer  # noqa: E402
+from connector_patch.lookup.ascend_store import HardenedLookupKeyServer  # noqa: E402
 from connector_patch.lookup import LookupClient  # noqa: E402
 from tests.rawpeers import Act, RawRepPeer  # noqa: E402
 

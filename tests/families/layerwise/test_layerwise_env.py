@@ -101,7 +101,7 @@ def test_register_puts_the_hardened_connector_into_vllms_factory():
     code = ("import pdchaos_npu_stubs; pdchaos_npu_stubs.install(); import vllm_ascend; "
             "pdchaos_npu_stubs.after_vllm_ascend(); "
             "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory as F; "
-            "from connector_patch.ascend_layerwise import register, HardenedMooncakeLayerwiseConnector as H; "
+            "from connector_patch.layerwise.ascend_connector import register, HardenedMooncakeLayerwiseConnector as H; "
             "from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import "
             "MooncakeLayerwiseConnector as U; "
             "register(); register(); c = F.get_connector_class_by_name('HardenedMooncakeLayerwiseConnector'); "

@@ -19,7 +19,7 @@ import time
 import pytest
 import zmq
 
-from connector_patch.legacy import LegacyLookupClient
+from connector_patch.lookup.legacy import LegacyLookupClient
 from connector_patch.lookup import LookupClient
 from nodekit.control import control_call
 from families.lookup.wire import REPLY_KINDS

@@ -1,6 +1,6 @@
 """The legacy model earns its place only while it behaves like the real code it models.
 
-``legacy`` (connector_patch/legacy.py) is a light model of vllm-ascend's lookup RPC: it starts in
+``legacy`` (connector_patch/lookup/legacy.py) is a light model of vllm-ascend's lookup RPC: it starts in
 well under a second and needs no 9 GB node env, so the lookup suite runs every fault against it.
 ``upstream`` is vllm-ascend 0.23.0.post1's real LookupKeyServer and LookupKeyClient, in the
 conformance env. Every scenario of scenarios/lookup/ that names both targets is run here on both,

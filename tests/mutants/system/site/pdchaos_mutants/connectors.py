@@ -1,4 +1,4 @@
-"""One mutant per guarantee: the hardened connector (connector_patch/vllm_mooncake.py) with that
+"""One mutant per guarantee: the hardened connector (connector_patch/pd/vllm_connector.py) with that
 guarantee switched off and nothing else changed. A mutant swaps the class of the scheduler or
 worker side the hardened connector built (the subclasses add no state) and, where the guarantee
 is a setting, changes it on the built object. Runs inside a vLLM node only."""
@@ -10,7 +10,7 @@ import dataclasses
 import zmq
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
 
-from connector_patch import vllm_mooncake as hm
+from connector_patch.pd import vllm_connector as hm
 from connector_patch.pd.ledger import LoadLedger
 
 HS, HW = hm.HardenedMooncakeConnectorScheduler, hm.HardenedMooncakeConnectorWorker

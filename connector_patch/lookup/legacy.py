@@ -24,11 +24,11 @@ from typing import Sequence
 import msgpack
 import zmq
 
-from .lookup.backend import Backend
-from .lookup.protocol import LookupRequest
+from .backend import Backend
+from .protocol import LookupRequest
 
 UPSTREAM_COMMIT = "182b75ea"
-logger = logging.getLogger("connector_patch.legacy")
+logger = logging.getLogger("connector_patch.lookup.legacy")
 
 
 class LegacyLookupClient:

@@ -2,7 +2,7 @@
 ``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py``) with the fewest
 methods overridden to apply the rules of :mod:`connector_patch.pd`. It imports vLLM, as do
 :mod:`connector_patch.vllm_plugin` (which registers it) and the two vllm-ascend connectors
-(``ascend_store.py``, ``ascend_layerwise.py``); it runs inside a vLLM server, never in the
+(``lookup/ascend_store.py``, ``layerwise/ascend_connector.py``); it runs inside a vLLM server, never in the
 harness. DESIGN.md maps each override to the upstream path it changes and to the scenario that
 shows the gap.
 

@@ -39,9 +39,9 @@ from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_scheduler imp
 )
 from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_worker import KVPoolWorker
 
-from .lookup import LookupClient, LookupServer, validate_timeout_ms
-from .lookup.backend import Backend
-from .lookup.protocol import LookupRequest
+from . import LookupClient, LookupServer, validate_timeout_ms
+from .backend import Backend
+from .protocol import LookupRequest
 
 logger = logging.getLogger(__name__)
 

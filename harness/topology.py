@@ -50,10 +50,26 @@ def sweep_stale_tmp() -> None:
             pass
 
 
+_PORTS_GIVEN: dict[int, None] = {}  # the ports handed out lately, oldest first
+_PORTS_LOCK = threading.Lock()
+_PORTS_REMEMBERED = 4096
+
+
 def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on loopback that is free now and was not handed out lately by this process: the
+    kernel may give a port it just gave again once its probe socket closed, and one topology asks
+    for many before any node binds (a dry run once gave the P/D proxy P's bootstrap port)."""
+    with _PORTS_LOCK:
+        for _ in range(256):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN[port] = None
+                while len(_PORTS_GIVEN) > _PORTS_REMEMBERED:
+                    del _PORTS_GIVEN[next(iter(_PORTS_GIVEN))]
+                return port
+    raise HarnessError("no free TCP port on loopback that was not handed out lately")
 
 
 @dataclass

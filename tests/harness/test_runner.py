@@ -310,3 +310,37 @@ def test_tcp_port_and_ipc_files_are_free_after_a_run(tmp_path: Path) -> None:
     port = int(cfg["endpoint"].rsplit(":", 1)[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", port))  # nothing still listens on the server's port
+
+
+@pytest.mark.timeout(30)
+def test_free_tcp_ports_are_not_handed_out_twice(monkeypatch) -> None:
+    """One topology asks for many ports before any node binds: a port handed out lately is never
+    handed out again, even when the kernel offers it again (here: it always offers the same two)."""
+    from harness import topology as T
+
+    offered = iter([40001, 40001, 40002, 40001, 40002, 40003] + [40003] * 300)
+
+    class FakeSocket:
+        def __init__(self, *a):
+            self.port = next(offered)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def bind(self, addr):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(T, "_PORTS_GIVEN", {})
+    monkeypatch.setattr(T.socket, "socket", FakeSocket)
+    assert [T.free_tcp_port() for _ in range(3)] == [40001, 40002, 40003]
+    with pytest.raises(T.HarnessError, match="no free TCP port"):
+        T.free_tcp_port()
+    monkeypatch.undo()
+    real = [T.free_tcp_port() for _ in range(300)]
+    assert len(set(real)) == 300

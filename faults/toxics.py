@@ -12,7 +12,7 @@ own attributes, named as Toxiproxy names them; time attributes are Duration stri
 What the runner must provide (the FaultContext of faults/base.py, plus two attributes):
 
 * ``ctx.toxiproxy``: the :class:`faults.toxiproxy.Toxiproxy` API wrapper of the running server;
-* ``ctx.proxy_name``: the name (str) of the proxy in the faulted link (today "lookup").
+* ``ctx.proxy_name``: the name (str) of the proxy in the faulted link (the family's topology names it).
 
 ``start()`` adds the toxic (or disables the proxy) and records the toxic as read back from the
 server with ``ctx.event("toxic added", ...)``; ``stop()`` removes it (or re-enables) and is

@@ -75,6 +75,7 @@ class CheckRegistry:
         self.owner = owner
         self.checks: dict[str, Checker] = {}
         self.options: dict[str, type[CheckOptions]] = {}
+        self.docs: dict[str, str] = {}  # name -> the check function's docstring (pdchaos docs)
 
     def check(self, name: str, options: type[CheckOptions] = CheckOptions):
         if not (isinstance(options, type) and issubclass(options, CheckOptions)):
@@ -85,6 +86,7 @@ class CheckRegistry:
                 raise TypeError(f"check {name!r} registered twice in {self.owner}")
             self.checks[name] = lambda inp, opts: _named(name, fn(inp, opts))
             self.options[name] = options
+            self.docs[name] = " ".join((fn.__doc__ or "").split())
             return fn
         return deco
 
@@ -160,6 +162,7 @@ class BoundedReturnOptions(CheckOptions):
 
 @check("bounded_return", BoundedReturnOptions)
 def bounded_return(inp: CheckInput, opts: dict) -> CheckResult:
+    """Every op returned within the deadline plus the tolerance (a stalled op did not)."""
     deadline = float(inp.meta.get("deadline_ms", 0))
     tol = opts.get("tolerance_ms")
     tol = float(inp.meta.get("tolerance_ms", 0)) if tol is None else float(tol)
@@ -454,6 +457,7 @@ def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 @check("no_stall")
 def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """No op stayed unanswered: a hung call is recorded as stalled when the runner gives up on it."""
     stalled = [o for o in inp.all_ops if o.get("outcome") == "stalled"]
     end = next((r for r in inp.records if r.get("type") == "end"), {})
     if not inp.all_ops:

@@ -272,7 +272,7 @@ class _ScenarioRun:
             self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
             # ``recovery`` needs ops after the last heal, however late it comes (a node restart
             # slower than usual): the workload pauses at its duration's end, if it comes first, and
-            # goes on once the nemesis sets its end (_release; workloadio.Horizon)
+            # goes on once the nemesis sets its end (_release; nodekit.workload.Horizon)
             self.holding = bool(self.faults) and self._recovery_gap() is not None
             if self.holding:
                 self._write_horizon(None)
@@ -392,14 +392,14 @@ class _ScenarioRun:
         return m.workload.recovery_gap(opts.within if opts is not None else 1)
 
     def _write_horizon(self, end: float | None) -> None:
-        """The workload's end (time.monotonic() s), or None: ``hold`` (workloadio.Horizon)."""
+        """The workload's end (time.monotonic() s), or None: ``hold`` (nodekit.workload.Horizon)."""
         tmp = self.topo.horizon_path.with_suffix(".tmp")
         tmp.write_text("hold" if end is None else f"{end:.6f}")
         os.replace(tmp, self.topo.horizon_path)
 
     def _release(self, fault: str, fid: int) -> None:
         """Every scheduled heal was tried: the workload ends at its duration, or later when the last
-        heal came too late for the ops ``recovery`` must see after it (workloadio.Horizon; the
+        heal came too late for the ops ``recovery`` must see after it (nodekit.workload.Horizon; the
         scenario's cap bounds it like the rest of the run)."""
         need = time.monotonic() + (self._recovery_gap() or 0.0) + RELEASE_MARGIN_S
         end = max(self.horizon, need)

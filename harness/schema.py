@@ -63,8 +63,17 @@ class _CheckTable(_Strict):
 
 
 def _checks_model(family: str, fam: Family) -> type[_CheckTable]:
+    models = options_for(fam)
+    for name, opts in fam.check_defaults.items():  # the family's defaults obey the checks' own models
+        if name not in models:
+            raise UsageError(f"family {family!r}: check_defaults: no check {name!r}")
+        try:
+            models[name].model_validate(opts)
+        except ValidationError as exc:
+            raise UsageError(f"family {family!r}: check_defaults.{name}: {exc.errors()[0]['msg']} "
+                             f"({'.'.join(map(str, exc.errors()[0]['loc']))})") from None
     fields = {name: (Optional[model], Field(None, description=f"options of the check {name}"))
-              for name, model in options_for(fam).items()}
+              for name, model in models.items()}
     return create_model(f"Checks_{family}", __base__=_CheckTable, **fields)  # type: ignore[call-overload]
 
 

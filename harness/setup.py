@@ -14,10 +14,10 @@ A **step** is any object with
 After ``install()`` the runner calls ``check()`` again: a step is done only when ``check()`` says so.
 Any other exception from a step is reported as that step failing (one line, no traceback).
 
-**Optional steps** (:func:`optional_steps`, marked ``optional = True``) follow the core ones, opt-in:
-a plain run only checks them (``already present``, or ``optional, not selected``) and runs one
-only when it is picked by name (``--only NAME``), until a family's ``setup_steps()`` names it.
-They are the node stacks' steps (``stacks/*/``, e.g. ``pd-node-stack``), found by walking that package.
+**Optional steps** (a step marked ``optional = True``) are opt-in: a plain run only checks them
+(``already present``, or ``optional, not selected``) and runs one only when it is picked by name
+(``--only NAME``). The core knows no node stack: the families name the stacks they need
+(``Family.setup_steps()``, e.g. the pd family's ``pd-node-stack`` from ``stacks/vllm_cpu``).
 
 Core steps: ``toxiproxy-server`` (pinned v2.12.0, built with Go by ``scripts/install-toxiproxy.sh``),
 ``iptables`` and ``iproute2`` (``ip``, ``tc``; apt-get, as root). A family adds its own by returning
@@ -206,9 +206,6 @@ class AptStep:
         return f"installed {self.package} ({', '.join(shutil.which(t) or t for t in self.tools)})"
 
 
-STACKS_PACKAGE = "stacks"  # the node stacks (stacks/*/: recipe, setup_steps())
-
-
 def core_steps() -> list[Any]:
     return [ToxiproxyStep(), AptStep("iptables", "iptables", ("iptables",)),
             AptStep("iproute2", "iproute2", ("ip", "tc"))]
@@ -221,32 +218,11 @@ def is_step(obj: Any) -> bool:
             and callable(getattr(obj, "check", None)) and callable(getattr(obj, "install", None)))
 
 
-def optional_steps() -> list[Any]:
-    """Opt-in steps (run only when picked with ``--only NAME``), marked ``optional = True``: the
-    steps of every node stack in the ``stacks`` package (each subpackage's ``setup_steps()``), found by
-    walking it, so a stack no installed family names can still be installed by name."""
-    import importlib
-    import pkgutil
-
-    pkg = importlib.import_module(STACKS_PACKAGE)
-    steps: list[Any] = []
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
-        if info.ispkg:
-            steps += importlib.import_module(f"{STACKS_PACKAGE}.{info.name}").setup_steps()
-    for step in steps:
-        step.optional = True
-    return steps
-
-
 def all_steps() -> tuple[list[Any], list[str]]:
-    """The core steps, the optional steps, then every family's (``Family.setup_steps()``), first
-    of each name kept (a family naming an optional step makes it a default one); and the problems
+    """The core steps, then every family's (``Family.setup_steps()``), first of each name kept (a
+    family naming a step another marked optional makes it a default one); and the problems
     found collecting them (a family that does not load, a non-step)."""
     steps, problems = core_steps(), []
-    try:
-        steps += optional_steps()
-    except Exception as exc:
-        problems.append(f"optional steps: could not load: {type(exc).__name__}: {exc}")
     try:
         from .family import all_families
 

@@ -487,7 +487,7 @@ class BaseTopology:
     # ------------------------------------------------------------------ workload
     @property
     def horizon_path(self) -> Path:
-        """The file through which the runner extends the workload's end (workloadio.Horizon)."""
+        """The file through which the runner extends the workload's end (nodekit.workload.Horizon)."""
         return self.run_dir / "workload.horizon"
 
     def start_workload(self, journal_part: Path) -> ProcHandle:

@@ -1,8 +1,8 @@
 """Node gauges over time: pure functions from a journal's ``sample`` probes to the lines of the
 gauges plot (``reports.gauge_plots``). Nothing here draws or touches the filesystem.
 
-Which gauges: the family's ``gauges`` (``harness.family.Family.gauges``), looked up by the family
-name of the journal's meta line; a family that declares none, or a journal without ``sample``
+Which gauges: the family's ``gauges`` (``harness.family.Family.gauges``), which the runner writes
+into the journal's meta line (a report never imports a family); a family that declares none, or a journal without ``sample``
 probes, has no gauges plot. Each gauge is ``(spec, label)``; ``spec`` is
 
 * a counter name, read from a probe's ``counters`` with :func:`counter_value`: a key matches when

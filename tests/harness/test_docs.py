@@ -64,3 +64,41 @@ def test_record_judges_the_run_again_and_takes_its_times_from_the_summary(tmp_pa
     assert f"{row['verdict']}, " in (tmp_path / "out" / "pd.md").read_text()
     bad = docs("--record", str(tmp_path / "nowhere"), "--scenarios", "scenarios", "--out", "out", cwd=tmp_path)
     assert bad.returncode == 2 and "no summary.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _links(md: Path) -> list[tuple[str, Path]]:
+    """The relative link targets of a Markdown file (``[text](path)``, anchors and URLs left out)."""
+    import re
+
+    out = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+        if "://" in target or target.startswith(("#", "mailto:")):
+            continue
+        out.append((target, (md.parent / target.split("#")[0]).resolve()))
+    return out
+
+
+def test_readme_is_short_with_both_commands_on_its_first_screen_and_links_that_resolve() -> None:
+    readme = ROOT / "README.md"
+    lines = readme.read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+    first_screen = "\n".join(lines[:45])
+    assert "python3 -m pip install -e '.[dev]' && pdchaos setup && pdchaos run scenarios/pd/ --strict" in first_screen
+    assert "python -m pytest" in first_screen
+    broken = [(str(md.relative_to(ROOT)), t) for md in [readme, *sorted((ROOT / "docs").rglob("*.md")),
+                                                        ROOT / "connector_patch" / "DESIGN.md"]
+              for t, p in _links(md) if not p.exists()]
+    assert not broken
+
+
+def test_the_generated_reference_says_what_every_check_and_fault_does() -> None:
+    """docs/scenarios/checks-and-faults.md: a row per check and fault, none of them blank."""
+    text = (ROOT / "docs" / "scenarios" / "checks-and-faults.md").read_text()
+    from faults.base import load_registry
+    from harness.checks import GENERIC
+    from harness.family import all_families
+
+    names = set(GENERIC.checks) | {n for f in all_families() for n in f.checks.checks} | set(load_registry())
+    rows = {line.split("|")[1].strip(" `") for line in text.splitlines() if line.startswith("| `")}
+    assert names <= rows, names - rows
+    assert "|  |" not in text

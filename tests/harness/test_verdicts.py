@@ -209,3 +209,24 @@ def test_integrity_rejects_histories_no_run_can_write():
     h = _history()
     h[4].update(phase="info")
     assert "contradicts itself" in _integrity(h).message
+
+
+@pytest.mark.timeout(30)
+def test_each_check_has_its_own_options_and_a_familys_defaults_obey_them(monkeypatch, tmp_path) -> None:
+    """An option belongs to its check: pd's max_cpu is no_busy_wait's, not no_leaks'; a family's
+    check_defaults are held to the same models when the family's scenarios are first read."""
+    from families.pd.family import FAMILY
+    from harness import schema
+    from harness.errors import UsageError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nfamily: pd\nworkload: {duration: 2s}\nchecks:\n  no_leaks: {max_cpu: 1}\n"
+                   "expect: {upstream: pass, hardened: pass}\n")
+    with pytest.raises(UsageError, match=r"bad.yaml:5: checks.no_leaks.max_cpu: unknown field"):
+        schema.load_scenario(bad)
+    bad.write_text(bad.read_text().replace("no_leaks: {max_cpu: 1}", "no_busy_wait: {max_cpu: 0.2}"))
+    assert schema.load_scenario(bad).model.checks.get("no_busy_wait").max_cpu == 0.2
+    monkeypatch.setattr(type(FAMILY), "check_defaults", {"no_leaks": {"slak": 4}})
+    monkeypatch.setattr(schema, "_MODELS", {})
+    with pytest.raises(UsageError, match=r"family 'pd': check_defaults.no_leaks: Extra inputs are not permitted"):
+        schema.scenario_model("pd")

@@ -358,27 +358,26 @@ def no_families(monkeypatch):
     monkeypatch.setattr("harness.family.all_families", lambda: [])
 
 
-def test_pd_steps_follow_the_core_steps_and_are_optional(no_families, monkeypatch):
+def test_the_families_bring_the_stack_steps_after_the_core_ones(no_families, monkeypatch):
+    """The core knows no node stack: without a family, only its own steps; a family that needs a
+    stack names its steps, once each however many families name them."""
     steps, problems = S.all_steps()
-    names = [s.name for s in steps]
-    assert names == ["toxiproxy-server", "iptables", "iproute2", "ascend-conf-stack", "pd-node-stack", "pd-tiny-model"]
-    assert not problems and all(S.is_step(s) for s in steps)
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["ascend-conf-stack", "pd-node-stack",
-                                                                        "pd-tiny-model"]
+    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2"] and not problems
 
-    class Fam(Family):  # a family that needs the stack makes its step a default one
+    class Fam(Family):
         name = "nodeenv-test-family"
         targets = ("a",)
 
         def setup_steps(self):
             from stacks.vllm_cpu import setup_steps as pd_steps
 
-            return pd_steps()[:1]
+            return pd_steps()
 
-    monkeypatch.setattr("harness.family.all_families", lambda: [Fam()])
+    monkeypatch.setattr("harness.family.all_families", lambda: [Fam(), Fam()])
     steps, problems = S.all_steps()
-    assert not problems and [s.name for s in steps].count("pd-node-stack") == 1
-    assert [s.name for s in steps if getattr(s, "optional", False)] == ["ascend-conf-stack", "pd-tiny-model"]
+    assert not problems and all(S.is_step(s) for s in steps)
+    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model"]
+    assert not [s.name for s in steps if getattr(s, "optional", False)]
 
 
 def test_optional_steps_run_only_when_picked():
@@ -398,15 +397,6 @@ def test_optional_steps_run_only_when_picked():
     other = FakeStep("pd-tiny-model", optional=True)
     assert S.run_setup([*core, other], out=lambda s: None, selected=["pd-tiny-model"]) == 0
     assert other.installs == 1
-
-
-def test_setup_dry_run_lists_pd_steps_as_optional(no_families, monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    out: list[str] = []
-    S.run_setup(S.all_steps()[0], dry_run=True, out=out.append, err=out.append)
-    for name in ("pd-node-stack", "pd-tiny-model"):
-        assert f"setup: {name} ... optional, not selected (pdchaos setup --only {name})" in out, out
-    assert not (tmp_path / "pdchaos").exists()
 
 
 @pytest.mark.timeout(60)

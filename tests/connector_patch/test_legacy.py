@@ -11,7 +11,7 @@ import msgpack
 import pytest
 import zmq
 
-from connector_patch import legacy
+from connector_patch.lookup import legacy
 from connector_patch.lookup.legacy import LegacyLookupClient, LegacyLookupServer
 from connector_patch.lookup import Code
 from rawpeers import PROMPT_S, ControlledBackend, distinct_hashes, hexes, req_exchange

@@ -218,27 +218,24 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
               has_summary=bool(doc), layouts=layouts)
     bench_path = Path(bench) if bench is not None else root / BENCH_FILE
     if bench is not None or bench_path.is_file():
-        run.bench = load_bench(bench_path)
-        run.bench_about = bench_about(bench_path)
+        run.bench, run.bench_about = read_bench(bench_path)
         if bench is None:  # the other families' samples of a pdchaos run --bench, in name order
-            run.more_benches = [(bench_about(p), load_bench(p)) for p in sorted(root.glob(MORE_BENCH_GLOB))]
+            more = map(read_bench, sorted(root.glob(MORE_BENCH_GLOB)))
+            run.more_benches = [(about, samples) for samples, about in more]
     return run
 
 
-def bench_about(path: str | Path) -> dict[str, str]:
-    """What a samples file says it measured: ``family`` and ``op`` (strings), when it says so."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {k: doc[k] for k in ("family", "op") if isinstance(doc, dict) and isinstance(doc.get(k), str)}
-
-
 def load_bench(path: str | Path) -> dict[str, list[float]]:
-    """A normal-path benchmark samples file: ``{"hardened": [µs, ...], "legacy": [µs, ...]}``, the
+    """The samples of a normal-path benchmark samples file (see :func:`read_bench`)."""
+    return read_bench(path)[0]
+
+
+def read_bench(path: str | Path) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """(samples, about) of a normal-path benchmark samples file: ``{"hardened": [µs, ...], "legacy": [µs, ...]}``, the
     keys being targets (``pdchaos bench FAMILY --save``; ``family`` and ``op`` say what was measured). Every list of numbers is one target's
     samples; other keys (``unit``, ``n``, and lists of words such as ``kinds``) are ignored. At
-    least one target's samples must be there."""
+    least one target's samples must be there. ``about``: the ``family`` and ``op`` it names, when
+    it names them."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -263,4 +260,4 @@ def load_bench(path: str | Path) -> dict[str, list[float]]:
     if not out:
         raise UsageError(f"{p}: no samples: expected a list of µs per target, "
                          f"e.g. {{\"hardened\": [µs, ...], \"legacy\": [µs, ...]}}")
-    return out
+    return out, {k: doc[k] for k in ("family", "op") if isinstance(doc.get(k), str)}

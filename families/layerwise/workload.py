@@ -25,7 +25,7 @@ from typing import Any
 
 from nodekit.control import ControlClient, process_stats
 from nodekit.journal import JournalWriter
-from nodekit.workload import (finish, start_node, Horizon, Tally, add_workload_arguments, paced, run_workers)
+from nodekit.workload import Horizon, Tally, add_workload_arguments, finish, paced, run_workers, start_node
 
 POLL_S = 0.05
 

@@ -32,10 +32,9 @@ from typing import Any
 from connector_patch.lookup.backend import prefix_hit_tokens
 from connector_patch.lookup.scheduler import PoolRequest, PoolScheduler
 from nodekit.control import process_stats
-from nodekit.nodeio import watch_parent
-
 from nodekit.journal import JournalWriter
-from nodekit.workload import (finish, start_node, Horizon, Tally, add_workload_arguments, paced, run_workers)
+from nodekit.nodeio import watch_parent
+from nodekit.workload import Horizon, Tally, add_workload_arguments, finish, paced, run_workers, start_node
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from harness.family import Family
 
 from .nodes import NODE_KINDS
+from .profile import default_profile
 from .spec import PDTopologySpec, PDWorkloadSpec
 
 PKG = __name__.rsplit(".", 1)[0]
@@ -56,7 +57,7 @@ class PDFamily(Family):
     def unavailable(self, scenario: Any, profile: Any = None) -> str | None:
         from stacks.vllm_cpu.steps import PdStackStep, TinyModelStep
 
-        prof = profile or self.load_profile(None, [])
+        prof = profile or default_profile()
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
@@ -71,7 +72,7 @@ class PDFamily(Family):
     def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:
         from faults.base import load_registry
 
-        prof = profile or self.load_profile(None, [])
+        prof = profile or default_profile()
         t = scenario.topology
         conns = [prof.connectors[target]]
         if target == "hardened" and t.mixed != "none":
@@ -132,7 +133,7 @@ class PDFamily(Family):
                  services: dict[str, Any], profile: Any = None):
         from .topology import PDTopology
 
-        return PDTopology(scenario, target, run_dir, record, services, profile or self.load_profile(None, []))
+        return PDTopology(scenario, target, run_dir, record, services, profile or default_profile())
 
     def log_secrets(self, run_dir: Path) -> list[str]:
         p = run_dir / "prompts.json"  # the workload's prompts and reference outputs: never in a log

@@ -17,6 +17,8 @@ the value is read as a YAML scalar. Every error names the profile and the field.
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -162,3 +164,10 @@ def load_profile(spec: str | None, sets: list[str] | tuple[str, ...] = ()) -> PD
         loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         raise UsageError(f"--profile {spec}: {loc + ': ' if loc else ''}{msg}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def default_profile() -> PDProfile:
+    """The default launch profile, read once: the plan asks for it per scenario and target when
+    no ``--profile`` was given (profiles are never changed once loaded)."""
+    return load_profile(None)

@@ -81,10 +81,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nodekit.control import process_stats
-from nodekit.nodeio import watch_parent
-
 from nodekit.journal import JournalWriter
-from nodekit.workload import (finish, start_node, Horizon, Tally, add_workload_arguments, paced, run_workers)
+from nodekit.nodeio import watch_parent
+from nodekit.workload import Horizon, Tally, add_workload_arguments, finish, paced, run_workers, start_node
 
 log = logging.getLogger(__name__)
 

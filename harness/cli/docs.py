@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from ..errors import UsageError
@@ -124,8 +125,6 @@ def load_folders(scen_root: Path) -> dict[str, list]:
 
 
 def _first_sentence(doc: str) -> str:
-    import re
-
     text = " ".join((doc or "").split())
     m = re.search(r"(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z(`])", text)
     return text if m is None else text[:m.start() + 1]

@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .venv import NodeEnv, NodeEnvError, Step
+from .venv import NodeEnv, NodeEnvError, Step, tree_hash
 
 FIND_LINKS_ENV = "PDCHAOS_NODEENV_FIND_LINKS"
 WARM_WHEELS = Path("~/.cache/pdchaos-warm/wheels")
@@ -89,8 +89,6 @@ def pip_install(env: NodeEnv, spec: str, timeout: float, *, no_deps: bool = Fals
 
 def source_key(src: Path) -> str:
     """The key of a step that installs the local package ``src`` (its tree's hash; "missing")."""
-    from .venv import tree_hash
-
     return tree_hash(src) if src.is_dir() else "missing"
 
 

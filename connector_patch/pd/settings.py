@@ -5,10 +5,9 @@
 - :func:`remote_prefill_problem` tells whether D can use a request's ``kv_transfer_params`` for a
   remote prefill; upstream logs "Got invalid KVTransferParams" and leaves such a request in
   WAITING_FOR_REMOTE_KVS forever (measured: pd-bad-transfer-params).
-- :func:`idle_sleep_s`: how long an engine step with nothing scheduled may sleep (opt-in,
-  ``idle_wait_ms`` > 0). Upstream's engine loop steps back to back while a request waits for KV or
-  P keeps blocks for D (0.9-2.3 cores measured with nothing running); sleeping a tenth of the time
-  already spent idle (capped) keeps a short wait's added latency small and a long wait's CPU low.
+- ``quiet_wait_max_ms``: the longest wait between two engine steps that ran nothing
+  (:mod:`connector_patch.quiet`; 0 switches quiet waiting off). Upstream's engine steps every 1 ms
+  while a request waits for KV or P keeps blocks for D (0.9-2.3 cores measured with nothing running).
 - :class:`FailureLog`: failure counts by code, logged at most once per interval (counts and codes
   only: never request ids, block lists, prompts or addresses).
 """
@@ -21,9 +20,9 @@ from typing import Any, Mapping
 
 from .ledger import DEFAULT_KV_LOAD_TIMEOUT_MS, validate_kv_load_timeout_ms
 
-DEFAULT_IDLE_WAIT_MS = 0  # off: see HardenedMooncakeConnectorWorker._idle_wait
+DEFAULT_QUIET_WAIT_MAX_MS = 100  # connector_patch.quiet: empty steps wait 1, 2, 4, ... up to this
 DEFAULT_HEARTBEAT_MS = 500
-MAX_IDLE_WAIT_MS = 1000
+MAX_QUIET_WAIT_MAX_MS = 1000
 
 
 def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | None = None,
@@ -40,7 +39,7 @@ def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | 
 @dataclass(frozen=True)
 class Settings:
     kv_load_timeout_ms: int = DEFAULT_KV_LOAD_TIMEOUT_MS
-    idle_wait_ms: int = DEFAULT_IDLE_WAIT_MS
+    quiet_wait_max_ms: int = DEFAULT_QUIET_WAIT_MAX_MS
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMQ heartbeat interval; the peer is gone after 3 missed
 
     @classmethod
@@ -51,8 +50,8 @@ class Settings:
         timeout = validate_kv_load_timeout_ms(extra.get("kv_load_timeout_ms", DEFAULT_KV_LOAD_TIMEOUT_MS),
                                               "kv_connector_extra_config.kv_load_timeout_ms")
         return cls(kv_load_timeout_ms=timeout,
-                   idle_wait_ms=_positive_ms(extra, "idle_wait_ms", DEFAULT_IDLE_WAIT_MS, MAX_IDLE_WAIT_MS,
-                                             zero_ok=True),
+                   quiet_wait_max_ms=_positive_ms(extra, "quiet_wait_max_ms", DEFAULT_QUIET_WAIT_MAX_MS,
+                                                  MAX_QUIET_WAIT_MAX_MS, zero_ok=True),
                    heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000))
 
     @property
@@ -76,13 +75,6 @@ def remote_prefill_problem(params: Mapping[str, Any]) -> str | None:
     if not (addr.startswith("http://") or addr.startswith("https://")):
         return "bad_remote_bootstrap_addr"
     return None
-
-
-def idle_sleep_s(idle_for_s: float, cap_ms: int) -> float:
-    """Sleep for an idle engine step: a tenth of the time idle so far, at most ``cap_ms``."""
-    if idle_for_s <= 0:
-        return 0.0
-    return min(idle_for_s * 0.1, cap_ms / 1000.0)
 
 
 class FailureLog:

@@ -8,7 +8,8 @@ shows the gap.
 
 Selected by ``"kv_connector": "HardenedMooncakeConnector"`` in ``--kv-transfer-config``; settings in
 ``kv_connector_extra_config`` (:class:`connector_patch.pd.settings.Settings`): ``kv_load_timeout_ms``
-(default 30000), ``idle_wait_ms`` (0: off), ``heartbeat_ms`` (500). Wire format unchanged: a hardened
+(default 30000), ``quiet_wait_max_ms`` (100; 0: quiet waiting off, see :mod:`connector_patch.quiet`),
+``heartbeat_ms`` (500). Wire format unchanged: a hardened
 node and an upstream one talk to each other (the abort answer is upstream's own ``err_reqs``).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -36,7 +36,8 @@ from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
 from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
-from connector_patch.pd.settings import FailureLog, Settings, idle_sleep_s, remote_prefill_problem, summary
+from connector_patch import quiet
+from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
 from connector_patch.pd.terminal import TerminalRecords
 
 logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's log format and level
@@ -179,8 +180,6 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
 
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
-        # the worker may sleep on a step that computes nothing (see HardenedMooncakeConnectorWorker)
-        meta.idle = scheduler_output.total_num_scheduled_tokens == 0
         meta.reqs_to_cancel, self._to_cancel = self._to_cancel, set()
         return meta
 
@@ -205,8 +204,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self.failures = FailureLog()
         self._waiters: dict[str, int] = defaultdict(int)  # transfer id -> pulls waiting on it (P side)
         self._cancel_prefix = msgspec.msgpack.encode({CANCEL_KEY: []})[:-1]  # map header + key
-        self._wake = threading.Event()  # set when a load outcome arrives
-        self._idle_since: float | None = None
+        self._wake = quiet.WakeEvent()  # set on a load outcome or a served pull; wakes a quietly waiting engine
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.xfer_stats = HardenedStats()
 
@@ -496,11 +494,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             return ""
         return None
 
-    def get_transfer_results(self, idle: bool = False):
-        if idle and self.settings.idle_wait_ms:
-            self._idle_wait()
-        else:
-            self._idle_since = None
+    def get_transfer_results(self):
         res = super().get_transfer_results()
         while True:
             try:
@@ -529,26 +523,6 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             self.settlements.expire(self._expired_at)  # loads that ended OK are never asked about
         self._log_due()
         return res
-
-    def _idle_wait(self) -> None:
-        """Opt-in (``idle_wait_ms`` > 0): a step with nothing scheduled sleeps a little (a tenth of
-        the idle time so far, at most idle_wait_ms), woken at once by a load outcome or a served
-        pull, never past a load deadline. Upstream steps back to back, 0.9-2.3 cores, while a
-        request waits for KV or P keeps blocks for D; this cuts the worker's part (measured: the
-        node from ~1.6 to ~1.1 cores) but not vLLM's engine core, which spins on its worker's
-        queue, and it cost normal-path latency here (bench pd: p50 x1.3-1.4 with it, x1.07
-        without), so it is off by default."""
-        now = time.monotonic()
-        if self._idle_since is None:
-            self._idle_since = now
-            return
-        sleep = idle_sleep_s(now - self._idle_since, self.settings.idle_wait_ms)
-        nd = self.ledger.next_deadline()
-        if nd is not None:
-            sleep = min(sleep, max(0.0, nd - now))
-        if sleep > 0 and self._wake.wait(sleep):
-            self._wake.clear()
-            self._idle_since = None  # something happened: back to short sleeps
 
     def _log_due(self) -> None:
         due = self.failures.due(time.monotonic())
@@ -734,6 +708,10 @@ class HardenedMooncakeConnector(mc.MooncakeConnector):
         self.engine_id = vllm_config.kv_transfer_config.engine_id
         self.connector_scheduler = None
         self.connector_worker = None
+        # the engine core (scheduler side) and each worker: quiet waiting in this process
+        cap_ms = Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config).quiet_wait_max_ms
+        logger.info("Hardened Mooncake: %s", quiet.install(cap_ms, "engine" if role == KVConnectorRole.SCHEDULER
+                                                                else "worker"))
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = HardenedMooncakeConnectorScheduler(vllm_config, self.engine_id,
                                                                           kv_cache_config)
@@ -750,5 +728,4 @@ class HardenedMooncakeConnector(mc.MooncakeConnector):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
         assert self.connector_worker is not None
-        idle = bool(getattr(self._connector_metadata, "idle", False))
-        return self.connector_worker.get_transfer_results(idle=idle)
+        return self.connector_worker.get_transfer_results()

@@ -236,8 +236,11 @@ def test_vllm_node_rejects_bad_engine_ids(tmp_path: Path, bad: list[str], messag
 
 
 @pytest.mark.parametrize("bad, message", [
-    (["--n", "5"], "--n: at least 20"),
-    (["--block", "0"], "--block must be >= 1"),
+    (["--n-min", "5"], "--n-min: at least 20"),
+    (["--n-min", "50", "--n-max", "40"], "--n-max at least --n-min"),
+    (["--batch", "0"], "--batch must be >= 1"),
+    (["--half-width", "0"], "--half-width: a fraction"),
+    (["--idle-window-s", "0"], "--idle-window-s must be > 0"),
     (["--kv-load-timeout-ms", "50"], "--kv-load-timeout-ms: at least 100"),
     (["--save", "/nonexistent-dir/x.json"], "--save: folder"),
 ])

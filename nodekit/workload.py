@@ -10,9 +10,10 @@ import json
 import os
 import signal
 import sys
+import math
 import threading
 import time
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from .control import process_stats
 from .nodeio import NodeUsageError as UsageError, setup_logging
@@ -154,14 +155,20 @@ def run_workers(journal: Any, name: str, n: int, work: Callable[[int, float], No
     return [i for i, th in enumerate(threads) if th.is_alive()], crashed
 
 
-def paced(t_start: float, t_end: End, interval: float, stop: threading.Event) -> Iterator[int]:
+def paced(t_start: float, t_end: End, interval: float, stop: threading.Event,
+          pauses: Sequence[tuple[float, float]] = ()) -> Iterator[int]:
     """Yield 0, 1, 2, ... at ``t_start + k * interval`` (sleeping until each is due) until the
     horizon ``t_end`` (a time or a :class:`Horizon`: held there, pause until the runner's word,
     then go on from that moment), or until ``stop`` is set (the runner that started the workload
-    died)."""
+    died). No op is due inside a pause (``(start, end)`` in ``time.monotonic()`` seconds): the
+    ticks it covers are skipped, and pacing goes on at the first tick after it."""
     k = 0
     while True:
         due = t_start + k * interval
+        held = next((b for a, b in pauses if a <= due < b), None)
+        if held is not None:
+            k = max(k + 1, int(math.ceil((held - t_start) / interval)))
+            continue
         now = time.monotonic()
         end = end_of(t_end)
         if due >= end or now >= end:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from faults.base import Duration
 from harness.family import Spec, WorkloadSpec
@@ -36,6 +36,8 @@ class PDTopologySpec(Spec):
                                                      "with an HTTP error if P, D or the bootstrap did not")
     startup_timeout: Duration = Field(300.0, description="a vLLM server must answer /health within this")
     max_num_seqs: int = Field(8, ge=1, le=64)
+    tensor_parallel_size: int = Field(1, ge=1, le=2, description="vLLM's --tensor-parallel-size on both nodes (CPU: "
+                                      "one rank per core, VLLM_CPU_OMP_THREADS_BIND 0|1)")
     drain_timeout: Duration = Field(12.0, description="after the run, how long the nodes may take to have "
                                                      "nothing running or waiting before the final probe")
 
@@ -48,6 +50,18 @@ class PDTopologySpec(Spec):
         return self
 
 
+class PauseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    at: Duration = Field(description="when the pause starts, from the workload's start")
+    for_: Duration = Field(alias="for", description="how long no request starts")
+
+    @model_validator(mode="after")
+    def _positive(self) -> "PauseSpec":
+        if self.at < 0 or self.for_ <= 0:
+            raise ValueError("a pause needs at >= 0 and for > 0")
+        return self
+
+
 class PDWorkloadSpec(WorkloadSpec):
     duration: Duration = Field(10.0, description="how long the workload issues requests")
     concurrency: int = Field(2, ge=1, le=16, description="client workers")
@@ -57,6 +71,17 @@ class PDWorkloadSpec(WorkloadSpec):
     output_tokens: int = Field(16, ge=1, le=64, description="max_tokens, greedy (temperature 0)")
     request_timeout: Duration = Field(30.0, description="the client gives up after this: the op is recorded "
                                                       "as stalled, with how long it hung")
+    pauses: list[PauseSpec] = Field(default_factory=list, description="times (from the workload's start, as a "
+                                    "fault's at) when no request starts: quiet phases inside fault windows, so "
+                                    "no_busy_wait can judge a node that only waits on a peer")
+
+    @model_validator(mode="after")
+    def _pauses_inside(self) -> "PDWorkloadSpec":
+        for i, p in enumerate(self.pauses):
+            if p.at + p.for_ > self.duration:
+                raise ValueError(f"pauses[{i}] ends at {p.at + p.for_:g}s, after the workload's duration "
+                                 f"({self.duration:g}s)")
+        return self
 
     def recovery_gap(self, within: int) -> float:
         return within * self.concurrency / self.rate

@@ -105,7 +105,9 @@ class PDTopology(BaseTopology):
                     "--policy", t.kv_load_failure_policy, "--abort-timeout-s", str(max(1, int(t.abort_timeout))),
                     "--startup-timeout-s", str(int(t.startup_timeout)),
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
-            if prof.device == "cpu":
+            if t.tensor_parallel_size > 1:
+                args += ["--tensor-parallel-size", str(t.tensor_parallel_size)]
+            if prof.device == "cpu" and t.tensor_parallel_size == 1:
                 args += ["--cpu-core", str(CORES[role])]
             else:
                 args += ["--device", prof.device, "--visible-devices", prof.devices[kind]]
@@ -181,7 +183,8 @@ class PDTopology(BaseTopology):
             return None  # (a store master lives as long as its run: servers that know it neither)
         t = self.topo
         return ("vllm", self.connector(role), self.profile.key(), self.connector_profile(role).model_dump_json(), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
-                int(t.startup_timeout), t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000))
+                int(t.startup_timeout), t.max_num_seqs, t.engine_id, int(t.kv_load_timeout * 1000),
+                t.tensor_parallel_size)
 
     def pool_extra(self, role: str) -> dict:
         return {"port": self.ports[role], "bootstrap": self.bootstrap[role], "kv_port": self.kv_ports[role],
@@ -243,7 +246,8 @@ class PDTopology(BaseTopology):
         from stacks.vllm_cpu.tiny_model import model_dir
 
         w = self.scenario.workload
-        return {"proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
+        pauses = {"pauses": [[p.at, p.for_] for p in w.pauses]} if w.pauses else {}
+        return {**pauses, "proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,
                 "model": self.profile.model or str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}

@@ -133,6 +133,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
                         '{"mooncake_protocol": "tcp"})')
     p.add_argument("--kv-port", type=int, default=None, help="kv_transfer_config.kv_port (vllm-ascend's connectors)")
     p.add_argument("--cpu-core", type=int, default=None, help="VLLM_CPU_OMP_THREADS_BIND (one core; device cpu)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="vLLM's --tensor-parallel-size (1 or 2; on CPU one rank per core: 0|1)")
     p.add_argument("--device", choices=("cpu", "npu"), default="cpu",
                    help="cpu: the CPU settings (VLLM_CPU_*); npu: one NPU, --visible-devices")
     p.add_argument("--visible-devices", default=None, help="ASCEND_RT_VISIBLE_DEVICES (device npu)")
@@ -350,6 +352,10 @@ class VllmNode:
                                  f"(0..{(os.cpu_count() or 1) - 1})")
         if args.engine_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", args.engine_id):
             raise NodeUsageError("--engine-id: 1 to 64 letters, digits, '.', '_' or '-'")
+        if args.tensor_parallel_size not in (1, 2):
+            raise NodeUsageError("--tensor-parallel-size must be 1 or 2")
+        if args.tensor_parallel_size > 1 and args.cpu_core is not None:
+            raise NodeUsageError("--cpu-core: only with --tensor-parallel-size 1 (two ranks bind to cores 0|1)")
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
         if args.kv_load_timeout_ms is not None:
@@ -475,6 +481,8 @@ class VllmNode:
         cmd = [str(self.vllm_bin), "serve", str(self.model), "--host", a.host, "--port", str(a.port),
                "--dtype", a.dtype, "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
                "--enforce-eager", "--no-enable-prefix-caching"]
+        if a.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(a.tensor_parallel_size)]
         kv = self.kv_transfer_config()
         if kv is not None:
             cmd += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
@@ -498,6 +506,9 @@ class VllmNode:
             extra["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = str(a.abort_timeout_s)
         if a.cpu_core is not None:
             extra["VLLM_CPU_OMP_THREADS_BIND"] = str(a.cpu_core)
+        elif a.device == "cpu" and a.tensor_parallel_size > 1:
+            extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1))
+                                                          for i in range(a.tensor_parallel_size))
         extra.update(self.extra_env)
         env = child_env(extra)
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):

@@ -323,6 +323,7 @@ class Workload:
         self.tally = Tally("complete")
         self.reused = 0
         self.orphaned = threading.Event()
+        self.pauses: list[tuple[float, float]] = []  # set at the start signal (monotonic seconds)
         watch_parent(self.orphaned)
 
     def _take(self) -> tuple[int, int]:
@@ -373,7 +374,7 @@ class Workload:
         self.tally.count(done)
 
     def worker(self, idx: int, t_start: float, t_end: Horizon, interval: float) -> None:
-        for _ in paced(t_start, t_end, interval, self.orphaned):
+        for _ in paced(t_start, t_end, interval, self.orphaned, self.pauses):
             self.call(idx)
 
     def run(self, go_timeout: float) -> int:
@@ -388,6 +389,7 @@ class Workload:
             return 0
         n = int(cfg["concurrency"])
         t_start = time.monotonic()
+        self.pauses = [(t_start + float(a), t_start + float(a) + float(f)) for a, f in cfg.get("pauses") or ()]
         t_end = Horizon(t_start + float(cfg["duration_s"]), cfg.get("horizon_path"))
         interval = n / float(cfg["rate"])
         stuck, crashed = run_workers(self.journal, "pd-workload", n,
@@ -421,6 +423,11 @@ def check_config(cfg: Any) -> str | None:
     for ok, why in checks:
         if not ok:
             return why
+    pauses = cfg.get("pauses", [])
+    if not isinstance(pauses, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                        for x in p) and p[0] >= 0 and p[1] > 0 for p in pauses):
+        return "pauses: expected a list of [at_s >= 0, for_s > 0]"
     for k in ("proxy_url", "decode_url"):
         u = urlsplit(str(cfg[k]))
         if u.scheme != "http" or not u.hostname or not u.port:

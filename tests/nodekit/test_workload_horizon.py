@@ -173,3 +173,11 @@ def test_retire_taints_the_stale_peers():
                         taint=lambda role, why: tainted.append((role, why)), event=lambda *a, **k: None)
     BaseTopology._retire(t, "decode:0", "kill")
     assert tainted and tainted[0][0] == "prefill:0" and "killed" in tainted[0][1]
+
+
+def test_no_op_is_due_inside_a_pause_and_pacing_goes_on_after_it():
+    t0 = time.monotonic()
+    ticks = [time.monotonic() - t0 for _ in paced(t0, t0 + 1.0, 0.1, threading.Event(), [(t0 + 0.25, t0 + 0.62)])]
+    assert len(ticks) == 6  # 0, 0.1, 0.2, then 0.7, 0.8, 0.9: 0.3 .. 0.6 fall in the pause
+    assert not any(0.25 <= x < 0.62 for x in ticks)
+    assert ticks[3] >= 0.62

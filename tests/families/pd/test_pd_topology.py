@@ -346,3 +346,18 @@ def test_bench_pd_reads_the_baseline_scenario_of_this_checkout() -> None:
     from families.pd import bench
 
     assert bench.BASELINE == SCENARIOS / "baseline.yaml" and bench.BASELINE.is_file()
+
+
+@pytest.mark.parametrize("pauses, message", [
+    ([{"at": "9s", "for": "3s"}], "after the workload's duration"),
+    ([{"at": "1s", "for": "0s"}], "for > 0"),
+    ([{"at": "1s"}], "for"),
+])
+def test_a_pause_outside_the_workload_or_without_length_is_refused(pauses, message) -> None:
+    from families.pd.spec import PDWorkloadSpec
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        PDWorkloadSpec.model_validate({"duration": "10s", "pauses": pauses})
+    ok = PDWorkloadSpec.model_validate({"duration": "10s", "pauses": [{"at": "2s", "for": "3s"}]})
+    assert (ok.pauses[0].at, ok.pauses[0].for_) == (2.0, 3.0)

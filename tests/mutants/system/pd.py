@@ -27,6 +27,8 @@ MUTANTS = [
      ["pd-stop-decode-past-abort-timeout"]),
     ("EosFrees", "found: P keeps the prompt's KV for D also when its one token is EOS",
      ["pd-eos-answer"]),
+    ("LoudWait", "2. no busy wait: a node that only waits on a peer sleeps (quiet waiting)",
+     ["pd-stop-decode", "pd-partition-prefill-decode"]),
 ]
 
 

@@ -8,7 +8,7 @@ one guarantee of connector_patch/DESIGN.md switched off (pdchaos_mutants/connect
 from __future__ import annotations
 
 NAMES = ("NoLoadDeadline", "TrustFinish", "NoParamsCheck", "NoPeerMonitor", "NoForgetPeer", "ListenerDies",
-         "NoLateAnswer", "EosFrees")
+         "NoLateAnswer", "EosFrees", "LoudWait")
 PREFIX = "HardenedMooncakeConnectorMutant"
 
 

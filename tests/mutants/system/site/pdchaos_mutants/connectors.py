@@ -124,3 +124,12 @@ class _EosFreesScheduler(HS):
 
 class HardenedMooncakeConnectorMutantEosFrees(_Mutant):
     SCHEDULER = _EosFreesScheduler
+
+
+# 2. no busy wait: quiet waiting (connector_patch/quiet) undone in this process
+class HardenedMooncakeConnectorMutantLoudWait(_Mutant):
+    def __init__(self, vllm_config, role, kv_cache_config):
+        super().__init__(vllm_config, role, kv_cache_config)
+        from connector_patch import quiet
+
+        quiet.uninstall()

@@ -30,6 +30,11 @@ three do not).
 ``do_remote_decode``), each read from the node's process tree (``cpu_s``) over ``--idle-window-s``
 after 0.5 s.
 
+**P restarted while D waits** (``--restart``, on by default): per pair, P is killed and started
+again twice: once with D idle, once while D has ``--idle-requests`` requests waiting on the silent
+peer; the time from the kill to P answering ``/health`` is compared (upstream's D spins while it
+waits and slows P's start on a 2-core machine; the target is within 10 %).
+
 **Failure path**: the silent peer again; ``--failures`` requests sent straight to each target's
 D, all at once, one target after the other; one sample is the time from sending to the HTTP error.
 The hardened target must answer within ``kv_load_timeout_ms`` + 500 ms (p99); upstream waits its
@@ -78,6 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure hardened against hardened with quiet waiting off (default on)")
     p.add_argument("--idle-requests", type=int, default=2, help="requests that wait on the silent peer (default 2)")
     p.add_argument("--idle-window-s", type=float, default=3.0, help="idle-wait CPU window (default 3)")
+    p.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time P's restart with D idle and with D waiting (default on)")
     p.add_argument("--failures", type=int, default=5, help="failure-path requests to the hardened D (default 5)")
     p.add_argument("--upstream-failures", type=int, default=2,
                    help="failure-path requests to the upstream D, which waits abort timeout + 60 s (default 2)")
@@ -228,6 +235,9 @@ def _paired(args, topos: dict, base: str, other: str, items: list[dict], model: 
         if n >= 2:
             ci = {"p50": paired_ratio_ci(lat[base], lat[other], 0.5, seed=args.seed),
                   "p99": paired_ratio_ci(lat[base], lat[other], 0.99, seed=args.seed)}
+        if ci:  # progress on stderr: one line per round
+            print(f"bench pd: {other}/{base} after {n} pairs: p50 {_ci(ci['p50'])} (+-"
+                  f"{ci['p50']['half_width'] * 100:.2f} %), p99 {_ci(ci['p99'])}", file=sys.stderr, flush=True)
         if n >= args.n_min and ci and ci["p50"]["half_width"] <= args.half_width:
             break
     return {"base": base, "other": other, "n": len(lat[base]), "sent": i, "ratio": ci,
@@ -271,6 +281,25 @@ def _idle_cpu(args, topo, model: str, items: list[dict], silent: dict) -> dict:
     return out
 
 
+def _restarts(args, topo, model: str, items: list[dict], silent: dict) -> dict:
+    """Seconds from killing P to a new P ready, with D idle and with D waiting on the silent peer."""
+    def restart() -> float:
+        t0 = time.monotonic()
+        topo.restart_node("prefill:0", kill=True)
+        return round(time.monotonic() - t0, 1)
+
+    out = {"d_idle_s": restart()}
+    d_url = topo.url("decode:0") + "/v1/completions"
+    for k in range(max(1, args.idle_requests)):
+        threading.Thread(target=_complete, args=(d_url, model, items[-30 - k]["prompt"], 1, 120.0,
+                                                 {**silent, "transfer_id": f"restart-{uuid.uuid4().hex}"}),
+                         daemon=True).start()
+    time.sleep(0.5)
+    out["d_waiting_s"] = restart()
+    out["ratio"] = round(out["d_waiting_s"] / out["d_idle_s"], 3) if out["d_idle_s"] else None
+    return out
+
+
 def _silent_peer(topos: dict, host_name: str) -> dict:
     """Start the silent fake prefill peer on ``host_name``'s topology; its kv_transfer_params."""
     from families.pd.fake_faults import READY_TIMEOUT_S
@@ -310,6 +339,7 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
     silent = _silent_peer(topos, "hardened")
     idle = {t: _idle_cpu(args, topos[t], model, items, silent) for t in TARGETS}
     failure = _failure_path(args, topos, items, model, silent)
+    restarts = {t: _restarts(args, topos[t], model, items, silent) for t in TARGETS} if args.restart else {}
     quiet: dict | None = None
     if args.quiet_cost:
         topos.pop("upstream").close()  # two pairs fit in memory, three do not
@@ -331,6 +361,8 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
         "idle_cpu": idle,
         "idle_target_met": bool(hard_idle and all(v is not None and v <= IDLE_CPU_TARGET for v in hard_idle)),
         "failure_ms": failure,
+        "restart": restarts,
+        "restart_target_met": bool(restarts and (restarts["hardened"].get("ratio") or 9) <= 1.10),
         "failure_target_met": bool(hard_fail.get("n") and hard_fail.get("errors") == hard_fail.get("n")
                                    and hard_fail["p99"] <= limit_ms),
         "workdir": str(workdir)}
@@ -340,7 +372,7 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
             samples[LOUD] = [round(x, 1) for x in quiet["samples"][LOUD]]
         save_samples(args.save, "pd", "request", samples, n=main["n"], seed=args.seed)
         with open(Path(args.save).with_suffix(".failure.json"), "w", encoding="utf-8") as fh:
-            json.dump({"failure_ms": failure, "idle_cpu": idle}, fh)
+            json.dump({"failure_ms": failure, "idle_cpu": idle, "restart": restarts}, fh)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -418,6 +450,12 @@ def _print(s: dict) -> None:
         print(f"{name:14s} D waiting on a silent peer {x.get('d_waits_on_silent_peer')}   "
               f"P keeping blocks no D pulls {x.get('p_keeps_blocks')}")
     print(f"idle target {'met' if s['idle_target_met'] else 'NOT met'}")
+    if s["restart"]:
+        print("P restarted (kill to ready), with D idle and with D waiting on a silent peer; target hardened "
+              "within 10 %:")
+        for name, x in s["restart"].items():
+            print(f"{name:14s} D idle {x['d_idle_s']} s   D waiting {x['d_waiting_s']} s   ratio {x['ratio']}")
+        print(f"restart target {'met' if s['restart_target_met'] else 'NOT met'}")
     f = s["failure_ms"]
     if f:
         print(f"Failure path (D pulls from a silent P): time to HTTP error, target hardened p99 <= "

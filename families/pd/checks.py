@@ -181,7 +181,8 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     client waits on a request a dead or frozen peer holds), no vLLM node that has no request
     running burns more than ``max_cpu`` of a core (default 0.5) between two samples: a node
     waiting on a peer, or keeping blocks for one, must sleep. A scenario whose faults leave no
-    quiet interval cannot be judged: that fails, and such a scenario disables the check."""
+    quiet interval cannot be judged: that fails; such a scenario gives its workload a pause inside
+    the fault window (``workload: {pauses: [...]}``), or disables the check when nothing waits."""
     limit = float(opts.get("max_cpu") or 0.5)
     samples = sorted((p for p in inp.probes if p.get("kind") == "vllm" and p.get("when") == "sample"),
                      key=lambda p: p.get("t", 0))
@@ -214,7 +215,8 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
                 worst = (frac, node)
     if judged == 0:
         return undecided("no quiet interval during a fault (requests kept starting or ending); "
-                         "give the workload a pause in the fault window or disable no_busy_wait for this scenario")
+                         "give the workload a pause in the fault window (workload: {pauses: [...]}) or disable "
+                         "no_busy_wait for this scenario")
     if worst[0] > limit:
         return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core during a fault with no request running or "
                          f"coming (limit {limit:g})", worst_cpu=round(worst[0], 3))

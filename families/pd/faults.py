@@ -142,3 +142,34 @@ class BadTransferParams(_ProxyHook):
     def inject(self) -> None:
         self.ctx.control("proxy", "bad_params", count=self.params.count,
                          drop=["transfer_id", "remote_bootstrap_addr"])
+
+
+class RankParams(FaultParams):
+    node: str = Field(..., pattern=r"^(prefill|decode):[0-9]+$", description="the vLLM node (prefill:0, decode:0)")
+    rank: int = Field(..., ge=0, le=7, description="its tensor-parallel rank whose worker process is frozen")
+
+
+@register
+class StopRank(OnceFault):
+    """One tensor-parallel rank of a vLLM node (its worker process, found by the node itself:
+    ``rank_signal`` on its control channel) is frozen with SIGSTOP and thawed at heal; the other
+    ranks run on, so one rank's KV transfer stalls while the others' complete."""
+
+    name = "stop_rank"
+    Params = RankParams
+
+    def inject(self) -> None:
+        self._out = self.ctx.control(self.params.node, "rank_signal", rank=self.params.rank, signal="STOP")
+        self._stopped = True
+
+    def effect(self) -> dict[str, Any] | None:
+        out = getattr(self, "_out", None) or {}
+        return {"frozen": float(out.get("stopped", 0)), "pids": float(len(out.get("pids") or ()))}
+
+    def required_effect(self) -> dict[str, float]:
+        return {"frozen": 1, "pids": 1}
+
+    def heal(self) -> None:
+        if getattr(self, "_stopped", False):
+            self.ctx.control(self.params.node, "rank_signal", rank=self.params.rank, signal="CONT")
+            self._stopped = False

@@ -707,6 +707,49 @@ class VllmNode:
     def metrics(self, msg: dict) -> dict:  # noqa: ARG002
         return {"counters": scrape(self.base, timeout=SCRAPE_BUDGET_S)}
 
+    def rank_signal(self, msg: dict) -> dict:
+        """``rank_signal {rank, signal: STOP|CONT}``: signal the worker process of one tensor-parallel
+        rank (vLLM names it ``VLLM::Worker_TP<rank>``); ``pids`` it signalled, ``stopped`` 1 when every
+        one was then seen stopped (state T)."""
+        rank, sig = msg.get("rank"), {"STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}.get(msg.get("signal"))
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0 or sig is None:
+            raise ValueError("expected an int rank >= 0 and signal STOP or CONT")
+        pids = rank_pids(self.others(), rank)
+        if not pids:
+            raise ValueError(f"no worker process of rank {rank} (tensor_parallel_size {self.args.tensor_parallel_size})")
+        for pid in pids:
+            _kill(pid, sig)
+        stopped = sig == signal.SIGSTOP and all(_state(pid) == "T" for pid in pids)
+        return {"pids": pids, "stopped": int(stopped)}
+
+
+def rank_pids(pids: list[int], rank: int) -> list[int]:
+    """Those of ``pids`` whose process title names tensor-parallel rank ``rank`` (``Worker_TP<rank>``)."""
+    want = re.compile(rf"Worker_TP{rank}(\b|_)")
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                title = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if want.search(title):
+            found.append(pid)
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        for _ in range(20):
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[0]
+            if state == "T":
+                return state
+            time.sleep(0.01)
+        return state
+    except (OSError, IndexError):
+        return "?"
+
 
 def _kill(pid: int, sig: int) -> None:
     try:
@@ -748,7 +791,8 @@ def run_node(args: argparse.Namespace) -> int:
             from nodekit.control import ControlServer
 
             try:
-                server = ControlServer(args.control, handlers={"metrics": node.metrics}, stats=node.stats)
+                server = ControlServer(args.control, handlers={"metrics": node.metrics, "rank_signal": node.rank_signal},
+                                       stats=node.stats)
             except zmq.ZMQError as exc:
                 return usage_exit(f"--control: cannot bind {args.control!r}: {exc.strerror}")
             server.start()

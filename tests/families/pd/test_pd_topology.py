@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -361,3 +362,33 @@ def test_a_pause_outside_the_workload_or_without_length_is_refused(pauses, messa
         PDWorkloadSpec.model_validate({"duration": "10s", "pauses": pauses})
     ok = PDWorkloadSpec.model_validate({"duration": "10s", "pauses": [{"at": "2s", "for": "3s"}]})
     assert (ok.pauses[0].at, ok.pauses[0].for_) == (2.0, 3.0)
+
+
+def test_a_rank_is_found_by_its_worker_title_and_only_that_rank() -> None:
+    from families.pd.vllm_node import rank_pids
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", title])
+             for title in ("VLLM::Worker_TP1", "VLLM::Worker_TP10", "VLLM::Worker_TP0")]
+    try:
+        pids = [p.pid for p in procs]
+        deadline = time.monotonic() + 10
+        while len(rank_pids(pids, 0) + rank_pids(pids, 1)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # each child's title is its own once it has exec'd
+        assert rank_pids(pids, 1) == [pids[0]]
+        assert rank_pids(pids, 0) == [pids[2]]
+        assert rank_pids(pids, 2) == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("params, message", [({"node": "proxy", "rank": 1}, "pattern"),
+                                             ({"node": "prefill:0", "rank": -1}, "greater than"),
+                                             ({"node": "prefill:0"}, "rank")])
+def test_stop_rank_refuses_a_node_that_is_not_vllm_or_a_bad_rank(params, message) -> None:
+    from families.pd.faults import RankParams
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        RankParams.model_validate({"at": "1s", "for": "1s", **params})

@@ -107,8 +107,9 @@ class PDTopology(BaseTopology):
                     "--max-num-seqs", str(t.max_num_seqs), "--server-log", str(self.server_log_path(role))]
             if t.tensor_parallel_size > 1:
                 args += ["--tensor-parallel-size", str(t.tensor_parallel_size)]
-            if prof.device == "cpu" and t.tensor_parallel_size == 1:
-                args += ["--cpu-core", str(CORES[role])]
+            if prof.device == "cpu":
+                if t.tensor_parallel_size == 1:  # two ranks bind to cores 0|1 (vllm_node.py)
+                    args += ["--cpu-core", str(CORES[role])]
             else:
                 args += ["--device", prof.device, "--visible-devices", prof.devices[kind]]
             if prof.vllm != "node-env":

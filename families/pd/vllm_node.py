@@ -629,7 +629,9 @@ class VllmNode:
         return out
 
     def allowance(self) -> tuple[int, int]:
-        return lazy_allowance(self.role, self.args.kv_connector, self.kv_extra)
+        threads, fds = lazy_allowance(self.role, self.args.kv_connector, self.kv_extra)
+        ranks = self.args.tensor_parallel_size  # every rank's worker opens its own pools
+        return threads * ranks, fds * ranks
 
     def stop_server(self) -> str:
         """SIGTERM vLLM's processes, SIGKILL what is left after the grace; returns how it ended."""

@@ -630,7 +630,7 @@ class VllmNode:
 
     def allowance(self) -> tuple[int, int]:
         threads, fds = lazy_allowance(self.role, self.args.kv_connector, self.kv_extra)
-        ranks = self.args.tensor_parallel_size  # every rank's worker opens its own pools
+        ranks = getattr(self.args, "tensor_parallel_size", 1)  # every rank's worker opens its own pools
         return threads * ranks, fds * ranks
 
     def stop_server(self) -> str:

@@ -102,10 +102,6 @@ def _on_wake() -> None:
         wakes.wake()
 
 
-def active() -> bool:
-    return bool(_installed)
-
-
 def install(cap_ms: int, role: str, version: str | None = None) -> str:
     """Apply the patches in this process (idempotent) and open its end of the wake channel:
     ``role`` "engine" (the engine core, where the scheduler side of the connector lives) listens,
@@ -141,10 +137,7 @@ def install(cap_ms: int, role: str, version: str | None = None) -> str:
             logger.warning("%s", _refused)
             return _refused
         for owner, name, original, patch in targets:
-            if patch is patch_engine_step:
-                new = patch.build(original, _engine_state)
-            else:
-                new = patch.build(original, active)
+            new = patch.build(original, _engine_state) if patch is patch_engine_step else patch.build(original)
             new.__pdchaos_original__ = original
             setattr(owner, name, new)
             _installed[".".join(patch.TARGET)] = original

@@ -19,12 +19,10 @@ TARGET = ("vllm.distributed.device_communicators.shm_broadcast", "SpinCondition"
 UPSTREAM_SHA256 = {"0.32.0": "3af743c903ce01354cb4c0b5f7ed152fc8d0f41474dbc70c7e07a197a1627a56"}
 
 
-def build(original, is_active):
-    """The replacement; ``is_active()`` says whether quiet waiting is on in this process."""
+def build(original):
+    """The replacement (installed only where quiet waiting is on: :func:`connector_patch.quiet.install`)."""
 
     def record_read(self):
-        if not is_active():
-            return original(self)
         now = time.monotonic()
         cap = self.__dict__.setdefault("_pdchaos_busy_cap_s", self.busy_loop_s)
         self.busy_loop_s = spin_window_s(now - self.last_read, cap)

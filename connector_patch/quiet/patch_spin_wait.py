@@ -21,11 +21,11 @@ UPSTREAM_SHA256 = {"0.32.0": "3c5dd220ba84735e4a9d3534fe67a07edf94d69c4c30eb85cb
 IDLE_POLL_MS = 20
 
 
-def build(original, is_active):
-    """The replacement; ``is_active()`` says whether quiet waiting is on in this process."""
+def build(original):
+    """The replacement (installed only where quiet waiting is on: :func:`connector_patch.quiet.install`)."""
 
     def wait(self, timeout_ms: int | None = None) -> None:
-        if is_active() and time.monotonic() > self.last_read + self.busy_loop_s:
+        if time.monotonic() > self.last_read + self.busy_loop_s:
             timeout_ms = IDLE_POLL_MS if timeout_ms is None else min(timeout_ms, IDLE_POLL_MS)
         return original(self, timeout_ms)
 

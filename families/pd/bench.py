@@ -349,7 +349,7 @@ def _bench(args: argparse.Namespace, workdir: Path, topos: dict) -> int:
     r = main["ratio"]
     limit_ms = args.kv_load_timeout_ms + FAIL_SLACK_MS
     hard_fail = failure.get("hardened", {})
-    hard_idle = [v for v in idle["hardened"].values()]
+    hard_idle = list(idle["hardened"].values())
     summary = {
         "setup_s": round(setup_s, 1), "normal": {k: v for k, v in main.items() if k != "samples"},
         "quiet_cost": {k: v for k, v in quiet.items() if k != "samples"} if quiet else None,

@@ -172,6 +172,14 @@ class LookupClient:
         self.close()
 
     # ---------------------------------------------------------------- internals
+    # the channel's reply rules (vLLM's store channel overrides both: connector_patch/store/client.py)
+    _decode_reply = staticmethod(decode_reply)
+    _fast_ok = True  # the AscendStore ok envelope is recognised by its bytes (see _canonical_ok_hit)
+
+    @staticmethod
+    def _value(decoded):  # what an ok reply gives the caller
+        return decoded.hit_tokens
+
     def _exchange(self, frames: list[bytes], deadline: float, start: float, call: tuple | None,
                   token_len: int | None, admin: bool = False) -> int | None:
         """One request-reply within the deadline. Returns the hit (0 for admin ok) or None on failure."""
@@ -213,7 +221,7 @@ class LookupClient:
             # The common case inline (see _canonical_ok_hit): one frame, the ok prefix, a
             # positive fixint hit. Anything else takes the general path below.
             hit = None
-            if len(reply) == 1:
+            if len(reply) == 1 and self._fast_ok:
                 frame = reply[0]
                 n = len(frame) - _PREFIX_LEN
                 if frame.startswith(_OK_PREFIX):
@@ -234,7 +242,7 @@ class LookupClient:
                 self._counters.inc_unlocked("ok")  # under this client's lock
                 return hit
             try:
-                decoded = decode_reply(reply, token_len)
+                decoded = self._decode_reply(reply, token_len)
             except ProtocolError as exc:
                 raise _Failure("protocol", exc.code) from None
             if time.monotonic() > deadline:  # the deadline covers validation too
@@ -246,7 +254,7 @@ class LookupClient:
                 return 0
             self._counters.inc("ok")
             self.last_outcome, self.last_code = "ok", ""
-            return decoded.hit_tokens
+            return self._value(decoded)
         except _Failure as failure:
             self._record(failure.category, failure.code, phase, start, call, recover=True)
             return None

@@ -23,17 +23,9 @@ import zmq
 
 from .backend import Backend
 from .client import validate_timeout_ms
+from .dialect import ASCEND, Dialect
 from .metrics import SERVER_CATEGORIES, Counters, RateLimitedWarner
-from .protocol import (
-    LookupRequest,
-    RESET_FRAME,
-    Code,
-    Limits,
-    ProtocolError,
-    decode_request,
-    encode_error,
-    encode_ok,
-)
+from .protocol import LookupRequest, Code, Limits, ProtocolError, encode_error
 
 logger = logging.getLogger("connector_patch.lookup.server")
 
@@ -54,16 +46,20 @@ MAX_ABANDONED = 4  # threads stuck in backend calls before the server stops call
 
 class LookupServer:
     """``LookupServer(endpoint, backend)``; ``start()`` binds and serves on a thread; ``close()``
-    stops it. ``groups`` defaults to the backend's ``groups`` attribute (1 if it has none)."""
+    stops it. ``groups`` defaults to the backend's ``groups`` attribute (1 if it has none).
+    ``dialect`` is the channel's wire format (default: AscendStore's; vLLM's store connector
+    passes ``connector_patch.store.protocol.STORE``)."""
 
     def __init__(self, endpoint: str, backend: Backend, *, groups: int | None = None,
                  max_token_len: int | None = None, max_hashes: int | None = None,
                  backend_timeout_ms: int = 4000, reset_drain_timeout_ms: int = 2000,
-                 warn_interval_s: float = 10.0, context: zmq.Context | None = None):
+                 warn_interval_s: float = 10.0, context: zmq.Context | None = None,
+                 dialect: Dialect = ASCEND):
         if not isinstance(endpoint, str) or not endpoint.startswith(("ipc://", "tcp://")):
             raise ValueError("endpoint must be an ipc:// or tcp:// address")
         self.endpoint = endpoint
         self.backend = backend
+        self.dialect = dialect
         lim: dict[str, int] = {"num_groups": groups if groups is not None else int(getattr(backend, "groups", 1))}
         if max_token_len is not None:
             lim["max_token_len"] = max_token_len
@@ -270,10 +266,11 @@ class LookupServer:
     def _handle(self, frames: Sequence[bytes], start: float, epoch: int) -> bytes:
         """Every path ends in one envelope; raises only _Abandoned (the watchdog answered)."""
         try:
-            if len(frames) == 1 and frames[0] == RESET_FRAME:
+            dialect = self.dialect
+            if dialect.is_reset(frames):
                 return self._handle_reset(start, epoch)
             try:
-                request = decode_request(frames, self.limits)
+                request = dialect.decode_request(frames, self.limits)
             except ProtocolError as exc:
                 return self._fail("protocol", exc.code, exc.message, "decode", start, frames=len(frames))
             if self._abandoned and self._backend_stuck():
@@ -287,11 +284,11 @@ class LookupServer:
             except Exception as exc:  # noqa: BLE001
                 return self._fail("backend_error", Code.BACKEND_ERROR, f"backend raised {type(exc).__name__}",
                                   "backend", start, **_counts(request))
-            if type(hit) is not int or not 0 <= hit <= request.token_len:
+            if not dialect.valid_result(hit, request):
                 return self._fail("backend_error", Code.BACKEND_ERROR, "backend returned an out-of-range hit",
                                   "backend", start, **_counts(request))
             self._counters.inc_unlocked("ok")  # only a serving thread that still owns the socket
-            return encode_ok(hit)
+            return dialect.encode_ok(hit)
         except _Abandoned:
             raise
         except Exception as exc:  # noqa: BLE001 - the per-request boundary
@@ -313,7 +310,7 @@ class LookupServer:
                               "reset", start)
         self._counters.inc("resets")
         self._counters.inc("ok")
-        return encode_ok(0)
+        return self.dialect.reset_ok
 
     def _backend_stuck(self) -> bool:
         """Circuit breaker: with MAX_ABANDONED serving threads still stuck in backend calls, a new

@@ -41,6 +41,7 @@ MAY_IMPORT = {
 VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugin.py",
              "connector_patch/quiet/__init__.py",  # installs the runtime patches into vLLM
              "connector_patch/lookup/ascend_store.py", "connector_patch/layerwise/ascend_connector.py",
+             "connector_patch/store/vllm_store.py",
              # run with a node env's python (harness/nodeenv/exec_node.py), never in the harness's
              "stacks/vllm_cpu/build_tiny_model.py", "families/lookup/ascend_server.py",
              "families/lookup/ascend_workload.py", "families/layerwise/engine.py",

@@ -1,0 +1,268 @@
+"""The hardened admin channel installed into vLLM's real ``MooncakeStoreConnector`` (vLLM 0.32.0).
+
+Upstream (``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/``): the scheduler's
+``MooncakeStoreScheduler.__init__`` builds ``LookupKeyClient(vllm_config)`` and worker rank 0's
+``MooncakeStoreWorker.__init__`` builds ``LookupKeyServer(self, vllm_config)``; both look the class
+up in their module at call time. The client has no deadline (a lookup or reset waits forever on a
+dead or stuck server: one executor thread, ``RCVTIMEO`` -1); the server's thread dies on a short
+message or a raising store, for good; ``reset`` reports success without checking ``remove_all``'s
+return code; two servers on one host with the same ``lookup_rpc_port`` bind the same ipc path.
+
+:class:`HardenedMooncakeStoreConnector` builds upstream's scheduler and worker with the two
+classes swapped for this module's (under a lock, restored at once), then asserts the swapped
+classes are the ones running (a start-up error otherwise: the swap cannot silently stop working
+if upstream stops looking them up at call time):
+
+* :class:`HardenedStoreLookupKeyClient`: upstream's ``lookup(req_id, num_tokens, block_hashes,
+  non_block) -> MooncakeLookupResult | None``, ``discard``, ``reset``, ``close`` over
+  :class:`connector_patch.store.StoreLookupClient`: every lookup and reset within its deadline
+  (``lookup_rpc_timeout_ms``, default 1000; ``lookup_reset_timeout_ms``, default 5000); any
+  failure is a miss (the prompt is computed) or a failed reset; the socket is rebuilt after one.
+* :class:`HardenedStoreLookupKeyServer`: the lookup package's server in the store dialect: a
+  validated dispatch, one reply per message, the thread survives anything, a backend deadline
+  (``lookup_backend_timeout_ms``, default 4000); the reset drains the send queue within
+  ``lookup_reset_drain_ms`` (default 2000) and reports success only when ``remove_all`` returned
+  a non-negative count.
+* Both use :func:`lookup_path`, which names the engine (``kv_transfer_config.engine_id``, the
+  same in the scheduler and every worker of one engine): two servers on one host never share it,
+  and a live socket on the path is never unlinked.
+
+``connector_patch.vllm_plugin.register`` registers the connector as ``HardenedMooncakeStoreConnector``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import vllm.envs as envs
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import scheduler as up_scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as up_worker
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import MooncakeStoreConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult, TailKeyBoundary
+
+from ..lookup.backend import Backend
+from ..lookup.client import validate_timeout_ms
+from ..lookup.server import LookupServer
+from .client import StoreLookupClient
+from .protocol import STORE, StoreRequest, StoreResult
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_KEY = "lookup_rpc_timeout_ms"
+BACKEND_TIMEOUT_KEY = "lookup_backend_timeout_ms"
+RESET_TIMEOUT_KEY = "lookup_reset_timeout_ms"
+RESET_DRAIN_KEY = "lookup_reset_drain_ms"
+DEFAULTS = {TIMEOUT_KEY: 1000, BACKEND_TIMEOUT_KEY: 4000, RESET_TIMEOUT_KEY: 5000, RESET_DRAIN_KEY: 2000}
+
+_SWAP_LOCK = threading.Lock()
+
+
+def settings(vllm_config: Any) -> dict[str, int]:
+    """Every deadline from ``kv_connector_extra_config``, validated (ValueError naming the key)."""
+    extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+    out = {k: validate_timeout_ms(extra.get(k, v), k) for k, v in DEFAULTS.items()}
+    if out[RESET_TIMEOUT_KEY] <= out[RESET_DRAIN_KEY]:
+        raise ValueError(f"{RESET_TIMEOUT_KEY} ({out[RESET_TIMEOUT_KEY]}) must exceed {RESET_DRAIN_KEY} "
+                         f"({out[RESET_DRAIN_KEY]}): the worker's answer must reach the caller")
+    return out
+
+
+def lookup_path(vllm_config: Any) -> str:
+    """``ipc://<VLLM_RPC_BASE_PATH>/pdchaos_store_<engine digest>_dp<rank>``: one engine's channel.
+    (Upstream's is ``lookup_rpc_port_<port>_host_<hostname>_dp_rank<rank>``: two engines on one
+    host with the default port share it.) The digest keeps the path well inside the 107 bytes an
+    ipc path may have."""
+    engine_id = str(vllm_config.kv_transfer_config.engine_id)
+    digest = hashlib.sha256(engine_id.encode()).hexdigest()[:20]
+    dp = vllm_config.parallel_config.data_parallel_index
+    return f"ipc://{envs.VLLM_RPC_BASE_PATH}/pdchaos_store_{digest}_dp{dp}"
+
+
+def _to_upstream(result: StoreResult) -> MooncakeLookupResult:
+    return MooncakeLookupResult(result.hit_tokens, tuple(TailKeyBoundary(group_id=g, num_tokens=n)
+                                                         for g, n in result.tails))
+
+
+class HardenedStoreLookupKeyClient:
+    """Upstream ``LookupKeyClient(vllm_config)``'s interface; never raises, never waits past a deadline."""
+
+    def __init__(self, vllm_config: Any):
+        s = settings(vllm_config)
+        self.endpoint = lookup_path(vllm_config)
+        self.client = StoreLookupClient(self.endpoint, s[TIMEOUT_KEY])
+        self.reset_ms = s[RESET_TIMEOUT_KEY]
+        self._admin: StoreLookupClient | None = None  # its own socket and deadline, made on the first reset
+        # non_block lookups run here; each is bounded by the client's deadline, so the one thread
+        # is never held longer than that
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="HardenedStoreLookup")
+        self.futures: dict[str, Future] = {}
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.client.counters
+
+    def _lookup(self, num_tokens: int, block_hashes: list) -> MooncakeLookupResult:
+        return _to_upstream(self.client.lookup(num_tokens, block_hashes))
+
+    def lookup(self, req_id: str, num_tokens: int, block_hashes: list,
+               non_block: bool = False) -> MooncakeLookupResult | None:
+        if not non_block:
+            self.futures.pop(req_id, None)
+            return self._lookup(num_tokens, list(block_hashes))
+        future = self.futures.get(req_id)
+        if future is None:
+            future = self.futures[req_id] = self.executor.submit(self._lookup, num_tokens, list(block_hashes))
+        if not future.done():
+            return None
+        del self.futures[req_id]
+        try:
+            return future.result()
+        except Exception:  # _lookup never raises; a cancelled future is a miss
+            return MooncakeLookupResult(0)
+
+    def discard(self, req_id: str) -> None:
+        future = self.futures.pop(req_id, None)
+        if future is not None:
+            future.cancel()
+
+    def reset(self) -> bool:
+        """True only when worker rank 0 drained its puts and ``remove_all`` reported success,
+        within ``lookup_reset_timeout_ms``. False after the deadline means "not confirmed"."""
+        if self._admin is None:
+            self._admin = StoreLookupClient(self.endpoint, self.reset_ms)
+        return self._admin.reset()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+        if self._admin is not None:
+            self._admin.close()
+
+
+class StoreWorkerBackend(Backend):
+    """The server's backend: upstream's ``MooncakeStoreWorker.lookup`` for hits; for the reset,
+    the worker's send queue drained (bounded), then ``store.remove_all(force=True)`` with its
+    return code checked."""
+
+    groups = 1
+
+    def __init__(self, store_worker: Any):
+        self.store_worker = store_worker
+
+    def hit_tokens(self, request: StoreRequest) -> StoreResult:
+        r = self.store_worker.lookup(request.token_len, request.hashes)
+        return StoreResult(int(r.hit_length), tuple((int(b.group_id), int(b.num_tokens))
+                                                    for b in (r.tail_key_boundaries or ())))
+
+    def drain(self, timeout_s: float) -> bool:
+        thread = getattr(self.store_worker, "kv_send_thread", None)
+        q = getattr(thread, "request_queue", None)
+        if q is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        with q.all_tasks_done:
+            while q.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                q.all_tasks_done.wait(left)
+        return True
+
+    def clear(self) -> None:
+        store = getattr(self.store_worker, "store", None)
+        if store is None:
+            raise RuntimeError("the worker has no store (closed)")
+        rc = store.remove_all(force=True)
+        if not isinstance(rc, int) or rc < 0:
+            raise RuntimeError(f"remove_all returned {rc!r}")
+
+
+def _live_ipc(path: str) -> bool:
+    """Is something listening on this ipc path? (A connect on a unix socket with no listener
+    fails at once; a stale file from a dead process is safe to remove.)"""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(0.5)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+class HardenedStoreLookupKeyServer:
+    """Upstream ``LookupKeyServer(store_worker, vllm_config)``, bound and serving when constructed.
+    Refuses (RuntimeError) to take over a path another live server is listening on."""
+
+    def __init__(self, store_worker: Any, vllm_config: Any):
+        s = settings(vllm_config)
+        self.endpoint = lookup_path(vllm_config)
+        path = self.endpoint[len("ipc://"):]
+        if os.path.exists(path):
+            if _live_ipc(path):
+                raise RuntimeError("another store lookup server is listening on this engine's path")
+            os.unlink(path)  # left by a process that died
+        self.backend = StoreWorkerBackend(store_worker)
+        self.server = LookupServer(self.endpoint, self.backend, dialect=STORE,
+                                   backend_timeout_ms=s[BACKEND_TIMEOUT_KEY], reset_drain_timeout_ms=s[RESET_DRAIN_KEY])
+        self.server.start()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.server.counters
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class HardenedMooncakeStoreConnector(MooncakeStoreConnector):
+    """``MooncakeStoreConnector`` with the hardened admin channel (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
+        settings(vllm_config)  # a bad deadline fails here, naming its key
+        with _SWAP_LOCK:
+            saved = up_scheduler.LookupKeyClient, up_worker.LookupKeyServer
+            up_scheduler.LookupKeyClient = HardenedStoreLookupKeyClient
+            up_worker.LookupKeyServer = HardenedStoreLookupKeyServer
+            try:
+                super().__init__(vllm_config, role, kv_cache_config)
+            finally:
+                up_scheduler.LookupKeyClient, up_worker.LookupKeyServer = saved
+        sched, worker = self.connector_scheduler, self.connector_worker
+        if sched is not None and not isinstance(sched.client, HardenedStoreLookupKeyClient):
+            raise RuntimeError("HardenedMooncakeStoreConnector: the scheduler's lookup client is upstream's "
+                               "(this vLLM no longer builds it through the module's LookupKeyClient)")
+        if worker is not None and vllm_config.parallel_config.rank == 0 \
+                and not isinstance(worker.lookup_server, HardenedStoreLookupKeyServer):
+            raise RuntimeError("HardenedMooncakeStoreConnector: rank 0's lookup server is upstream's "
+                               "(this vLLM no longer builds it through the module's LookupKeyServer)")
+
+    def reset_cache(self) -> bool | None:
+        sched = self.connector_scheduler
+        if sched is None:
+            return None
+        ok = bool(sched.client.reset())
+        if ok:
+            sched.load_specs.clear()
+            self._kv_cache_events = None
+        logger.info("mooncake store reset: %s", "ok" if ok else "failed")
+        return ok
+
+    def shutdown(self) -> None:
+        worker = getattr(self, "connector_worker", None)
+        server = getattr(worker, "lookup_server", None) if worker is not None else None
+        if isinstance(server, HardenedStoreLookupKeyServer):
+            server.close()
+        sched = getattr(self, "connector_scheduler", None)
+        client = getattr(sched, "client", None) if sched is not None else None
+        if isinstance(client, HardenedStoreLookupKeyClient):
+            client.close()
+        super().shutdown()

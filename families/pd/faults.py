@@ -33,7 +33,7 @@ class _ProxyHook(OnceFault):
     # the proxy protocols (--protocol, by the launch profile's connector) whose phases this hook
     # acts on: a scenario/target whose proxy speaks another is left out of the run, not run for
     # nothing (PDFamily.excluded)
-    proxy_protocols: tuple[str, ...] = ("bootstrap", "kv-params", "layerwise")
+    proxy_protocols: tuple[str, ...] = ("bootstrap", "kv-params", "layerwise", "store")
     # the proxy counters (families/pd/proxy.py stats) this hook's window must raise
     counts: tuple[str, ...] = ()
 
@@ -76,7 +76,7 @@ class HoldAfterPrefill(_ProxyHook):
     fault on P lands while D has yet to pull); released at heal."""
 
     name = "hold_after_prefill"
-    proxy_protocols = ("bootstrap", "kv-params")  # layerwise: P is asked by D's POST, no phase in between
+    proxy_protocols = ("bootstrap", "kv-params", "store")  # layerwise: P is asked by D's POST, no phase in between
     Params = HoldParams
     counts = ("held", "hold_released", "hold_expired")
 
@@ -119,7 +119,7 @@ class AbortAfterPrefill(_ProxyHook):
     blocks it prefilled until its abort timeout."""
 
     name = "abort_after_prefill"
-    proxy_protocols = ("bootstrap", "kv-params")
+    proxy_protocols = ("bootstrap", "kv-params", "store")
     Params = CountParams
     categories = ("http_502",)
     counts = ("aborted_by.after_prefill",)

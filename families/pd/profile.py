@@ -7,7 +7,8 @@ vLLM + vllm-ascend), the model, the NPU of each server, and per target the conne
 which protocol the P/D proxy speaks to it (``bootstrap``: vLLM's MooncakeConnector, D finds P
 through P's bootstrap server; ``kv-params``: vllm-ascend's MooncakeConnectorV1, P answers first and
 D gets P's ``kv_transfer_params``; ``layerwise``: vllm-ascend's decoder-first
-MooncakeLayerwiseConnector, D first, D's POST to the proxy's metaserver asks P). The scenarios are the same under every profile.
+MooncakeLayerwiseConnector, D first, D's POST to the proxy's metaserver asks P; ``store``: a KV pool,
+P first, then D, no params between them). The scenarios are the same under every profile.
 
 Built-in profiles are YAML files in ``profiles/`` beside this module (``cpu``, the default, and
 ``ascend``); ``--profile FILE.yaml`` reads another. ``--set KEY=VALUE`` changes one field
@@ -34,10 +35,11 @@ DEFAULT = "cpu"
 class ConnectorProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., min_length=1, description="kv_connector in --kv-transfer-config")
-    proxy: Literal["bootstrap", "kv-params", "layerwise"] = Field(
+    proxy: Literal["bootstrap", "kv-params", "layerwise", "store"] = Field(
         ..., description="bootstrap: D is told P's bootstrap address and engine id (vLLM's MooncakeConnector); "
                          "kv-params: P answers first, D gets P's kv_transfer_params (vllm-ascend's MooncakeConnectorV1); "
-                         "layerwise: D first, D's POST to the proxy's metaserver asks P (MooncakeLayerwiseConnector)")
+                         "layerwise: D first, D's POST to the proxy's metaserver asks P (MooncakeLayerwiseConnector); "
+                         "store: P first, then D, both through the KV pool (vLLM's MooncakeStoreConnector)")
     extra_config: dict[str, Any] = Field(
         default_factory=dict, description="kv_connector_extra_config; the vllm node fills in $KV_PORT, $KV_ROLE and "
                                           "$LOOKUP_RPC_PORT, $KV_LOAD_TIMEOUT_MS wherever they stand (families/pd/vllm_node.py)")

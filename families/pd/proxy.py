@@ -12,6 +12,12 @@ token with ``kv_transfer_params={"do_remote_decode": true, "do_remote_prefill": 
 "transfer_id": X}`` — at the same time (``--order parallel``, upstream's way) or D only after P
 answered 200 (``--order sequential``). The client gets D's answer.
 
+``--protocol store`` (a KV pool: vLLM's MooncakeStoreConnector, P ``kv_producer`` and D
+``kv_consumer`` on one Mooncake master): P is asked first for one token, without
+``kv_transfer_params`` (P stores the prompt's blocks in the pool), then D, without them either (D's
+scheduler looks the prompt up in the pool and loads what it finds; a miss is computed). Always
+sequential; ``bad_params`` has no keys to drop and ``redirect`` is refused.
+
 ``--protocol layerwise`` (vllm-ascend's decoder-first MooncakeLayerwiseConnector): D is asked first,
 with ``X-Request-Id: ID`` and ``{"do_remote_decode": false, "do_remote_prefill": true,
 "metaserver": "http://127.0.0.1:PORT/v1/metaserver"}``; D's scheduler POSTs its transfer params
@@ -92,6 +98,7 @@ D_KV_KEYS_BY_PROTOCOL = {
     "kv-params": ("do_remote_decode", "do_remote_prefill", "remote_block_ids", "remote_engine_id", "remote_host",
                   "remote_port", "remote_request_id"),
     "layerwise": ("do_remote_decode", "do_remote_prefill", "metaserver"),
+    "store": (),  # P and D meet in the KV pool: D gets no kv_transfer_params
 }
 D_KV_KEYS = D_KV_KEYS_BY_PROTOCOL["bootstrap"]
 PROTOCOLS = tuple(D_KV_KEYS_BY_PROTOCOL)
@@ -118,7 +125,9 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--protocol", choices=PROTOCOLS, default="bootstrap",
                    help="bootstrap: D is told P's bootstrap address and engine id (vLLM's MooncakeConnector); "
                         "kv-params: P is asked first, and D gets the kv_transfer_params of P's answer "
-                        "(vllm-ascend's MooncakeConnectorV1; always sequential, no redirect hook)")
+                        "(vllm-ascend's MooncakeConnectorV1; always sequential, no redirect hook); "
+                        "store: P first, then D, neither with kv_transfer_params (a KV pool: vLLM's "
+                        "MooncakeStoreConnector; always sequential)")
     p.add_argument("--order", choices=("parallel", "sequential"), default="parallel",
                    help="parallel: P and D asked at once (upstream's example proxy); sequential: D only "
                         "after P answered 200 (default parallel)")
@@ -345,6 +354,8 @@ class PDProxy(NodeApp):
     def _cmd_bad_params(self, m: dict) -> dict:
         drop = m.get("drop")
         keys = D_KV_KEYS_BY_PROTOCOL[self.protocol]
+        if not keys:
+            raise ValueError(f"bad_params: D gets no kv_transfer_params under --protocol {self.protocol}")
         if (not isinstance(drop, (list, tuple)) or not drop
                 or any(not isinstance(k, str) or k not in keys for k in drop)):
             raise ValueError(f"drop: expected a non-empty list of keys among {', '.join(keys)} "
@@ -522,6 +533,8 @@ class PDProxy(NodeApp):
             return await self._redirected(ctx, body, redirect)
         if self.protocol == "kv-params":
             return await self._kv_params(ctx, body)
+        if self.protocol == "store":
+            return await self._store(ctx, body)
         if self.protocol == "layerwise":
             return await self._layerwise(ctx, body)
 
@@ -607,6 +620,20 @@ class PDProxy(NodeApp):
                              "P answered without kv_transfer_params for D (is P's kv_role kv_producer?)")
         d_params = {k: v for k, v in d_params.items() if k not in taken.drop}
         return await self._then_decode(ctx, taken, {**body, "kv_transfer_params": d_params})
+
+    async def _store(self, ctx: Ctx, body: dict) -> dict:
+        """``--protocol store``: P first (one token; it stores the prompt's blocks in the pool),
+        then D; neither gets ``kv_transfer_params``. The hooks apply as in sequential order."""
+        loop = asyncio.get_running_loop()
+        taken = self._take_hooks()
+        ctx.phase = "prefill"
+        t = loop.time()
+        p_body = self._prefill_body(body, {})
+        p_body.pop("kv_transfer_params", None)
+        await self._post("prefill", self.prefill, p_body)
+        self._mark(ctx, "prefill", t)
+        d_body = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+        return await self._then_decode(ctx, taken, d_body)
 
     async def _then_decode(self, ctx: Ctx, taken: Taken, d_body: dict) -> dict:
         """After P answered, in sequence: the ``hold`` and ``abort after_prefill`` hooks taken,

@@ -149,7 +149,7 @@ class PDTopology(BaseTopology):
             args = ["--port", str(self.ports["proxy"]), "--protocol", self.proxy_protocol(), "--prefill", self.url("prefill:0"),
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
                     "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}",
-                    "--order", "sequential" if self.proxy_protocol() == "kv-params" else t.proxy_order]
+                    "--order", "sequential" if self.proxy_protocol() in ("kv-params", "store") else t.proxy_order]
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 
@@ -248,6 +248,8 @@ class PDTopology(BaseTopology):
 
         w = self.scenario.workload
         pauses = {"pauses": [[p.at, p.for_] for p in w.pauses]} if w.pauses else {}
+        if w.resets:
+            pauses["resets"] = [[r.at, self.url(f"{r.node}:0")] for r in w.resets]
         return {**pauses, "proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,

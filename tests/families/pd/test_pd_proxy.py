@@ -710,6 +710,45 @@ def test_kv_params_hooks_apply_but_redirect_is_refused(r: Rig, kvp: Proxy) -> No
         kvp.ctl("redirect", count=1, bootstrap=r.b.url)
 
 
+# --------------------------------------------------------------------------- --protocol store
+# vLLM's MooncakeStoreConnector: P and D meet in the KV pool; nothing passes between them.
+
+
+@pytest.fixture(scope="module")
+def st(rig: Rig) -> Iterator[Proxy]:
+    px = start_proxy(rig.tmp, "store", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
+                     protocol="store")
+    try:
+        yield px
+    finally:
+        px.handle.stop()
+
+
+def test_store_p_first_then_d_and_neither_gets_kv_params(r: Rig, st: Proxy) -> None:
+    req = body("st")
+    req["kv_transfer_params"] = {"do_remote_prefill": True}  # a client's params never reach P or D
+    resp, _ = st.post(req)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == D_TEXT
+    assert r.b.requests == []  # no bootstrap in this protocol
+    (p_rec,), (d_rec,) = r.p.requests, r.d.requests
+    assert "kv_transfer_params" not in p_rec["body"] and p_rec["body"]["max_tokens"] == 1
+    assert "kv_transfer_params" not in d_rec["body"]
+    assert d_rec["body"]["prompt"] == req["prompt"] and d_rec["body"]["max_tokens"] == req["max_tokens"]
+    assert d_rec["t"] >= p_rec["answered"]  # sequential: D only after P answered
+
+
+def test_store_hooks_apply_but_bad_params_and_redirect_are_refused(r: Rig, st: Proxy) -> None:
+    st.ctl("abort", phase="after_prefill", count=1)
+    resp, _ = st.post(body("st-abort"))
+    assert resp.status_code == 502 and err(resp)["type"] == "aborted"
+    assert len(r.p.requests) == 1 and r.d.requests == []
+    with pytest.raises(ControlError, match="D gets no kv_transfer_params under --protocol store"):
+        st.ctl("bad_params", count=1, drop=["transfer_id"])
+    with pytest.raises(ControlError, match="redirect: needs --protocol bootstrap"):
+        st.ctl("redirect", count=1, bootstrap=r.b.url)
+
+
 # --------------------------------------------------------------------------- --protocol layerwise
 # vllm-ascend's decoder-first MooncakeLayerwiseConnector: D first; D's POST to the metaserver asks P.
 

@@ -318,3 +318,59 @@ def kv_transferred(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{len(ok)} completions succeeded but D pulled no prompt token from P (no KV transfer)")
     return _r(True, f"D pulled {pulled:g} prompt tokens from P over {len(ok)} successful completions")
 
+
+
+STORE_KEYS = "master_key_count"  # mooncake_master's own gauge (families/pd/store_master.py stats)
+# faults that take the master and its keys away: a reset cannot have removed anything meanwhile (a
+# frozen master, stop, may run the remove when it thaws: its key count judges that)
+STORE_DOWN = ("kill", "node_down")
+
+
+@check("reset_truth")
+def reset_truth(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """A reset the server reported done (``{"success": true}``) left the KV pool empty: the store
+    master's own key count (``master_key_count``, sampled from the master) is 0 at its first
+    sample after the answer, with no request invoked in between. A reported success with keys left
+    is the stale-cache hole seed 002 closes: a later prompt can load KV computed before the reset
+    (upstream's reset never reads ``remove_all``'s result). A reset that failed or hung is other
+    checks' (bounded_return, no_stall, failures_explained); one that reported success with no
+    later sample of the master's key count cannot be judged: that fails. A success reported while
+    the master was dead (a kill or node_down window on node ``store`` over the reset) is false
+    whatever the count says later (a restarted master is empty anyway); a frozen one (stop) may
+    run the remove when it thaws, so there the key count decides."""
+    resets = [o for o in inp.all_ops if o.get("f") == "reset"]
+    if not resets:
+        return undecided("no reset in the history (workload: {resets: [...]})")
+    done = [o for o in resets if o.get("phase") == "ok" and finite(o.get("t_complete"))]
+    if not done:
+        return _r(True, f"{len(resets)} resets, none reported success: no claim to hold")
+    samples = sorted((p for p in inp.probes if p.get("kind") == "mooncake-master"
+                      and finite((p.get("counters") or {}).get(STORE_KEYS))), key=lambda p: p.get("t", 0))
+    if not any(p.get("kind") == "mooncake-master" for p in inp.probes):
+        return undecided("no store master in the run: whether a reset emptied the pool is unknown")
+    invokes = sorted(o["t_invoke"] for o in inp.all_ops if o.get("f") != "reset" and finite(o.get("t_invoke")))
+    down = [w for w in inp.windows if w.get("name") in STORE_DOWN and (w.get("params") or {}).get("node") == "store"]
+    for o in done:
+        ti = o.get("t_invoke") if finite(o.get("t_invoke")) else o["t_complete"]
+        w = next((w for w in down if w["start"] is not None and w["start"] <= o["t_complete"] and ti <= w["stop"]),
+                 None)
+        if w is not None:
+            return _r(False, f"reset op {o['id']} reported success while the store master was down ({w['name']} "
+                             f"window): nothing can have been removed")
+    worst = None
+    for o in done:
+        tc = o["t_complete"]
+        after = next((p for p in samples if p.get("t", 0) > tc), None)
+        if after is None:
+            return undecided(f"reset op {o['id']} reported success and no later sample of the master's key count "
+                             f"exists: whether it emptied the pool is unknown")
+        if any(tc <= t <= after["t"] for t in invokes):
+            return undecided(f"reset op {o['id']}: a request started before the master's next key count: give the "
+                             f"workload a pause after the reset")
+        keys = int(after["counters"][STORE_KEYS])
+        if keys and (worst is None or keys > worst[0]):
+            worst = (keys, o["id"], after["t"] - tc)
+    if worst is not None:
+        return _r(False, f"reset op {worst[1]} reported success but the master still held {worst[0]} keys "
+                         f"{worst[2]:.1f} s later", keys_left=worst[0])
+    return _r(True, f"{len(done)} resets reported success, and the master held no key after each")

@@ -40,7 +40,8 @@ class PDFamily(Family):
     # (workload.py: outcome http_<status>, connect, stalled; @error_phase where the proxy named
     # it): a node a fault stops, kills, freezes or cuts off makes the proxy answer 502 (refused,
     # bad answer) or 504 (its timeout), the client's connection fail, or, with a connector that
-    # waits forever, the request stall.
+    # waits forever, the request stall; a reset of the KV pool whose store master a fault took
+    # away is refused (``{"success": false}``: a truthful answer, not a failure of the server).
     # Mooncake's transfer engine pools up to 4 TCP connections per peer pair and opens new ones to a
     # restarted peer: a warm vLLM node's fds grow by up to 4 in a scenario that is healthy (measured
     # on P: +2 to +4 per scenario, also in pd-baseline); growth beyond that is still a leak
@@ -48,7 +49,7 @@ class PDFamily(Family):
     generic_explains = dict.fromkeys(
         ("kill", "stop", "restart", "node_down", "partition", "refuse", "bandwidth_limit", "latency", "bandwidth",
          "slow_close", "timeout", "reset_peer", "slicer", "limit_data", "down"),
-        ("http_500", "http_502", "http_503", "http_504", "connect", "stalled"))
+        ("http_500", "http_502", "http_503", "http_504", "connect", "stalled", "reset_refused"))
 
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link
@@ -58,6 +59,9 @@ class PDFamily(Family):
         from stacks.vllm_cpu.steps import PdStackStep, TinyModelStep
 
         prof = profile or default_profile()
+        if scenario.topology.kv_pool and prof.store is None:
+            return (f"topology.kv_pool: this scenario needs a launch profile with a KV pool (a store master); "
+                    f"profile {prof.name} has none: run it with --profile cpu-store")
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
@@ -104,7 +108,10 @@ class PDFamily(Family):
         return load_profile(spec, sets)
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
-        return {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
+        na = {} if scenario.faults else {"no_busy_wait": "no fault is scheduled: no node waits on a peer"}
+        if not scenario.workload.resets:
+            na["reset_truth"] = "the workload resets nothing"
+        return na
 
     def reuse_group(self, scenario: Any) -> Any:
         t = scenario.topology  # the settings of PDTopology.pool_key, but ports
@@ -114,7 +121,7 @@ class PDFamily(Family):
     def roles(self, scenario: Any, profile: Any = None) -> list[str]:
         # a launch profile with a KV pool adds its store master (validation runs before a profile
         # is chosen: there, the default's roles)
-        store = profile is not None and profile.store is not None
+        store = profile.store is not None if profile is not None else bool(scenario.topology.kv_pool)
         return (["store"] if store else []) + ["prefill:0", "decode:0", "proxy"]
 
     def validate(self, scenario: Any) -> None:

@@ -38,6 +38,8 @@ class PDTopologySpec(Spec):
     max_num_seqs: int = Field(8, ge=1, le=64)
     tensor_parallel_size: int = Field(1, ge=1, le=2, description="vLLM's --tensor-parallel-size on both nodes (CPU: "
                                       "one rank per core, VLLM_CPU_OMP_THREADS_BIND 0|1)")
+    kv_pool: bool = Field(False, description="the scenario acts on a KV pool's store master (role store): it needs "
+                          "a launch profile with one (--profile cpu-store), and is not run under another")
     drain_timeout: Duration = Field(12.0, description="after the run, how long the nodes may take to have "
                                                      "nothing running or waiting before the final probe")
 
@@ -62,6 +64,19 @@ class PauseSpec(BaseModel):
         return self
 
 
+class ResetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    at: Duration = Field(description="when the client resets, from the workload's start")
+    node: Literal["prefill", "decode"] = Field("decode", description="whose prefix cache is reset, the external "
+                                                                     "KV pool included")
+
+    @model_validator(mode="after")
+    def _positive(self) -> "ResetSpec":
+        if self.at < 0:
+            raise ValueError("a reset needs at >= 0")
+        return self
+
+
 class PDWorkloadSpec(WorkloadSpec):
     duration: Duration = Field(10.0, description="how long the workload issues requests")
     concurrency: int = Field(2, ge=1, le=16, description="client workers")
@@ -74,6 +89,10 @@ class PDWorkloadSpec(WorkloadSpec):
     pauses: list[PauseSpec] = Field(default_factory=list, description="times (from the workload's start, as a "
                                     "fault's at) when no request starts: quiet phases inside fault windows, so "
                                     "no_busy_wait can judge a node that only waits on a peer")
+    resets: list[ResetSpec] = Field(default_factory=list, description="times when the client resets a server's "
+                                    "prefix cache with the external KV pool (`POST /reset_prefix_cache?reset_"
+                                    "external=true`, as after a weight update; needs a profile whose servers run "
+                                    "in dev mode, VLLM_SERVER_DEV_MODE=1): ops `reset` in the history")
 
     @model_validator(mode="after")
     def _pauses_inside(self) -> "PDWorkloadSpec":
@@ -81,6 +100,9 @@ class PDWorkloadSpec(WorkloadSpec):
             if p.at + p.for_ > self.duration:
                 raise ValueError(f"pauses[{i}] ends at {p.at + p.for_:g}s, after the workload's duration "
                                  f"({self.duration:g}s)")
+        for i, r in enumerate(self.resets):
+            if r.at >= self.duration:
+                raise ValueError(f"resets[{i}] at {r.at:g}s: not before the workload's end ({self.duration:g}s)")
         return self
 
     def recovery_gap(self, within: int) -> float:

@@ -122,7 +122,7 @@ def post_json(url: str, body: dict, timeout: float) -> tuple[int, Any]:
         sock = conn.sock  # kept: with "Connection: close" the response takes it over from conn
         payload = json.dumps(body).encode()
         sock.settimeout(left())
-        conn.request("POST", u.path or "/", body=payload,
+        conn.request("POST", (u.path or "/") + (f"?{u.query}" if u.query else ""), body=payload,
                      headers={"Content-Type": "application/json", "Connection": "close"})
         sock.settimeout(left())
         resp = conn.getresponse()
@@ -373,6 +373,41 @@ class Workload:
         self.journal.write(done)
         self.tally.count(done)
 
+    def reset(self, at: float, url: str) -> None:
+        """One ``reset`` op at monotonic time ``at``: the server's prefix cache and its external KV
+        pool (``POST /reset_prefix_cache?reset_external=true``, vLLM's dev API, as an RL loop calls
+        it after a weight update). ``ok`` only on 200 with ``{"success": true}``; 200 with false is
+        ``reset_refused``; no answer within request_timeout is ``stalled``."""
+        while not self.orphaned.is_set() and time.monotonic() < at:
+            self.orphaned.wait(min(0.05, max(0.0, at - time.monotonic())))
+        if self.orphaned.is_set():
+            return
+        op_id = self._take()[0]
+        node = "decode" if url.rstrip("/") == self.cfg["decode_url"].rstrip("/") else "server"
+        self.journal.write({"type": "op", "id": op_id, "process": -1, "f": "reset", "phase": "invoke",
+                            "t": time.monotonic(), "node": node})
+        done: dict[str, Any] = {"type": "op", "id": op_id, "process": -1, "f": "reset", "value": None,
+                                "status": None, "node": node}
+        start = time.monotonic()
+        try:
+            status, data = post_json(url.rstrip("/") + "/reset_prefix_cache?reset_external=true", {}, self.timeout)
+        except Deadline:
+            done.update(phase="info", outcome="stalled", code="timeout")
+        except (OSError, http.client.HTTPException) as exc:
+            done.update(phase="fail", outcome="connect", code=type(exc).__name__)
+        else:
+            done["status"] = status
+            success = data.get("success") if isinstance(data, dict) else None
+            if status == 200 and success is True:
+                done.update(phase="ok", outcome="ok", code="", value=True)
+            elif status == 200 and success is False:
+                done.update(phase="fail", outcome="reset_refused", code="success_false", value=False)
+            else:
+                done.update(phase="fail", outcome=f"http_{status}", code="not_json" if data is None else "bad_answer")
+        t = time.monotonic()
+        done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
+        self.journal.write(done)
+
     def worker(self, idx: int, t_start: float, t_end: Horizon, interval: float) -> None:
         for _ in paced(t_start, t_end, interval, self.orphaned, self.pauses):
             self.call(idx)
@@ -392,10 +427,16 @@ class Workload:
         self.pauses = [(t_start + float(a), t_start + float(a) + float(f)) for a, f in cfg.get("pauses") or ()]
         t_end = Horizon(t_start + float(cfg["duration_s"]), cfg.get("horizon_path"))
         interval = n / float(cfg["rate"])
+        resetters = [threading.Thread(target=self.reset, args=(t_start + float(at), url), name="pd-reset",
+                                      daemon=True) for at, url in cfg.get("resets") or ()]
+        for th in resetters:
+            th.start()
         stuck, crashed = run_workers(self.journal, "pd-workload", n,
                                      lambda i, first_at: self.worker(i, first_at, t_end, interval),
                                      t_start=t_start, t_end=t_end, interval=interval,
                                      grace=float(cfg.get("grace_s", self.timeout + 5.0)))
+        for th in resetters:  # each is bounded by request_timeout: a reset still out then is journalled open
+            th.join(max(0.0, t_end.end() + self.timeout + 1.0 - time.monotonic()))
         with self._lock:
             counters = {**self.tally.counters(), "prompts_reused": self.reused}
         log.info("pd-workload: %d requests in %.1f s: %s; %d prompts reused; %d workers stuck",
@@ -428,6 +469,15 @@ def check_config(cfg: Any) -> str | None:
             isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                         for x in p) and p[0] >= 0 and p[1] > 0 for p in pauses):
         return "pauses: expected a list of [at_s >= 0, for_s > 0]"
+    resets = cfg.get("resets", [])
+    if not isinstance(resets, list) or not all(
+            isinstance(r, list) and len(r) == 2 and isinstance(r[0], (int, float)) and not isinstance(r[0], bool)
+            and r[0] >= 0 and isinstance(r[1], str) for r in resets):
+        return "resets: expected a list of [at_s >= 0, server_url]"
+    for _, url in resets:
+        u = urlsplit(url)
+        if u.scheme != "http" or not u.hostname or not u.port:
+            return "resets: a server_url is not http://HOST:PORT"
     for k in ("proxy_url", "decode_url"):
         u = urlsplit(str(cfg[k]))
         if u.scheme != "http" or not u.hostname or not u.port:

@@ -190,7 +190,52 @@ def test_no_busy_wait_is_not_applicable_without_faults(tmp_path) -> None:
     assert "no_busy_wait" in FAM.not_applicable(sc, "upstream")
     f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n"
                  "faults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n")
-    assert FAM.not_applicable(load_scenario(f), "upstream") == {}
+    na = FAM.not_applicable(load_scenario(f), "upstream")
+    assert "no_busy_wait" not in na and "reset_truth" in na  # reset_truth: only where the workload resets
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s, resets: [{at: 2s}]}\n"
+                 "expect: {upstream: pass, hardened: pass}\n")
+    assert "reset_truth" not in FAM.not_applicable(load_scenario(f), "upstream")
+
+
+def reset_op(i: int, t: float, *, phase="ok", outcome="ok", elapsed_ms=50.0) -> list[dict]:
+    return [{"type": "op", "id": i, "process": -1, "f": "reset", "phase": "invoke", "t": T0 + t, "node": "decode"},
+            {"type": "op", "id": i, "process": -1, "f": "reset", "phase": phase, "t": T0 + t + elapsed_ms / 1000,
+             "value": phase == "ok", "outcome": outcome, "elapsed_ms": elapsed_ms, "status": 200, "node": "decode"}]
+
+
+def master(t: float, keys) -> dict:
+    counters = {"metrics_ok": 1} if keys is None else {"master_key_count": keys, "metrics_ok": 1}
+    return {"type": "probe", "node": "store", "kind": "mooncake-master", "when": "sample", "pid": 9, "t": T0 + t,
+            "counters": counters, "alive": True}
+
+
+def test_reset_truth_holds_a_reported_success_to_the_masters_key_count() -> None:
+    good = [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, 0), *op(3, 3.0)]
+    assert run("reset_truth", good).ok is True
+    # upstream's hole: the reset said success and the master kept its keys
+    r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, 6)])
+    assert r.ok is False and "still held 6 keys" in r.message
+    # no sample of the master after the reset (or none with a key count): cannot judge, fails
+    r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, None)])
+    assert r.ok is False and "unknown" in r.message
+    # a request started between the reset and the master's next count: cannot judge, fails
+    r = run("reset_truth", [meta(), *reset_op(2, 1.0), *op(3, 1.2), master(1.5, 0)])
+    assert r.ok is False and "pause after the reset" in r.message
+    # no store master in the run at all
+    r = run("reset_truth", [meta(), *reset_op(2, 1.0)])
+    assert r.ok is False and "no store master" in r.message
+    # refused or hung resets claim nothing (bounded_return and failures_explained judge them)
+    refused = reset_op(2, 1.0, phase="fail", outcome="reset_refused")
+    assert run("reset_truth", [meta(), master(0.5, 6), *refused, master(1.5, 6)]).ok is True
+    # success while the master was frozen or dead is false, whatever the restarted master counts
+    dead = [{"type": "fault", "id": 0, "name": "kill", "phase": "start", "t": T0 + 0.8, "params": {"node": "store"}},
+            {"type": "fault", "id": 0, "name": "kill", "phase": "stop", "t": T0 + 3.0, "params": {"node": "store"}}]
+    r = run("reset_truth", [meta(), master(0.5, 6), *dead, *reset_op(2, 1.0), master(3.5, 0)])
+    assert r.ok is False and "while the store master was down (kill window)" in r.message
+    elsewhere = [dict(x, params={"node": "prefill:0"}) for x in dead]
+    assert run("reset_truth", [meta(), master(0.5, 6), *elsewhere, *reset_op(2, 1.0), master(3.5, 0)]).ok is True
+    # a history without any reset cannot be judged (scenarios without resets never run it)
+    assert run("reset_truth", [meta(), *op(1, 0)]).ok is False
 
 
 class Recorder:

@@ -392,3 +392,33 @@ def test_stop_rank_refuses_a_node_that_is_not_vllm_or_a_bad_rank(params, message
 
     with pytest.raises(ValidationError, match=message):
         RankParams.model_validate({"at": "1s", "for": "1s", **params})
+
+
+def test_store_scenarios_need_a_kv_pool_and_reset_the_server_they_name(tmp_path: Path) -> None:
+    """scenarios/pd-store/: the store master is a role only with a KV pool profile; under another
+    the scenario is unavailable (named, never run for nothing); a workload reset goes to the
+    server it names, through the proxy protocol ``store`` (P first, then D)."""
+    from families.pd.family import FAMILY
+    from families.pd.workload import check_config
+
+    store_dir = SCENARIOS.parent / "pd-store"
+    sc = load_scenario(store_dir / "reset-master-frozen.yaml")
+    assert FAMILY.roles(sc) == ["store", "prefill:0", "decode:0", "proxy"]
+    assert "--profile cpu-store" in FAMILY.unavailable(sc, profile("cpu"))
+    t = PDTopology(sc, "hardened", tmp_path, lambda rec: None, {}, profile("cpu-store"))
+    cfg = t.workload_config()
+    assert cfg["resets"] == [[4.0, f"http://127.0.0.1:{t.ports['decode:0']}"]]
+    assert check_config(cfg) is None
+    assert check_config({**cfg, "resets": [[1.0, "ftp://x"]]}) == "resets: a server_url is not http://HOST:PORT"
+    proxy = t.node_spec("proxy")
+    assert arg(proxy.args, "--protocol") == "store" and arg(proxy.args, "--order") == "sequential"
+
+
+def test_a_reset_after_the_workload_is_refused() -> None:
+    from families.pd.spec import PDWorkloadSpec
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="not before the workload's end"):
+        PDWorkloadSpec.model_validate({"duration": "10s", "resets": [{"at": "10s"}]})
+    ok = PDWorkloadSpec.model_validate({"duration": "10s", "resets": [{"at": "2s", "node": "prefill"}]})
+    assert (ok.resets[0].at, ok.resets[0].node) == (2.0, "prefill")

@@ -23,6 +23,10 @@ if upstream stops looking them up at call time):
   (``lookup_backend_timeout_ms``, default 4000); the reset drains the send queue within
   ``lookup_reset_drain_ms`` (default 2000) and reports success only when ``remove_all`` returned
   a non-negative count.
+* Quiet waiting (:mod:`connector_patch.quiet`, ``quiet_wait_max_ms``, default 100, 0 off), as
+  the hardened P2P connector installs it: an engine that only waits on the pool (P keeping blocks
+  for a put the master has not taken, D waiting for a load) backs off instead of stepping every
+  millisecond, and the store's transfer threads wake it when a put or a load ends.
 * Both use :func:`lookup_path`, which names the engine (``kv_transfer_config.engine_id``, the
   same in the scheduler and every worker of one engine): two servers on one host never share it,
   and a live socket on the path is never unlinked.
@@ -42,11 +46,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import vllm.envs as envs
+import zmq
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import scheduler as up_scheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as up_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import MooncakeStoreConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult, TailKeyBoundary
 
+from .. import quiet
 from ..lookup.backend import Backend
 from ..lookup.client import validate_timeout_ms
 from ..lookup.server import LookupServer
@@ -59,6 +66,8 @@ TIMEOUT_KEY = "lookup_rpc_timeout_ms"
 BACKEND_TIMEOUT_KEY = "lookup_backend_timeout_ms"
 RESET_TIMEOUT_KEY = "lookup_reset_timeout_ms"
 RESET_DRAIN_KEY = "lookup_reset_drain_ms"
+QUIET_KEY = "quiet_wait_max_ms"
+DEFAULT_QUIET_MS = 100
 DEFAULTS = {TIMEOUT_KEY: 1000, BACKEND_TIMEOUT_KEY: 4000, RESET_TIMEOUT_KEY: 5000, RESET_DRAIN_KEY: 2000}
 
 _SWAP_LOCK = threading.Lock()
@@ -68,6 +77,10 @@ def settings(vllm_config: Any) -> dict[str, int]:
     """Every deadline from ``kv_connector_extra_config``, validated (ValueError naming the key)."""
     extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
     out = {k: validate_timeout_ms(extra.get(k, v), k) for k, v in DEFAULTS.items()}
+    q = extra.get(QUIET_KEY, DEFAULT_QUIET_MS)
+    if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q <= 1000:
+        raise ValueError(f"{QUIET_KEY} must be an int of milliseconds in [0, 1000] (0: off), got {q!r}")
+    out[QUIET_KEY] = q
     if out[RESET_TIMEOUT_KEY] <= out[RESET_DRAIN_KEY]:
         raise ValueError(f"{RESET_TIMEOUT_KEY} ({out[RESET_TIMEOUT_KEY]}) must exceed {RESET_DRAIN_KEY} "
                          f"({out[RESET_DRAIN_KEY]}): the worker's answer must reach the caller")
@@ -96,9 +109,12 @@ class HardenedStoreLookupKeyClient:
     def __init__(self, vllm_config: Any):
         s = settings(vllm_config)
         self.endpoint = lookup_path(vllm_config)
-        self.client = StoreLookupClient(self.endpoint, s[TIMEOUT_KEY])
+        # one ZMQ context (its I/O thread) for both; the admin client is made now, not at the
+        # first reset, so a node's descriptors do not grow when a reset first comes
+        self._ctx = zmq.Context()
+        self.client = StoreLookupClient(self.endpoint, s[TIMEOUT_KEY], context=self._ctx)
         self.reset_ms = s[RESET_TIMEOUT_KEY]
-        self._admin: StoreLookupClient | None = None  # its own socket and deadline, made on the first reset
+        self._admin = StoreLookupClient(self.endpoint, self.reset_ms, context=self._ctx)  # its own socket and deadline
         # non_block lookups run here; each is bounded by the client's deadline, so the one thread
         # is never held longer than that
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="HardenedStoreLookup")
@@ -135,15 +151,16 @@ class HardenedStoreLookupKeyClient:
     def reset(self) -> bool:
         """True only when worker rank 0 drained its puts and ``remove_all`` reported success,
         within ``lookup_reset_timeout_ms``. False after the deadline means "not confirmed"."""
-        if self._admin is None:
-            self._admin = StoreLookupClient(self.endpoint, self.reset_ms)
         return self._admin.reset()
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.client.close()
-        if self._admin is not None:
-            self._admin.close()
+        self._admin.close()
+        try:
+            self._ctx.term()
+        except Exception:  # noqa: BLE001 - close never raises
+            pass
 
 
 class StoreWorkerBackend(Backend):
@@ -223,11 +240,23 @@ class HardenedStoreLookupKeyServer:
         self.server.close()
 
 
+def _waking(fn: Any) -> Any:
+    """``fn``, then wake the engine core: a put or a load ended (quiet waiting)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        quiet.wake()
+        return out
+
+    return call
+
+
 class HardenedMooncakeStoreConnector(MooncakeStoreConnector):
     """``MooncakeStoreConnector`` with the hardened admin channel (see the module docstring)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
-        settings(vllm_config)  # a bad deadline fails here, naming its key
+        s = settings(vllm_config)  # a bad deadline fails here, naming its key
+        logger.info("Hardened Mooncake store: %s", quiet.install(s[QUIET_KEY], "engine"
+                                                                 if role == KVConnectorRole.SCHEDULER else "worker"))
         with _SWAP_LOCK:
             saved = up_scheduler.LookupKeyClient, up_worker.LookupKeyServer
             up_scheduler.LookupKeyClient = HardenedStoreLookupKeyClient
@@ -244,6 +273,15 @@ class HardenedMooncakeStoreConnector(MooncakeStoreConnector):
                 and not isinstance(worker.lookup_server, HardenedStoreLookupKeyServer):
             raise RuntimeError("HardenedMooncakeStoreConnector: rank 0's lookup server is upstream's "
                                "(this vLLM no longer builds it through the module's LookupKeyServer)")
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)
+        worker = self.connector_worker
+        for thread in (getattr(worker, "kv_send_thread", None), *getattr(worker, "kv_recv_threads", ())):
+            for name in ("set_finished_request", "set_failed_request"):
+                fn = getattr(thread, name, None) if thread is not None else None
+                if callable(fn):
+                    setattr(thread, name, _waking(fn))
 
     def reset_cache(self) -> bool | None:
         sched = self.connector_scheduler

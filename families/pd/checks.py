@@ -323,54 +323,77 @@ def kv_transferred(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 STORE_KEYS = "master_key_count"  # mooncake_master's own gauge (families/pd/store_master.py stats)
 # faults that take the master and its keys away: a reset cannot have removed anything meanwhile (a
 # frozen master, stop, may run the remove when it thaws: its key count judges that)
-STORE_DOWN = ("kill", "node_down")
+STORE_DOWN = ("kill", "node_down", "restart")
+SAMPLE_AFTER_S = 1.0  # a probe's time is taken after its metrics were read (up to ~0.8 s): judge later ones
+
+
+def _hits_store(w: dict) -> bool:
+    node = str((w.get("params") or {}).get("node") or "")
+    return node in ("store", "all", "store:*")
 
 
 @check("reset_truth")
 def reset_truth(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """A reset the server reported done (``{"success": true}``) left the KV pool empty: the store
-    master's own key count (``master_key_count``, sampled from the master) is 0 at its first
-    sample after the answer, with no request invoked in between. A reported success with keys left
-    is the stale-cache hole seed 002 closes: a later prompt can load KV computed before the reset
-    (upstream's reset never reads ``remove_all``'s result). A reset that failed or hung is other
-    checks' (bounded_return, no_stall, failures_explained); one that reported success with no
-    later sample of the master's key count cannot be judged: that fails. A success reported while
-    the master was dead (a kill or node_down window on node ``store`` over the reset) is false
-    whatever the count says later (a restarted master is empty anyway); a frozen one (stop) may
-    run the remove when it thaws, so there the key count decides."""
+    master's own key count (``master_key_count``, an integer read from the master) is 0 at its
+    first sample at least SAMPLE_AFTER_S after the answer, taken from the same master process as
+    the last sample before the reset, with no other request or reset in flight from the reset's
+    start to that sample. A reported success with keys left is the stale-cache hole seed 002
+    closes: a later prompt can load KV computed before the reset (upstream's reset never reads
+    ``remove_all``'s result). A success reported while the master was dead or restarted (a kill,
+    node_down or restart window on node ``store`` or ``all`` over the reset) is false whatever the
+    count says later (a restarted master is empty anyway); a frozen one (stop) may run the remove
+    when it thaws, so there the key count decides. A reset that failed or hung is other checks'
+    (bounded_return, no_stall, failures_explained). Whatever cannot be judged fails: a success
+    without a finite time, no later sample, another master process, a request in flight."""
     resets = [o for o in inp.all_ops if o.get("f") == "reset"]
     if not resets:
         return undecided("no reset in the history (workload: {resets: [...]})")
-    done = [o for o in resets if o.get("phase") == "ok" and finite(o.get("t_complete"))]
-    if not done:
+    claimed = [o for o in resets if o.get("phase") == "ok"]
+    bad_t = [o for o in claimed if not finite(o.get("t_complete")) or not finite(o.get("t_invoke"))]
+    if bad_t:
+        return undecided(f"reset op {bad_t[0].get('id')} reported success without a finite start and end time")
+    if not claimed:
         return _r(True, f"{len(resets)} resets, none reported success: no claim to hold")
-    samples = sorted((p for p in inp.probes if p.get("kind") == "mooncake-master"
-                      and finite((p.get("counters") or {}).get(STORE_KEYS))), key=lambda p: p.get("t", 0))
-    if not any(p.get("kind") == "mooncake-master" for p in inp.probes):
+    masters = [p for p in inp.probes if p.get("kind") == "mooncake-master" and finite(p.get("t"))]
+    if not masters:
         return undecided("no store master in the run: whether a reset emptied the pool is unknown")
-    invokes = sorted(o["t_invoke"] for o in inp.all_ops if o.get("f") != "reset" and finite(o.get("t_invoke")))
-    down = [w for w in inp.windows if w.get("name") in STORE_DOWN and (w.get("params") or {}).get("node") == "store"]
-    for o in done:
-        ti = o.get("t_invoke") if finite(o.get("t_invoke")) else o["t_complete"]
-        w = next((w for w in down if w["start"] is not None and w["start"] <= o["t_complete"] and ti <= w["stop"]),
-                 None)
+    samples = sorted((p for p in masters if (p.get("counters") or {}).get("metrics_ok", 1)
+                      and finite((p.get("counters") or {}).get(STORE_KEYS))), key=lambda p: p["t"])
+    down = [w for w in inp.windows if w.get("name") in STORE_DOWN and _hits_store(w)]
+    for o in claimed:
+        w = next((w for w in down if (w["start"] if finite(w.get("start")) else float("-inf")) <= o["t_complete"]
+                  and o["t_invoke"] <= (w["stop"] if finite(w.get("stop")) else float("inf"))), None)
         if w is not None:
             return _r(False, f"reset op {o['id']} reported success while the store master was down ({w['name']} "
                              f"window): nothing can have been removed")
+    # every other op's span (a request or a reset still open at the end spans to the end)
+    spans = [(o["t_invoke"], o["t_complete"] if finite(o.get("t_complete")) else float("inf"), o)
+             for o in inp.all_ops if finite(o.get("t_invoke"))]
     worst = None
-    for o in done:
-        tc = o["t_complete"]
-        after = next((p for p in samples if p.get("t", 0) > tc), None)
+    for o in claimed:
+        ti, tc = o["t_invoke"], o["t_complete"]
+        after = next((p for p in samples if p["t"] >= tc + SAMPLE_AFTER_S), None)
         if after is None:
-            return undecided(f"reset op {o['id']} reported success and no later sample of the master's key count "
-                             f"exists: whether it emptied the pool is unknown")
-        if any(tc <= t <= after["t"] for t in invokes):
-            return undecided(f"reset op {o['id']}: a request started before the master's next key count: give the "
-                             f"workload a pause after the reset")
-        keys = int(after["counters"][STORE_KEYS])
+            return undecided(f"reset op {o['id']} reported success and no sample of the master's key count "
+                             f"{SAMPLE_AFTER_S:g} s or more after it exists: whether it emptied the pool is unknown")
+        before = [p for p in masters if p["t"] < ti]
+        if not before or before[-1].get("pid") != after.get("pid") or any(
+                p.get("pid") != after.get("pid") or p.get("when") == "baseline" for p in masters
+                if ti <= p["t"] <= after["t"]):
+            return undecided(f"reset op {o['id']}: the master's key count after it is not from the master process "
+                             f"sampled before it (restarted, or never sampled before): nothing to compare")
+        busy = next((x for a, b, x in spans if x is not o and a <= after["t"] and b >= ti), None)
+        if busy is not None:
+            return undecided(f"reset op {o['id']}: op {busy.get('id')} ({busy.get('f')}) was in flight between the "
+                             f"reset and the master's next key count: give the workload a pause around the reset")
+        raw = after["counters"][STORE_KEYS]
+        if float(raw) != int(raw) or raw < 0:
+            return undecided(f"reset op {o['id']}: the master's key count {raw!r} is not a count")
+        keys = int(raw)
         if keys and (worst is None or keys > worst[0]):
             worst = (keys, o["id"], after["t"] - tc)
     if worst is not None:
         return _r(False, f"reset op {worst[1]} reported success but the master still held {worst[0]} keys "
                          f"{worst[2]:.1f} s later", keys_left=worst[0])
-    return _r(True, f"{len(done)} resets reported success, and the master held no key after each")
+    return _r(True, f"{len(claimed)} resets reported success, and the master held no key after each")

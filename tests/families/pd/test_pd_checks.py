@@ -203,37 +203,71 @@ def reset_op(i: int, t: float, *, phase="ok", outcome="ok", elapsed_ms=50.0) -> 
              "value": phase == "ok", "outcome": outcome, "elapsed_ms": elapsed_ms, "status": 200, "node": "decode"}]
 
 
-def master(t: float, keys) -> dict:
-    counters = {"metrics_ok": 1} if keys is None else {"master_key_count": keys, "metrics_ok": 1}
-    return {"type": "probe", "node": "store", "kind": "mooncake-master", "when": "sample", "pid": 9, "t": T0 + t,
+def master(t: float, keys, *, pid: int = 9, when: str = "sample", ok: int = 1) -> dict:
+    counters = {"metrics_ok": ok} if keys is None else {"master_key_count": keys, "metrics_ok": ok}
+    return {"type": "probe", "node": "store", "kind": "mooncake-master", "when": when, "pid": pid, "t": T0 + t,
             "counters": counters, "alive": True}
 
 
+def window(name: str, start: float | None, stop: float, node: str = "store") -> list[dict]:
+    out = [] if start is None else [{"type": "fault", "id": 0, "name": name, "phase": "start", "t": T0 + start,
+                                     "params": {"node": node}}]
+    return out + [
+        {"type": "fault", "id": 0, "name": name, "phase": "stop", "t": T0 + stop, "params": {"node": node}}]
+
+
 def test_reset_truth_holds_a_reported_success_to_the_masters_key_count() -> None:
-    good = [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, 0), *op(3, 3.0)]
-    assert run("reset_truth", good).ok is True
+    good = [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, 3), master(2.5, 0), *op(3, 3.0)]
+    assert run("reset_truth", good).ok is True  # judged by the sample >= 1 s after (1.5 s may predate it)
     # upstream's hole: the reset said success and the master kept its keys
-    r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, 6)])
+    r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(2.5, 6)])
     assert r.ok is False and "still held 6 keys" in r.message
-    # no sample of the master after the reset (or none with a key count): cannot judge, fails
-    r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), master(1.5, None)])
-    assert r.ok is False and "unknown" in r.message
-    # a request started between the reset and the master's next count: cannot judge, fails
-    r = run("reset_truth", [meta(), *reset_op(2, 1.0), *op(3, 1.2), master(1.5, 0)])
-    assert r.ok is False and "pause after the reset" in r.message
+    # no (readable) sample of the master after the reset: cannot judge, fails
+    for late in ([master(2.5, None)], [master(2.5, 0, ok=0)], []):
+        r = run("reset_truth", [meta(), *op(1, 0), master(0.5, 6), *reset_op(2, 1.0), *late])
+        assert r.ok is False and "unknown" in r.message
+    # a request (or another reset) in flight between the reset and the count: cannot judge, fails
+    r = run("reset_truth", [meta(), master(0.5, 6), *reset_op(2, 1.0), *op(3, 1.2), master(2.5, 0)])
+    assert r.ok is False and "in flight" in r.message
+    r = run("reset_truth", [meta(), master(0.5, 6), *op(3, 0.9, elapsed_ms=400.0), *reset_op(2, 1.0), master(2.5, 1)])
+    assert r.ok is False and "in flight" in r.message  # not a false "still held": its puts may land after
+    other = reset_op(3, 1.1, phase="fail", outcome="reset_refused")
+    for x in other:
+        x["node"] = "server"
+    r = run("reset_truth", [meta(), master(0.5, 6), *reset_op(2, 1.0), *other, master(2.5, 0)])
+    assert r.ok is False and "in flight" in r.message
     # no store master in the run at all
     r = run("reset_truth", [meta(), *reset_op(2, 1.0)])
     assert r.ok is False and "no store master" in r.message
     # refused or hung resets claim nothing (bounded_return and failures_explained judge them)
     refused = reset_op(2, 1.0, phase="fail", outcome="reset_refused")
-    assert run("reset_truth", [meta(), master(0.5, 6), *refused, master(1.5, 6)]).ok is True
-    # success while the master was frozen or dead is false, whatever the restarted master counts
-    dead = [{"type": "fault", "id": 0, "name": "kill", "phase": "start", "t": T0 + 0.8, "params": {"node": "store"}},
-            {"type": "fault", "id": 0, "name": "kill", "phase": "stop", "t": T0 + 3.0, "params": {"node": "store"}}]
-    r = run("reset_truth", [meta(), master(0.5, 6), *dead, *reset_op(2, 1.0), master(3.5, 0)])
-    assert r.ok is False and "while the store master was down (kill window)" in r.message
-    elsewhere = [dict(x, params={"node": "prefill:0"}) for x in dead]
-    assert run("reset_truth", [meta(), master(0.5, 6), *elsewhere, *reset_op(2, 1.0), master(3.5, 0)]).ok is True
+    assert run("reset_truth", [meta(), master(0.5, 6), *refused, master(2.5, 6)]).ok is True
+    # a claimed success without a finite time is undecidable
+    nan = reset_op(2, 1.0)
+    nan[1]["t"] = float("nan")
+    r = run("reset_truth", [meta(), master(0.5, 6), *nan, master(2.5, 0)])
+    assert r.ok is False and "finite" in r.message
+    # success while the master was dead or restarted is false, whatever the restarted master counts
+    for name, node in (("kill", "store"), ("restart", "store"), ("node_down", "store"), ("kill", "all")):
+        r = run("reset_truth", [meta(), master(0.5, 6), *window(name, 0.8, 3.0, node), *reset_op(2, 1.0),
+                                master(3.5, 0, pid=10, when="baseline"), master(4.0, 0, pid=10)])
+        assert r.ok is False and f"while the store master was down ({name} window)" in r.message, (name, node)
+    r = run("reset_truth", [meta(), master(0.5, 6), *window("kill", None, 3.0), *reset_op(2, 1.0), master(4.0, 0)])
+    assert r.ok is False and "down (kill window)" in r.message  # a window without its start record covers from 0
+    r = run("reset_truth", [meta(), master(0.5, 6), *window("kill", 0.8, 3.0, "prefill:0"), *reset_op(2, 1.0),
+                            master(3.5, 0)])
+    assert r.ok is True
+    # a master restarted (another process) between the reset and its count: nothing to compare
+    r = run("reset_truth", [meta(), master(0.5, 6), *reset_op(2, 1.0), master(1.6, 0, pid=10, when="baseline"),
+                            master(2.5, 0, pid=10)])
+    assert r.ok is False and "not from the master process" in r.message
+    # a key count that is not a count; a sample with no time is ignored, not sorted in
+    r = run("reset_truth", [meta(), master(0.5, 6), *reset_op(2, 1.0), master(2.5, 0.9)])
+    assert r.ok is False and "not a count" in r.message
+    no_t = master(1.2, 0)
+    no_t["t"] = float("nan")
+    r = run("reset_truth", [meta(), master(0.5, 6), *reset_op(2, 1.0), no_t, master(2.5, 6)])
+    assert r.ok is False and "still held 6 keys" in r.message
     # a history without any reset cannot be judged (scenarios without resets never run it)
     assert run("reset_truth", [meta(), *op(1, 0)]).ok is False
 

@@ -103,7 +103,10 @@ def test_pd_base_history_exercises_the_pd_checks(tmp_path) -> None:
     assert "4 intervals" in j.checks["no_busy_wait"]["message"]
     assert "1 failed ops" in j.checks["failures_explained"]["message"]
     assert j.checks["kv_transferred"]["ok"] is True
-    assert all(c["ok"] is True for c in j.checks.values())  # every pd check applies and holds
+    # every pd check applies and holds, but reset_truth: the base's workload resets nothing (its
+    # mutant, pd_reset_claimed_with_keys_left, adds a reset)
+    assert j.checks["reset_truth"]["ok"] is None
+    assert all(c["ok"] is True for n, c in j.checks.items() if n != "reset_truth")
 
 
 # --------------------------------------------------------------------------- mutation helpers
@@ -257,7 +260,24 @@ def _set(path_fn: Callable[[Run], dict], **kv) -> Callable[[Run], None]:
 
 
 M = Mutant
+def lying_reset(run: Run) -> None:
+    """The workload resets D's cache and pool after its last request; the server says success
+    and the store master still holds 6 keys before and after (upstream's unread remove_all)."""
+    run.meta["not_applicable"].pop("reset_truth", None)
+    run.meta["workload"]["resets"] = [{"at": 14.5, "node": "decode"}]
+    last = max(o["t_complete"] for o in run.ops() if o.get("t_complete") is not None) - T0
+    at = last + 0.5
+    master = {"type": "probe", "node": "store", "kind": "mooncake-master", "when": "sample", "pid": 77,
+              "counters": {"master_key_count": 6, "metrics_ok": 1}, "alive": True}
+    run.add({"type": "op", "id": 9001, "process": -1, "f": "reset", "phase": "invoke", "t": T0 + at, "node": "decode"},
+            {"type": "op", "id": 9001, "process": -1, "f": "reset", "phase": "ok", "outcome": "ok", "value": True,
+             "status": 200, "code": "", "node": "decode", "t": T0 + at + 0.05, "elapsed_ms": 50.0},
+            {**master, "t": T0 + at - 0.3}, {**master, "t": T0 + at + 1.6})
+
+
 PD_MUTANTS = [
+    # seed 002's stale-cache hole: a reset reported done while the pool kept its keys
+    M("pd_reset_claimed_with_keys_left", "pd", lying_reset, "deviation", ("reset_truth",)),
     # ---- the ones issue 17 lists
     # upstream promises no load deadline: fail_fast bounds its failures by the scenario's deadline +
     # tolerance (12 s), which these fast 502s meet: failures_explained alone kills it

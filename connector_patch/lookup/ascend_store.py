@@ -28,7 +28,6 @@ This module puts :mod:`connector_patch.lookup` in their place, on the same ipc p
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
@@ -40,7 +39,7 @@ from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_scheduler imp
 from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_worker import KVPoolWorker
 
 from . import LookupClient, LookupServer, validate_timeout_ms
-from .backend import Backend
+from .backend import Backend, drain_queue
 from .protocol import LookupRequest
 
 logger = logging.getLogger(__name__)
@@ -126,18 +125,7 @@ class PoolWorkerBackend(Backend):
                                                      use_layerwise=False, hbm_hit_tokens=request.hbm_hit_tokens))
 
     def drain(self, timeout_s: float) -> bool:
-        thread = getattr(self.pool_worker, "kv_send_thread", None)
-        q = getattr(thread, "request_queue", None)
-        if q is None:
-            return True
-        deadline = time.monotonic() + timeout_s
-        with q.all_tasks_done:
-            while q.unfinished_tasks:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                q.all_tasks_done.wait(left)
-        return True
+        return drain_queue(getattr(getattr(self.pool_worker, "kv_send_thread", None), "request_queue", None), timeout_s)
 
     def clear(self) -> None:
         clear = getattr(self.pool_worker, "clear_pool", None)

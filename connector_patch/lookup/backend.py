@@ -46,6 +46,21 @@ def prefix_hit_tokens(
     return min(hit_blocks * block_size, token_len)
 
 
+def drain_queue(q: "queue.Queue | None", timeout_s: float) -> bool:
+    """Wait until every item put on ``q`` was marked done (``task_done``), at most ``timeout_s``:
+    False on timeout. A missing queue has nothing pending."""
+    if q is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    with q.all_tasks_done:
+        while q.unfinished_tasks:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            q.all_tasks_done.wait(remaining)
+    return True
+
+
 class Backend(abc.ABC):
     """What the lookup server needs from a KV pool backend."""
 
@@ -122,15 +137,7 @@ class MemoryBackend(Backend):
                                      request.hbm_hit_tokens, self.block_size, self.present)
 
     def drain(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        cond = self._pending.all_tasks_done
-        with cond:
-            while self._pending.unfinished_tasks:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                cond.wait(remaining)
-        return True
+        return drain_queue(self._pending, timeout_s)
 
     def clear(self) -> None:
         with self._lock:

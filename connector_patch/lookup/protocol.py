@@ -352,11 +352,7 @@ def decode_reply(frames: Sequence[bytes], token_len: int | None) -> Reply:
         if len(frame) == 4:
             raise ProtocolError(Code.LEGACY_REPLY, "4-byte reply: a peer speaking the raw u32 protocol")
         raise ProtocolError(Code.BAD_REPLY, f"reply is a {type(obj).__name__}, not a map")
-    version = obj.get("version")
-    if not _is_int(version):
-        raise ProtocolError(Code.BAD_FIELDS if "version" not in obj else Code.BAD_TYPES, "version missing or not an int")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(Code.UNSUPPORTED_VERSION, f"version {version} is not supported")
+    check_version(obj)
     status = obj.get("status")
     keys = frozenset(obj)
     if status == "ok":
@@ -368,12 +364,29 @@ def decode_reply(frames: Sequence[bytes], token_len: int | None) -> Reply:
         if hit < 0 or (token_len is not None and hit > token_len):
             raise ProtocolError(Code.HIT_OUT_OF_RANGE, "hit_tokens outside [0, token_len]")
         return Reply(ok=True, hit_tokens=hit)
+    return Reply(ok=False, code=error_code(obj))
+
+
+def check_version(obj: dict) -> None:
+    """A v1 envelope's version field, checked (shared by every channel's reply rules)."""
+    version = obj.get("version")
+    if not _is_int(version):
+        raise ProtocolError(Code.BAD_FIELDS if "version" not in obj else Code.BAD_TYPES, "version missing or not an int")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(Code.UNSUPPORTED_VERSION, f"version {version} is not supported")
+
+
+def error_code(obj: dict) -> str:
+    """The code of a well-formed v1 error envelope (a map whose status is not "ok"); ProtocolError
+    for anything else. Shared by every channel's reply rules."""
+    status = obj.get("status")
     if status == "error":
+        keys = frozenset(obj)
         if keys != _ERR_KEYS:
             raise ProtocolError(Code.BAD_FIELDS, f"error reply with {len(keys)} keys, expected {len(_ERR_KEYS)}")
         if not isinstance(obj["code"], str) or not isinstance(obj["message"], str):
             raise ProtocolError(Code.BAD_TYPES, "code and message must be strings")
-        return Reply(ok=False, code=obj["code"][:64])
+        return obj["code"][:64]
     if not isinstance(status, str):
         raise ProtocolError(Code.BAD_TYPES if "status" in obj else Code.BAD_FIELDS, "status missing or not a string")
     raise ProtocolError(Code.BAD_FIELDS, "status is neither 'ok' nor 'error'")

@@ -36,7 +36,9 @@ from ..lookup.protocol import (
     Code,
     Limits,
     ProtocolError,
+    check_version,
     encode_error,
+    error_code,
 )
 
 LOOKUP_TAG = b"lookup"
@@ -153,7 +155,6 @@ def encode_reset_ok() -> bytes:
 
 
 _OK_KEYS = frozenset({"version", "status", "hit_tokens", "tails"})
-_ERR_KEYS = frozenset({"version", "status", "code", "message"})
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,7 @@ def decode_reply(frames: Sequence[bytes], token_len: int | None) -> StoreReply:
         if legacy:
             raise ProtocolError(Code.LEGACY_REPLY, f"{len(frame)}-byte raw reply: upstream's protocol")
         raise ProtocolError(Code.BAD_REPLY, f"reply is a {type(obj).__name__}, not a map")
-    version = obj.get("version")
-    if not _is_int(version):
-        raise ProtocolError(Code.BAD_FIELDS if "version" not in obj else Code.BAD_TYPES, "version missing or not an int")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(Code.UNSUPPORTED_VERSION, f"version {version} is not supported")
+    check_version(obj)
     keys = frozenset(obj)
     status = obj.get("status")
     if status == "ok":
@@ -213,15 +210,7 @@ def decode_reply(frames: Sequence[bytes], token_len: int | None) -> StoreReply:
                 raise ProtocolError(Code.HIT_OUT_OF_RANGE, "a tail boundary outside [0, num_tokens]")
             out.append((t[0], t[1]))
         return StoreReply(True, StoreResult(hit, tuple(out)))
-    if status == "error":
-        if keys != _ERR_KEYS:
-            raise ProtocolError(Code.BAD_FIELDS, f"error reply with {len(keys)} keys, expected {len(_ERR_KEYS)}")
-        if not isinstance(obj["code"], str) or not isinstance(obj["message"], str):
-            raise ProtocolError(Code.BAD_TYPES, "code and message must be strings")
-        return StoreReply(False, code=obj["code"][:64])
-    if not isinstance(status, str):
-        raise ProtocolError(Code.BAD_TYPES if "status" in obj else Code.BAD_FIELDS, "status missing or not a string")
-    raise ProtocolError(Code.BAD_FIELDS, "status is neither 'ok' nor 'error'")
+    return StoreReply(False, code=error_code(obj))
 
 
 __all__ += ["LOOKUP_TAG", "RESET_TAG", "MAX_HASH_LEN", "MAX_TAILS", "STORE", "StoreReply", "valid_result"]

@@ -41,7 +41,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -54,7 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult, TailKeyBoundary
 
 from .. import quiet
-from ..lookup.backend import Backend
+from ..lookup.backend import Backend, drain_queue
 from ..lookup.client import validate_timeout_ms
 from ..lookup.server import LookupServer
 from .client import StoreLookupClient
@@ -179,18 +178,7 @@ class StoreWorkerBackend(Backend):
                                                     for b in (r.tail_key_boundaries or ())))
 
     def drain(self, timeout_s: float) -> bool:
-        thread = getattr(self.store_worker, "kv_send_thread", None)
-        q = getattr(thread, "request_queue", None)
-        if q is None:
-            return True
-        deadline = time.monotonic() + timeout_s
-        with q.all_tasks_done:
-            while q.unfinished_tasks:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                q.all_tasks_done.wait(left)
-        return True
+        return drain_queue(getattr(getattr(self.store_worker, "kv_send_thread", None), "request_queue", None), timeout_s)
 
     def clear(self) -> None:
         store = getattr(self.store_worker, "store", None)

@@ -53,22 +53,62 @@ def sweep_stale_tmp() -> None:
 _PORTS_GIVEN: dict[int, None] = {}  # the ports handed out lately, oldest first
 _PORTS_LOCK = threading.Lock()
 _PORTS_REMEMBERED = 4096
+_PORT_LOW = 20000  # ports handed out lie in [_PORT_LOW, below the kernel's ephemeral range)
+_PORT_MARGIN = 64  # room above a handed-out port for ports nodes derive from it (port + rank)
+_PORT_RANDOM = random.SystemRandom()  # not the module's generator: runs seed that one
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives to outgoing connections and ``bind(0)`` (Linux reads it from
+    /proc; elsewhere the IANA range's start, which macOS uses)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _given(port: int) -> int:
+    _PORTS_GIVEN[port] = None
+    while len(_PORTS_GIVEN) > _PORTS_REMEMBERED:
+        del _PORTS_GIVEN[next(iter(_PORTS_GIVEN))]
+    return port
 
 
 def free_tcp_port() -> int:
-    """A TCP port on loopback that is free now and was not handed out lately by this process: the
-    kernel may give a port it just gave again once its probe socket closed, and one topology asks
-    for many before any node binds (a dry run once gave the P/D proxy P's bootstrap port)."""
+    """A TCP port on loopback that is free now and was not handed out lately by this process.
+
+    Ports come from below the kernel's ephemeral range, picked at random: a port the kernel hands
+    out (``bind(0)``) can be taken again by any process's outgoing connection before the node that
+    was given it binds it (CI once saw a layerwise D fail with "Address already in use" on its
+    listener port while its own torch.distributed store connected), and the kernel never gives a
+    port outside that range to a connection. The memory of ports handed out keeps one topology,
+    which asks for many before any node binds, from getting one twice. Where the ephemeral range
+    starts too low to leave room, it falls back to ``bind(0)``."""
+    high = min(_ephemeral_low(), 65536) - _PORT_MARGIN
     with _PORTS_LOCK:
-        for _ in range(256):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _PORTS_GIVEN:
-                _PORTS_GIVEN[port] = None
-                while len(_PORTS_GIVEN) > _PORTS_REMEMBERED:
-                    del _PORTS_GIVEN[next(iter(_PORTS_GIVEN))]
-                return port
+        if high - _PORT_LOW >= 1024:  # from a random start, the first port free and not given
+            span = high - _PORT_LOW
+            start = _PORT_RANDOM.randrange(span)
+            for i in range(span):
+                port = _PORT_LOW + (start + i) % span
+                if port not in _PORTS_GIVEN and _port_free(port):
+                    return _given(port)
+        else:
+            for _ in range(256):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                if port not in _PORTS_GIVEN:
+                    return _given(port)
     raise HarnessError("no free TCP port on loopback that was not handed out lately")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import logging
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -69,9 +68,10 @@ def ipc_endpoint(ipc_dir: str) -> Callable[[], str]:
 
 
 def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The harness's own port picker: outside the kernel's ephemeral range, never given twice."""
+    from harness.topology import free_tcp_port as pick
+
+    return pick()
 
 
 @pytest.fixture

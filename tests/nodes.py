@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -65,9 +64,9 @@ class Node:
 
 
 def free_tcp_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    from harness.topology import free_tcp_port
+
+    return f"tcp://127.0.0.1:{free_tcp_port()}"
 
 
 def run_env_helper(argv: list[str], *, env: dict, cwd: str, timeout: float, marker: str) -> tuple[dict, str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -338,9 +339,39 @@ def test_free_tcp_ports_are_not_handed_out_twice(monkeypatch) -> None:
 
     monkeypatch.setattr(T, "_PORTS_GIVEN", {})
     monkeypatch.setattr(T.socket, "socket", FakeSocket)
+    monkeypatch.setattr(T, "_ephemeral_low", lambda: T._PORT_LOW + 512)  # no room below: bind(0)
     assert [T.free_tcp_port() for _ in range(3)] == [40001, 40002, 40003]
     with pytest.raises(T.HarnessError, match="no free TCP port"):
         T.free_tcp_port()
     monkeypatch.undo()
     real = [T.free_tcp_port() for _ in range(300)]
     assert len(set(real)) == 300
+
+
+@pytest.mark.timeout(30)
+def test_free_tcp_ports_lie_outside_the_ephemeral_range(monkeypatch) -> None:
+    """A port the kernel may give to an outgoing connection can be taken before the node binds it
+    (CI saw it): handed-out ports lie below the ephemeral range, with room for derived ports, and a
+    port something already listens on is never handed out."""
+    from harness import topology as T
+
+    low = T._ephemeral_low()
+    ports = [T.free_tcp_port() for _ in range(200)]
+    assert all(T._PORT_LOW <= p < low - T._PORT_MARGIN for p in ports), (low, min(ports), max(ports))
+    held = []
+    monkeypatch.setattr(T, "_ephemeral_low", lambda: T._PORT_LOW + 1024 + T._PORT_MARGIN + 4)
+    for port in range(T._PORT_LOW, T._PORT_LOW + 1024):  # all but four ports of the range taken
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", port))
+            held.append(s)
+        except OSError:
+            s.close()
+    try:
+        monkeypatch.setattr(T, "_PORTS_GIVEN", {})
+        got = {T.free_tcp_port() for _ in range(4)}
+        assert got <= set(range(T._PORT_LOW + 1024, T._PORT_LOW + 1028))
+        assert len(got) == 4
+    finally:
+        for s in held:
+            s.close()

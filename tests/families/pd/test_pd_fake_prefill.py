@@ -44,9 +44,9 @@ PULL_TIMEOUT_MS = 1500  # a silent fake: D's RCVTIMEO, shortened
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from harness.topology import free_tcp_port
+
+    return free_tcp_port()
 
 
 def two_ports() -> tuple[int, int]:

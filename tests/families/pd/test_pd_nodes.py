@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -60,9 +59,9 @@ def say(line: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from harness.topology import free_tcp_port
+
+    return free_tcp_port()
 
 
 class Server:

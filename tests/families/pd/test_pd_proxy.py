@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -42,9 +41,9 @@ _PROMPTS: list[str] = []  # every prompt sent in this module: none may appear in
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from harness.topology import free_tcp_port
+
+    return free_tcp_port()
 
 
 def prompt(tag: str = "") -> str:

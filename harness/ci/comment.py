@@ -5,6 +5,13 @@ job (no secrets, read-only token): it writes ``DIR/comment.md`` (the comparison 
 compare --json-out``: verdict changes first, then latency ratios with the noise floor, with links
 to the run and its artifact and the plot files in it; under 60 KB, GitHub's limit being 64 KB) and
 ``DIR/pr.json`` (the pull request's number and head commit), uploaded as the ``pr-comment`` artifact.
+When there is no comparison (a step before it failed: ``--compare`` names a missing file), the
+body says so for that head commit and names the steps that failed (``--steps``: the job's
+``toJSON(steps)``), so the sticky comment never keeps showing an older commit's comparison.
+
+``python3 -m harness.ci.comment failed --out DIR --pr N --head-sha SHA ...`` is that failure body
+alone; the follow-up writes it itself when the pull-request job left no artifact at all (it failed
+before it could write one) and the event names the pull request.
 
 ``python3 -m harness.ci.comment check --dir DIR --expect-sha SHA`` runs in the ``workflow_run``
 follow-up, which may write comments: the artifact came from code of the pull request, so it is data
@@ -14,6 +21,10 @@ and ``comment.md`` must be UTF-8 under 64 KB without the sticky marker of anothe
 API (``$GITHUB_API_URL``, ``$GITHUB_REPOSITORY``, token in ``$GITHUB_TOKEN``): a fork cannot point
 the comment at another pull request. It sets the outputs ``number`` and ``path``. Exit 1 when any
 of that does not hold.
+
+Standard library only at import: the follow-up runs on a bare runner where only a Python
+interpreter exists (tests/harness/test_workflows.py runs it in a venv without site packages);
+``body`` imports the harness's reports (numpy) when it formats a comparison.
 """
 
 from __future__ import annotations
@@ -24,11 +35,10 @@ import re
 import sys
 from pathlib import Path
 
-from reports.compare import COMMENT_LIMIT, DEFAULT_MAX_BYTES, format_markdown
-
 from .gha import set_output
 
 MARKER = "<!-- pd-chaos latency comparison -->"
+COMMENT_LIMIT = 65536  # GitHub rejects a comment body longer than this (characters)
 
 
 def plot_files(runs: list[Path], root: Path) -> list[str]:
@@ -40,7 +50,10 @@ def plot_files(runs: list[Path], root: Path) -> list[str]:
 
 
 def body(doc: dict, *, head_sha: str = "", base_sha: str = "", run_url: str = "", artifact_url: str = "",
-         plots: list[str] | None = None, suites: str = "", max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+         plots: list[str] | None = None, suites: str = "", max_bytes: int | None = None) -> str:
+    from reports.compare import DEFAULT_MAX_BYTES, format_markdown
+
+    max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     header = [MARKER, "## pd-chaos: latency and verdicts, base vs head", ""]
     ctx = []
     if base_sha or head_sha:
@@ -69,24 +82,76 @@ def body(doc: dict, *, head_sha: str = "", base_sha: str = "", run_url: str = ""
     return format_markdown(doc, max_bytes=max_bytes, header="\n".join(header), footer="\n".join(footer))
 
 
+def failed_steps(steps_json: str) -> list[str]:
+    """The ids of the steps whose outcome was failure, from the job's ``toJSON(steps)``."""
+    try:
+        steps = json.loads(steps_json or "{}")
+    except ValueError:
+        return []
+    if not isinstance(steps, dict):
+        return []
+    return [k for k, v in steps.items() if isinstance(v, dict) and v.get("outcome") == "failure"]
+
+
+def failure_body(*, head_sha: str = "", base_sha: str = "", run_url: str = "", failed: list[str] | None = None,
+                 suites: str = "", why: str = "") -> str:
+    """The comment when there is no comparison for this head commit: it replaces the sticky comment
+    of an older commit, so nobody reads that one as this commit's."""
+    lines = [MARKER, "## pd-chaos: latency and verdicts, base vs head", "",
+             f"**No comparison for head `{head_sha[:12] or '?'}`**"
+             + (f" (base `{base_sha[:12]}`)" if base_sha else "") + ": the job ended before it could compare."]
+    if failed:
+        lines.append("Steps that failed: " + ", ".join(f"`{re.sub(r'[^A-Za-z0-9_.-]', '?', f)}`" for f in failed) + ".")
+    if why:
+        lines.append(why)
+    if suites:
+        lines.append(f"Suites `{suites}`.")
+    if run_url:
+        lines += ["", f"[workflow run]({run_url})"]
+    return "\n".join(lines) + "\n"
+
+
+def _valid_pr(pr: str) -> bool:
+    if not re.fullmatch(r"[1-9][0-9]{0,9}", pr or ""):
+        print(f"error: --pr {pr!r}: expected the pull request's number", file=sys.stderr)
+        return False
+    return True
+
+
+def _write(out: Path, text: str, pr: str, head_sha: str) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comment.md").write_text(text, encoding="utf-8")
+    (out / "pr.json").write_text(json.dumps({"number": int(pr), "head_sha": head_sha}) + "\n", encoding="utf-8")
+    set_output("path", str(out / "comment.md"))
+    set_output("bytes", len(text.encode("utf-8")))
+    print(f"comment: {len(text.encode('utf-8'))} bytes -> {out / 'comment.md'}")
+    return 0
+
+
+def _failed_cmd(args: argparse.Namespace) -> int:
+    if not _valid_pr(args.pr):
+        return 2
+    text = failure_body(head_sha=args.head_sha, base_sha=args.base_sha, run_url=args.run_url,
+                        failed=failed_steps(args.steps), suites=args.suites, why=args.why)
+    return _write(Path(args.out), text, args.pr, args.head_sha)
+
+
 def _body_cmd(args: argparse.Namespace) -> int:
-    doc = json.loads(Path(args.compare).read_text(encoding="utf-8"))
+    if not _valid_pr(args.pr):
+        return 2
+    cmp = Path(args.compare)
+    if not cmp.is_file():  # a step before the comparison failed: say so for this commit
+        text = failure_body(head_sha=args.head_sha, base_sha=args.base_sha, run_url=args.run_url,
+                            failed=failed_steps(args.steps), suites=args.suites)
+        return _write(Path(args.out), text, args.pr, args.head_sha)
+    doc = json.loads(cmp.read_text(encoding="utf-8"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = Path(args.plots_root)
     plots = plot_files([Path(p) for p in args.runs], root)
     text = body(doc, head_sha=args.head_sha, base_sha=args.base_sha, run_url=args.run_url,
                 artifact_url=args.artifact_url, plots=plots, suites=args.suites)
-    (out / "comment.md").write_text(text, encoding="utf-8")
-    if not re.fullmatch(r"[1-9][0-9]{0,9}", args.pr or ""):
-        print(f"error: --pr {args.pr!r}: expected the pull request's number", file=sys.stderr)
-        return 2
-    (out / "pr.json").write_text(json.dumps({"number": int(args.pr), "head_sha": args.head_sha}) + "\n",
-                                 encoding="utf-8")
-    set_output("path", str(out / "comment.md"))
-    set_output("bytes", len(text.encode("utf-8")))
-    print(f"comment: {len(text.encode('utf-8'))} bytes -> {out / 'comment.md'}")
-    return 0
+    return _write(out, text, args.pr, args.head_sha)
 
 
 def check(d: Path, expect_sha: str = "") -> tuple[int, Path]:
@@ -170,13 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--suites", default="")
     b.add_argument("--runs", nargs="*", default=[], help="run folders whose plots the artifact holds")
     b.add_argument("--plots-root", default=".", help="plot paths are shown relative to this (the artifact's root)")
+    b.add_argument("--steps", default="", help="the job's toJSON(steps): failed steps are named when there is no "
+                                                "comparison")
+    f = sub.add_parser("failed", help="write the no-comparison comment.md and pr.json")
+    f.add_argument("--out", required=True)
+    f.add_argument("--pr", required=True)
+    f.add_argument("--head-sha", default="")
+    f.add_argument("--base-sha", default="")
+    f.add_argument("--run-url", default="")
+    f.add_argument("--suites", default="")
+    f.add_argument("--steps", default="")
+    f.add_argument("--why", default="")
     c = sub.add_parser("check", help="check the pr-comment artifact (the workflow_run follow-up)")
     c.add_argument("--dir", required=True)
     c.add_argument("--expect-sha", default="")
     c.add_argument("--verify-api", action="store_true",
                    help="check with the GitHub API that the pull request's head is --expect-sha")
     args = p.parse_args(argv)
-    return _body_cmd(args) if args.cmd == "body" else _check_cmd(args)
+    return {"body": _body_cmd, "failed": _failed_cmd, "check": _check_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -172,9 +172,39 @@ def test_cann_container_login_shell_npu_smi_first_and_artifacts_v7():
     assert first.splitlines()[0] == f"source {SET_ENV}" and "npu-smi info" in first
     for path in WORKFLOWS:
         text = path.read_text()
-        for m in re.finditer(r"uses: (actions/(?:up|down)load-artifact)@(\S+)", text):
+        for m in re.finditer(r"uses: (actions/(?:up|down)load-artifact)@\S+  # (v\d+)", text):
             assert m.group(2) == ("v7" if "upload" in m.group(1) else "v8"), path.name
-    assert "actions/upload-artifact@v7" in (WF / "_pdchaos_run.yaml").read_text()
+    assert "actions/upload-artifact@" in (WF / "_pdchaos_run.yaml").read_text()
+
+
+# The commit each release tag named here pointed to (read from the actions' own repositories);
+# a tag can be moved, a commit cannot.
+PINNED = {
+    "actions/checkout": ("d23441a48e516b6c34aea4fa41551a30e30af803", "v6.1.0"),
+    "actions/upload-artifact": ("bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+    "actions/cache/restore": ("27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5"),
+    "actions/cache/save": ("27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5"),
+    "marocchino/sticky-pull-request-comment": ("5770ad5eb8f42dd2c4f34da00c94c5381e49af88", "v3.0.5"),
+}
+
+
+@pytest.mark.timeout(10)
+def test_third_party_actions_are_pinned_by_commit():
+    """Every action but the repository's own workflows is named by a full commit, with its
+    release tag in a comment (as the pinning tools write it), and by the commit listed above."""
+    seen = set()
+    for path in WORKFLOWS:
+        for line in path.read_text().splitlines():
+            m = re.search(r"uses: (\S+)", line)
+            if not m or m.group(1).startswith("./"):
+                continue
+            action, _, ref = m.group(1).partition("@")
+            assert re.fullmatch(r"[0-9a-f]{40}", ref), f"{path.name}: {m.group(1)} is not pinned by commit"
+            assert action in PINNED and PINNED[action][0] == ref, f"{path.name}: {action}@{ref} unknown"
+            assert line.rstrip().endswith(f"# {PINNED[action][1]}"), f"{path.name}: {action}: tag comment"
+            seen.add(action)
+    assert seen == set(PINNED)
 
 
 @pytest.mark.timeout(10)
@@ -190,7 +220,7 @@ def test_no_expression_in_scripts_no_secrets_in_pull_request_jobs():
     assert follow["permissions"] == {}
     steps = follow["jobs"]["comment"]["steps"]
     assert "ref" not in steps[0].get("with", {})  # the default branch's code, never the PR's
-    assert any("sticky-pull-request-comment@v3" in s.get("uses", "") for s in steps)
+    assert any("sticky-pull-request-comment@" in s.get("uses", "") for s in steps)
 
 
 # ------------------------------------------------------------------ running steps
@@ -210,10 +240,19 @@ class Workspace:
         self.set_env.write_text("export ASCEND_STUB_SOURCED=1\n")
         self.path_prepend = [str(p) for p in path_prepend]
         self.outputs: dict[str, dict[str, str]] = {}
+        self.env_set: dict[str, str] = {}  # what earlier steps wrote to $GITHUB_ENV
+        self.steps: dict[str, dict] = {}  # the steps context: id -> outcome, conclusion, outputs
+        self.artifacts: dict[str, dict[str, bytes]] = {}  # name -> {relative path: content}
+        self.pythonpath: str | None = str(REPO)  # None: imports resolve from each step's checkout
+        self.summaries: dict[str, str] = {}  # step -> what it wrote to the job summary
 
     def _eval(self, v) -> str:
         def one(m: re.Match) -> str:
             e = m.group(1).strip()
+            if e == "toJSON(steps)":
+                return json.dumps(self.steps)
+            if e.startswith("steps.") and e not in self.exprs and e.split(".")[1] in self.steps:
+                return ""  # an output a step did not set (or a skipped step's): empty, as Actions has it
             if e not in self.exprs:
                 raise KeyError(f"no value for the expression ${{{{ {e} }}}}")
             return str(self.exprs[e])
@@ -227,11 +266,13 @@ class Workspace:
             f.write_text("")
         env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
         env["PATH"] = os.pathsep.join(self.path_prepend + [env.get("PATH", "")])
-        env["PYTHONPATH"] = str(REPO)
+        env.pop("PYTHONPATH", None)
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
         env["GITHUB_WORKSPACE"] = str(self.ws)
         env["RUNNER_TEMP"] = str(self.root / "tmp")
         env.update({k: str(v) for k, v in self.files.items()})
-        for scope in (doc.get("env", {}), j.get("env", {}), st.get("env", {})):
+        for scope in (doc.get("env", {}), j.get("env", {}), self.env_set, st.get("env", {})):
             env.update({k: self._eval(v) for k, v in scope.items()})
         env.update(extra_env or {})
         script = st["run"].replace(SET_ENV, str(self.set_env))
@@ -243,11 +284,123 @@ class Workspace:
         proc = subprocess.run(["bash", "-e", str(self.root / "step.sh")], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
         out = self.read_outputs()
+        self.env_set.update(self._read_kv(self.files["GITHUB_ENV"]))
         if "id" in st:
             self.outputs[st["id"]] = out
             for k, v in out.items():
                 self.exprs[f"steps.{st['id']}.outputs.{k}"] = v
         return proc, out, self.files["GITHUB_STEP_SUMMARY"].read_text()
+
+    # ---------------------------------------------------------------- a whole job, as Actions runs it
+    def _cond(self, text: str | None, failed: bool) -> bool:
+        """A step's ``if:`` for the forms the workflows use: status functions, ``steps.ID.outcome``
+        and ``.outputs.X``, ``inputs.X``, string literals, ``==``/``!=``, ``!``, ``&&``, ``||``."""
+        if text is None:
+            return not failed  # success()
+        e = str(text).strip()
+        if e.startswith("${{") and e.endswith("}}"):
+            e = e[3:-2].strip()
+        steps = self.steps
+
+        def ref(m: re.Match) -> str:
+            parts = m.group(0).split(".")
+            if parts[0] == "steps":
+                st = steps.get(parts[1], {})
+                val = st.get(parts[2], "") if parts[2] != "outputs" else st.get("outputs", {}).get(parts[3], "")
+            else:
+                val = self.exprs.get(m.group(0), "")
+            return repr(str(val))
+        py = re.sub(r"\b(?:steps|inputs|github)\.[A-Za-z0-9_.\[\]-]+", ref, e)
+        py = py.replace("!cancelled()", "True").replace("cancelled()", "False").replace("always()", "True")
+        py = py.replace("success()", repr(not failed)).replace("failure()", repr(failed))
+        py = py.replace("&&", " and ").replace("||", " or ").replace("!=", " != ").replace("==", " == ")
+        py = re.sub(r"!(?!=)", " not ", py)
+        return bool(eval(py, {"__builtins__": {}}, {}))  # noqa: S307 - the workflow's own text
+
+    def upload(self, st: dict) -> tuple[bool, str]:
+        """actions/upload-artifact: every path (relative to the container's workspace) collected;
+        an artifact of the same name fails the step unless ``overwrite`` is true (its default: false)."""
+        w = {k: self._eval(v) for k, v in (st.get("with") or {}).items()}
+        name = w["name"]
+        if name in self.artifacts and str(w.get("overwrite", "false")).lower() != "true":
+            return False, f"an artifact with the name {name} already exists"
+        files: dict[str, bytes] = {}
+        for line in str(w["path"]).splitlines():
+            root = self.ws / line.strip()
+            found = [root] if root.is_file() else sorted(x for x in root.rglob("*") if x.is_file()) if root.is_dir() else []
+            files.update({str(x.relative_to(self.ws)): x.read_bytes() for x in found})
+        if not files and w.get("if-no-files-found", "warn") == "error":
+            return False, f"no files found at {w['path']!r}"
+        self.artifacts[name] = files
+        return True, f"https://artifacts/{name}"
+
+    def job(self, workflow: str, job: str, extra_env: dict | None = None, step_env: dict | None = None) -> dict:
+        """Every step of ``job`` in order, each only when its ``if:`` holds (a failed step makes
+        ``success()`` false); ``run:`` steps as :meth:`run`, upload-artifact as :meth:`upload`,
+        other actions (checkout: the fixture made the folders) succeed. Returns id/name -> result."""
+        doc = _load(WF / workflow)
+        failed, results = False, {}
+        for st in doc["jobs"][job]["steps"]:
+            key = st.get("id") or st["name"]
+            if not self._cond(st.get("if"), failed):
+                if "id" in st:
+                    self.steps[st["id"]] = {"outcome": "skipped", "conclusion": "skipped", "outputs": {}}
+                results[key] = None
+                continue
+            if "uses" in st:
+                if "upload-artifact" in st["uses"]:
+                    ok, info = self.upload(st)
+                elif "download-artifact" in st["uses"]:
+                    ok, info = self.download(st)
+                else:
+                    ok, info = True, ""
+                out = {"artifact-url": info} if ok and "upload-artifact" in st["uses"] else {}
+                results[key] = (ok, info)
+            else:
+                env = dict(extra_env or {}, **(step_env or {}).get(key, {}))
+                proc, out, summary = self.run(workflow, job, key, extra_env=env)
+                ok = proc.returncode == 0
+                results[key] = proc
+                self.summaries[key] = summary
+            go_on = bool(st.get("continue-on-error"))
+            if "id" in st:
+                self.steps[st["id"]] = {"outcome": "success" if ok else "failure",
+                                        "conclusion": "success" if ok or go_on else "failure", "outputs": out}
+                for k, v in out.items():
+                    self.exprs[f"steps.{st['id']}.outputs.{k}"] = v
+            failed = failed or not (ok or go_on)
+        return results
+
+    def download(self, st: dict) -> tuple[bool, str]:
+        """actions/download-artifact by name: its files under ``path``; no such artifact fails."""
+        w = {k: self._eval(v) for k, v in (st.get("with") or {}).items()}
+        files = self.artifacts.get(w["name"])
+        if files is None:
+            return False, f"Artifact not found for name: {w['name']}"
+        prefix = os.path.commonpath(list(files)) if len(files) > 1 else str(Path(next(iter(files))).parent)
+        for rel, data in files.items():
+            dest = self.ws / w.get("path", ".") / os.path.relpath(rel, prefix)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        return True, ""
+
+    @staticmethod
+    def _read_kv(path: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_-]*)<<(\S+)$", lines[i])
+            if m:
+                end = lines.index(m.group(2), i + 1)
+                out[m.group(1)] = "\n".join(lines[i + 1:end])
+                i = end + 1
+                continue
+            k, _, v = lines[i].partition("=")
+            if k:
+                out[k] = v
+            i += 1
+        return out
 
     def read_outputs(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -300,12 +453,18 @@ def _fake_python(bin_dir: Path) -> Path:
 import os, shutil, sys
 a = sys.argv[1:]
 if a[:3] == ["-m", "harness.cli", "run"]:
+    import importlib.util
+    sys.path.insert(0, os.getcwd())  # as `python3 -m` would have it: the checkout's own harness
+    origin = importlib.util.find_spec("harness").origin
     runs = a[a.index("--runs-dir") + 1]
     with open(os.environ["FAKE_LOG"], "a") as fh:
-        fh.write(os.environ["PWD"] + " " + " ".join(a[3:]) + "\\n")
+        fh.write(os.environ["PWD"] + " " + origin + " " + " ".join(a[3:]) + "\\n")
     src = os.environ["FAKE_RUN_" + os.path.basename(os.environ["PWD"]).upper()]
     shutil.copytree(src, os.path.join(runs, os.path.basename(src)))
     sys.exit(int(os.environ.get("FAKE_RC", "0")))
+if a[:2] == ["-m", os.environ.get("FAKE_FAIL_MODULE", "")]:
+    print("fake: " + a[1] + " failed", file=sys.stderr)
+    sys.exit(1)
 os.execv({sys.executable!r}, [{sys.executable!r}] + a)
 """)
     exe.chmod(0o755)
@@ -396,36 +555,37 @@ def test_nightly_summary_and_trend_steps(tmp_path, made_runs):
     assert (w.ws / out["run_dir"] / "bench-trend.js").is_file()
 
 
+def _checkout(dest: Path) -> None:
+    """A checkout of its own (actions/checkout with ``path:``): a folder whose entries link to the
+    repository's, so ``python3 -m harness...`` run there imports that folder's ``harness``."""
+    dest.mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", "runs"):
+            (dest / entry.name).symlink_to(entry)
+
+
 def _pr_workspace(tmp_path: Path, made_runs: dict, head: str) -> Workspace:
     bin_dir = _fake_python(tmp_path / "bin")
+    # a container job: `github.workspace` is the host's path (nothing of it exists in the container),
+    # $GITHUB_WORKSPACE the container's (Workspace.ws), where the checkouts and the uploads are
     w = Workspace(tmp_path, {
         "inputs.suites": "", "inputs.bench": "400", "inputs.fail_above": "p99:10%", "inputs.pr_number": "42",
-        "inputs.head_sha": "c" * 40, "inputs.base_sha": "d" * 40, "github.workspace": str(tmp_path / "ws"),
+        "inputs.head_sha": "c" * 40, "inputs.base_sha": "d" * 40,
+        "github.workspace": str(tmp_path / "host" / "_work" / "pd-chaos" / "pd-chaos"),
         "github.server_url": "https://github.com", "github.repository": "o/pd-chaos", "github.run_id": "99",
-        "steps.artifact.outputs.artifact-url": "https://github.com/o/pd-chaos/actions/runs/99/artifacts/7"},
-        path_prepend=[bin_dir])
-    (w.ws / "head").symlink_to(REPO)  # actions/checkout of head and base
-    (w.ws / "base").symlink_to(REPO)
+        "github.run_attempt": "1"}, path_prepend=[bin_dir])
+    _checkout(w.ws / "head")
+    _checkout(w.ws / "base")
+    w.pythonpath = None  # each step imports the checkout it runs in
     w.fake = {"FAKE_LOG": str(tmp_path / "fake.log"), "FAKE_RUN_BASE": str(made_runs["base"]),
               "FAKE_RUN_HEAD": str(made_runs[head])}
     return w
 
 
-def _run_pr_job(w: Workspace, head_rc: str = "0"):
-    res = {}
-    for step in ("select", "Install", "base", "head", "Job summary", "compare", "Comment body", "Verdict"):
-        extra = dict(w.fake, PDCHAOS_CI_DRY_RUN="1")
-        if step == "head":
-            extra["FAKE_RC"] = head_rc
-        res[step] = w.run("_latency_compare.yaml", "compare", step, extra_env=extra)
-        if step not in ("Verdict",):
-            assert res[step][0].returncode == 0, (step, res[step][0].stdout, res[step][0].stderr)
-        if step == "head":
-            w.exprs["steps.base.outputs.rc"] = w.outputs["base"]["rc"]
-            w.exprs["steps.head.outputs.rc"] = w.outputs["head"]["rc"]
-        if step == "compare":
-            w.exprs["steps.compare.outputs.rc"] = w.outputs["compare"]["rc"]
-    return res
+def _run_pr_job(w: Workspace, head_rc: str = "0", step_env: dict | None = None) -> dict:
+    env = {"head": {"FAKE_RC": head_rc}}
+    env.update(step_env or {})
+    return w.job("_latency_compare.yaml", "compare", extra_env=dict(w.fake, PDCHAOS_CI_DRY_RUN="1"), step_env=env)
 
 
 @pytest.mark.timeout(120)
@@ -435,11 +595,14 @@ def test_pr_job_regression_comment_and_failing_verdict(tmp_path, made_runs):
     out = w.ws / "pdchaos-out"
     sel = w.outputs["select"]
     assert sel["run_args"] == "scenarios/lookup/ --target hardened --target legacy" and sel["setup_args"] == ""
-    assert "would run:" in res["Install"][0].stdout and "'.[dev]'" in res["Install"][0].stdout
-    log = (tmp_path / "fake.log").read_text().splitlines()
-    assert len(log) == 2 and all(x.endswith("--bench 400 --plain --runs-dir " + str(out / "runs" / side))
-                                 for x, side in zip(log, ("base", "head")))
-    assert log[0].split()[1:4] == ["scenarios/lookup/", "--target", "hardened"]
+    assert "would run:" in res["install"].stdout and "'.[dev]'" in res["install"].stdout
+    log = [line.split() for line in (tmp_path / "fake.log").read_text().splitlines()]
+    # each side ran from its own checkout, with that checkout's harness, into the container's workspace
+    assert [(x[0], x[1]) for x in log] == [(str(w.ws / side), str(w.ws / side / "harness" / "__init__.py"))
+                                           for side in ("base", "head")]
+    assert all(" ".join(x).endswith("--bench 400 --plain --runs-dir " + str(out / "runs" / side))
+               for x, side in zip(log, ("base", "head")))
+    assert log[0][2:5] == ["scenarios/lookup/", "--target", "hardened"]
     assert w.outputs["base"]["run_dir"] == str(out / "runs" / "base" / "20260101-000000-base")
     assert w.outputs["compare"]["rc"] == "1"
     text = (out / "compare.txt").read_text()
@@ -450,14 +613,18 @@ def test_pr_job_regression_comment_and_failing_verdict(tmp_path, made_runs):
     body = (out / "comment" / "comment.md").read_text()
     assert body.startswith(C.MARKER) and "**0 verdict(s) got worse, 2 latency regression(s)**" in body
     assert body.index("### Regressions") < body.index("### Latency per scenario") < body.index("**Noise floor**")
-    assert "[artifact: run folders, plots, compare.txt](https://github.com/o/pd-chaos/actions/runs/99/artifacts/7)" \
-        in body
+    assert "[artifact: run folders, plots, compare.txt](https://artifacts/pdchaos-compare-pr42-1)" in body
     assert "- `runs/head/20260101-000001-head/plots/normal--before-after.png`" in body
     assert json.loads((out / "comment" / "pr.json").read_text()) == {"number": 42, "head_sha": "c" * 40}
-    assert body in res["Comment body"][2]  # also in the job summary
-    assert "## head: `20260101-000001-head`" in res["Job summary"][2]
-    verdict = res["Verdict"][0]
+    assert body in w.summaries["comment_body"]  # also in the job summary
+    assert "## head: `20260101-000001-head`" in w.summaries["summary"]
+    # both uploads found their files in the container's workspace
+    runs = w.artifacts["pdchaos-compare-pr42-1"]
+    assert "pdchaos-out/compare.json" in runs and any(k.startswith("pdchaos-out/runs/head/") for k in runs)
+    assert set(w.artifacts["pr-comment"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
+    verdict = res["verdict"]
     assert verdict.returncode == 1 and "compare: exit 1" in verdict.stdout and "::error::pdchaos compare" in verdict.stdout
+    assert not (tmp_path / "host").exists()  # nothing went to the host's path
 
 
 @pytest.mark.timeout(120)
@@ -472,7 +639,7 @@ def test_pr_job_verdict_change_first_and_head_deviation_fails(tmp_path, made_run
     body = (out / "comment" / "comment.md").read_text()
     assert body.index("### Verdict changes (1)") < body.index("### Latency per scenario")
     assert "| slow-peer | hardened | worse | pass ✓ | fail ✗ |" in body
-    verdict = res["Verdict"][0]
+    verdict = res["verdict"]
     assert verdict.returncode == 1 and "the head's pdchaos run did not end as expected (exit 1)" in verdict.stdout
 
 
@@ -481,9 +648,71 @@ def test_pr_job_passes_when_nothing_changed(tmp_path, made_runs):
     w = _pr_workspace(tmp_path, made_runs, "same")
     res = _run_pr_job(w)
     assert w.outputs["compare"]["rc"] == "0"
-    assert res["Verdict"][0].returncode == 0, res["Verdict"][0].stdout
+    assert res["verdict"].returncode == 0, res["verdict"].stdout
     body = (w.ws / "pdchaos-out" / "comment" / "comment.md").read_text()
     assert "no verdict got worse, no latency regression over p99:10%" in body and "≈" in body
+
+
+@pytest.mark.timeout(120)
+def test_pr_job_that_fails_early_still_comments_for_its_commit(tmp_path, made_runs):
+    """The install fails: no run, no comparison. The job still writes and uploads a comment for
+    this head commit naming the failed step (the sticky comment of an older commit is replaced),
+    and its verdict fails."""
+    w = _pr_workspace(tmp_path, made_runs, "same")
+    res = _run_pr_job(w, step_env={"install": {"FAKE_FAIL_MODULE": "harness.ci.install"}})
+    assert res["install"].returncode == 1
+    assert res["base"] is None and res["head"] is None and res["compare"] is None  # skipped
+    body = (w.ws / "pdchaos-out" / "comment" / "comment.md").read_text()
+    assert body.startswith(C.MARKER) and f"**No comparison for head `{'c' * 12}`**" in body
+    assert "Steps that failed: `install`." in body and "[workflow run](" in body
+    assert set(w.artifacts["pr-comment"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
+    assert json.loads(w.artifacts["pr-comment"]["pdchaos-out/comment/pr.json"]) == {"number": 42, "head_sha": "c" * 40}
+    assert res["verdict"].returncode == 1 and "head run: exit none" in res["verdict"].stdout
+    assert C.check(w.ws / "pdchaos-out" / "comment", "c" * 40)[0] == 42  # the follow-up takes it
+
+
+@pytest.mark.timeout(120)
+def test_pr_job_rerun_replaces_its_artifacts(tmp_path, made_runs):
+    """"Re-run jobs": the same run id, attempt 2, the artifacts of attempt 1 still there. The runs
+    artifact is named per attempt; the pr-comment one (a fixed name the follow-up downloads) is
+    overwritten. Without ``overwrite`` the second upload fails on the name, as upload-artifact@v4+ does."""
+    w = _pr_workspace(tmp_path, made_runs, "same")
+    _run_pr_job(w)
+    first = dict(w.artifacts)
+    shutil.rmtree(w.ws / "pdchaos-out")
+    (tmp_path / "fake.log").unlink()
+    w.exprs["github.run_attempt"] = "2"
+    w.exprs["inputs.head_sha"] = "e" * 40  # and say the comment is for another commit now
+    res = _run_pr_job(w)
+    assert res["comment_upload"] == (True, "https://artifacts/pr-comment")
+    assert set(w.artifacts) == set(first) | {"pdchaos-compare-pr42-2"}
+    assert json.loads(w.artifacts["pr-comment"]["pdchaos-out/comment/pr.json"])["head_sha"] == "e" * 40
+    step = next(st for st in _load(WF / "_latency_compare.yaml")["jobs"]["compare"]["steps"]
+                if st.get("id") == "comment_upload")
+    step = dict(step, **{"with": {k: v for k, v in step["with"].items() if k != "overwrite"}})
+    assert w.upload(step) == (False, "an artifact with the name pr-comment already exists")
+
+
+@pytest.mark.timeout(120)
+def test_followup_check_runs_on_a_bare_interpreter(tmp_path):
+    """The follow-up installs nothing: its check runs on a Python without any site package (a venv
+    without pip; numpy, PyYAML, pydantic absent) from the default branch's checkout."""
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    py = str(venv / "bin" / "python3")
+    probe = subprocess.run([py, "-c", "import numpy"], capture_output=True, text=True, timeout=30)
+    assert probe.returncode != 0, "the bare interpreter must lack numpy, or this test proves nothing"
+    art = tmp_path / "pr-comment"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_OUTPUT")}
+    # what the pull-request job's failure path and the follow-up's own fallback write
+    proc = subprocess.run([py, "-m", "harness.ci.comment", "failed", "--out", str(art), "--pr", "42",
+                           "--head-sha", "c" * 40, "--why", "no artifact"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([py, "-m", "harness.ci.comment", "check", "--dir", str(art), "--expect-sha", "c" * 40],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "number=42" in proc.stdout and "path=" in proc.stdout
 
 
 class _FakeAPI(BaseHTTPRequestHandler):
@@ -545,6 +774,42 @@ def test_followup_checks_the_artifact_before_commenting(tmp_path):
         (art / "comment.md").write_text(C.MARKER + "x" * COMMENT_LIMIT)
         proc, _, _ = check({"number": 42, "head_sha": "c" * 40})
         assert proc.returncode == 1 and "over GitHub's 65536" in proc.stderr
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_followup_without_an_artifact_posts_the_failure_note(tmp_path):
+    """The comparison job died before it uploaded anything: the follow-up writes the "no comparison
+    for this commit" note itself when the event names the pull request (checked with the API like
+    any artifact), and posts nothing for a fork's run (no pull request in the event)."""
+    server = HTTPServer(("127.0.0.1", 0), _FakeAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _FakeAPI.heads = {42: "c" * 40}
+        api = {"GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}", "GITHUB_REPOSITORY": "o/pd-chaos"}
+        for number, posted in (("42", True), ("", False)):
+            w = Workspace(tmp_path / (number or "fork"), {
+                "github.event.workflow_run.head_sha": "c" * 40, "github.token": "tok",
+                "github.event.workflow_run.id": "99", "github.event.workflow_run.pull_requests[0].number": number,
+                "github.event.workflow_run.html_url": "https://github.com/o/pd-chaos/actions/runs/99",
+                "github.event.workflow_run.conclusion": "failure"})
+            _checkout(w.ws / "src")
+            for entry in (w.ws / "src").iterdir():  # the follow-up's checkout is the workspace itself
+                entry.rename(w.ws / entry.name)
+            w.pythonpath = None
+            res = w.job("pr_latency_comment.yaml", "comment", extra_env=api)
+            assert res["download"] == (False, "Artifact not found for name: pr-comment")
+            if not posted:
+                assert res["fallback"] is None and res["check"] is None
+                assert res["Post or update the comment"] is None
+                continue
+            assert res["fallback"].returncode == 0, res["fallback"].stderr
+            assert res["check"].returncode == 0, res["check"].stderr
+            assert w.outputs["check"] == {"number": "42", "path": "pr-comment/comment.md"}
+            text = (w.ws / "pr-comment" / "comment.md").read_text()
+            assert f"**No comparison for head `{'c' * 12}`**" in text and "ended (failure)" in text
+            assert res["Post or update the comment"] == (True, "")  # its `if:` held: it posts
     finally:
         server.shutdown()
 

@@ -54,6 +54,10 @@ from typing import Any, Iterator
 import httpx
 import msgspec
 import zmq
+from connector_patch.versions import require as _require_upstream
+
+_require_upstream("HardenedMooncakeLayerwiseConnector")  # one line and nothing loaded on an upstream release it does not support
+
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.utils.network_utils import make_zmq_path, make_zmq_socket
 from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up

@@ -30,6 +30,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from connector_patch.versions import require as _require_upstream
+
+_require_upstream("HardenedAscendStoreConnector")  # one line and nothing loaded on an upstream release it does not support
+
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.ascend_store_connector import AscendStoreConnector
 from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_scheduler import (

@@ -21,6 +21,10 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from connector_patch.versions import require as _require_upstream
+
+_require_upstream("HardenedMooncakeConnector")  # one line and nothing loaded on an upstream release it does not support
+
 import msgspec
 import zmq
 import zmq.asyncio

@@ -44,6 +44,10 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from connector_patch.versions import require as _require_upstream
+
+_require_upstream("HardenedMooncakeStoreConnector")  # one line and nothing loaded on an upstream release it does not support
+
 import vllm.envs as envs
 import zmq
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole

@@ -4,7 +4,7 @@ A filter is a comma- or space-separated list of suite names (``lookup``, ``pd``.
 with ``:TEXT`` to keep only the scenarios whose name contains TEXT (``pdchaos run -k``); empty or
 ``all`` is the profile's default suites. Writes the step outputs ``matrix`` (JSON, for
 ``strategy.matrix``: ``{"include": [{"suite", "id", "path", "k", "args", "setup", "launch_profile", "runner",
-"npus", "timeout"}...]}``; ``launch_profile``: the ``pdchaos run --profile`` of the suite on that
+"npus", "timeout", "install", "soc"}...]}`` (``install``: the install profile, ascend for jobs with NPUs, cpu otherwise; ``soc``: the runner chip's SOC_VERSION); ``launch_profile``: the ``pdchaos run --profile`` of the suite on that
 profile's runners, empty for the default),
 ``paths`` (the suite folders, space-separated), ``count``, and for one job that runs every selected
 suite in one ``pdchaos run`` (the pull-request comparison): ``run_args`` (paths, the targets when
@@ -69,6 +69,14 @@ def load_suites(root: Path = CHECKOUT) -> dict[str, dict]:
 
 
 PROFILES = ("cpu", "ascend")
+# SOC_VERSION by runner label, as vllm-ascend's builds name the chips (A2 runners' label: a2b3)
+SOC_BY_LABEL = (("-a3-", "ascend910_9391"), ("-310p-", "ascend310p1"), ("-a2b3-", "ascend910b1"))
+
+
+def soc_of(runner: str) -> str:
+    """The SOC_VERSION of a runner's chip; A2's (ascend910b1, also what vllm-ascend's CPU jobs set)
+    for any other label."""
+    return next((soc for part, soc in SOC_BY_LABEL if part in runner), "ascend910b1")
 try:
     SUITES: dict[str, dict] = load_suites()
     _LOAD_ERROR = ""
@@ -105,6 +113,8 @@ def select(filter_text: str, profile: str, root: Path = Path(".")) -> list[dict]
                     "launch_profile": s.get("launch_profile", {}).get(profile, ""),
                     "runner": s["runner"][profile], "npus": s.get("npus", 0) if profile == "ascend" else 0, "timeout": s["timeout"],
                     "id": name + (f"-{k}" if k else "")})
+        out[-1]["install"] = "ascend" if out[-1]["npus"] > 0 else "cpu"
+        out[-1]["soc"] = soc_of(out[-1]["runner"])
     return out
 
 

@@ -167,7 +167,11 @@ def test_cann_container_login_shell_npu_smi_first_and_artifacts_v7():
     assert run["defaults"]["run"]["shell"] == "bash -el {0}"
     job = run["jobs"]["suite"]
     assert job["container"]["image"].startswith("${{ inputs.image }}")
-    assert run["on"]["workflow_call"]["inputs"]["image"]["default"].startswith("quay.io/ascend/cann:")
+    # vllm-ascend's CI image, registry included (its _selected_tests.yaml, A2/A3 runners)
+    assert run["on"]["workflow_call"]["inputs"]["image"]["default"] == \
+        "swr.cn-southwest-2.myhuaweicloud.com/base_image/ascend-ci/cann:9.1.0-910b-ubuntu22.04-py3.12"
+    env = job["container"]["env"]
+    assert env["VLLM_USE_MODELSCOPE"] == "True" and env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     first = job["steps"][0]["run"]
     assert first.splitlines()[0] == f"source {SET_ENV}" and "npu-smi info" in first
     for path in WORKFLOWS:
@@ -187,6 +191,22 @@ PINNED = {
     "actions/cache/save": ("27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5"),
     "marocchino/sticky-pull-request-comment": ("5770ad5eb8f42dd2c4f34da00c94c5381e49af88", "v3.0.5"),
 }
+
+
+# vllm-ascend's .github/actionlint.yaml (main at 182b75e): the runners its CI has
+VLLM_ASCEND_LABELS = [
+    "linux-arm64-npu-static-8", "linux-aarch64-310p-1", "linux-aarch64-310p-2", "linux-aarch64-310p-4",
+    "linux-aarch64-a3-1", "linux-aarch64-a3-2", "linux-aarch64-a3-4", "linux-aarch64-a3-8", "linux-aarch64-a3-0",
+    "linux-aarch64-a3-0-cn12-001", "linux-aarch64-a5-0", "linux-aarch64-a5-2", "linux-aarch64-a5-4",
+    "linux-aarch64-a5-8", "linux-amd64-cpu-2-hk", "linux-amd64-cpu-4-hk", "linux-amd64-cpu-8-hk",
+    "linux-amd64-cpu-16-hk", "linux-arm64-cpu-16", "linux-aarch64-a2b3-0", "linux-aarch64-a2b3-1",
+    "linux-aarch64-a2b3-2", "linux-aarch64-a2b3-4", "linux-aarch64-a2b3-8", "linux-aarch64-a2b1-8"]
+
+
+@pytest.mark.timeout(10)
+def test_runner_labels_are_exactly_vllm_ascends():
+    labels = yaml.safe_load(LABELS_FILE.read_text())["self-hosted-runner"]["labels"]
+    assert labels == VLLM_ASCEND_LABELS
 
 
 @pytest.mark.timeout(10)
@@ -485,6 +505,14 @@ def test_nightly_select_step(tmp_path):
     pd = matrix[2]
     # on NPUs the pd suite starts vLLM + vllm-ascend of the job's Python: launch profile ascend, no node env
     assert pd["runner"] == "linux-aarch64-a2b3-2" and pd["npus"] == 2 and pd["setup"] == ""
+    # the jobs with NPUs install vLLM + vllm-ascend for the runner's chip; the 0-NPU ones only
+    # pd-chaos (their vllm-ascend is the conformance node env, built by `pdchaos setup`)
+    assert [(m["id"], m["install"], m["soc"]) for m in matrix] == [
+        ("lookup", "cpu", "ascend910b1"), ("ascend-cpu", "cpu", "ascend910b1"), ("pd", "ascend", "ascend910b1"),
+        ("pd-store", "ascend", "ascend910b1"), ("pd-layerwise", "ascend", "ascend910b1"),
+        ("pd-long", "ascend", "ascend910b1")]
+    assert matrix[1]["setup"] == "--only ascend-conf-stack"
+    assert S.soc_of("linux-aarch64-a3-2") == "ascend910_9391" and S.soc_of("linux-aarch64-310p-1") == "ascend310p1"
     assert pd["launch_profile"] == "ascend" and matrix[0]["launch_profile"] == ""
     store = matrix[3]
     assert store["id"] == "pd-store" and store["path"] == "scenarios/pd/" and store["launch_profile"] == "ascend-store"
@@ -501,21 +529,95 @@ def test_nightly_select_step(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_nightly_install_step_commands(tmp_path):
-    w = Workspace(tmp_path, {"inputs.profile": "ascend", "inputs.vllm_ref": "v0.23.0",
-                             "inputs.vllm_ascend_ref": "v0.23.0rc1", "inputs.suite": "pd"})
+    """The install step's dry run, for each form, against golden files (tests/golden/install_*.txt):
+    what vllm-ascend's CI installs, in its order; and an unsupported pair refused before anything."""
+    w = Workspace(tmp_path, {"inputs.profile": "ascend", "inputs.vllm_ref": "auto", "inputs.soc": "ascend910b1",
+                             "inputs.vllm_ascend_ref": "0.23.0.post1", "inputs.suite": "pd",
+                             "inputs.allow_unsupported": "false"})
     w.ws.rmdir()
     w.ws.symlink_to(REPO)
-    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", extra_env={"PDCHAOS_CI_DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    lines = [x.removeprefix("would run: ") for x in proc.stdout.splitlines()]
-    assert lines[0].endswith("pip install --disable-pip-version-check -q -e '.[dev]'")
-    assert any(x.startswith("VLLM_TARGET_DEVICE=empty ") and x.endswith("/pdchaos-src/vllm") for x in lines)
-    assert any(x.endswith("checkout --detach v0.23.0") and "/vllm " in x + " " for x in lines)
-    assert any(x.endswith("checkout --detach v0.23.0rc1") for x in lines)
-    assert lines[-1].endswith("mooncake-transfer-engine-npu==0.3.13.post1")
-    w.exprs["inputs.vllm_ref"] = "$(rm -rf /)"
-    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", extra_env={"PDCHAOS_CI_DRY_RUN": "1"})
-    assert proc.returncode == 2 and "expected a branch, tag or commit" in proc.stderr
+
+    def dry(**exprs) -> subprocess.CompletedProcess:
+        w.exprs.update(exprs)
+        proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", extra_env={"PDCHAOS_CI_DRY_RUN": "1"})
+        return proc
+
+    for name, exprs in (("install_ascend_release.txt", {}),
+                        ("install_ascend_git_ref.txt", {"inputs.vllm_ascend_ref": "main", "inputs.soc": "ascend910_9391",
+                                                        "inputs.allow_unsupported": "true"}),
+                        ("install_cpu.txt", {"inputs.profile": "cpu"})):
+        proc = dry(**exprs)
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout.replace(str(tmp_path / "tmp"), "$RUNNER_TEMP")
+        text = re.sub(r"MAX_JOBS=\d+", "MAX_JOBS=N", text)  # the runner's cores
+        golden = (REPO / "tests" / "golden" / name)
+        if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
+            golden.write_text(text)
+        assert text == golden.read_text(), name
+    w.exprs.update({"inputs.profile": "ascend", "inputs.soc": "ascend910b1", "inputs.allow_unsupported": "false"})
+    for exprs, msg in (({"inputs.vllm_ascend_ref": "0.27.1"}, "vllm-ascend 0.27.1 is not supported"),
+                       ({"inputs.vllm_ascend_ref": "main"}, "'main' is a git ref"),
+                       ({"inputs.vllm_ascend_ref": "0.23.0.post1", "inputs.vllm_ref": "v0.27.1"},
+                        "vLLM 0.27.1 with vllm-ascend 0.23.0.post1 is not a supported pair"),
+                       ({"inputs.vllm_ref": "$(rm -rf /)"}, "expected a branch, tag or commit"),
+                       ({"inputs.vllm_ref": "auto", "inputs.soc": "ascend999"}, "--soc 'ascend999'")):
+        proc = dry(**exprs)
+        assert proc.returncode == 2 and msg in proc.stderr and proc.stdout == "", (exprs, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _stub_bin(bin_dir: Path, log: Path, tag: str) -> dict:
+    """git, apt-get, ldconfig and python3 for a real (not dry) install run that installs nothing:
+    each logs its argv; ``git checkout`` in the vllm-ascend folder writes its release-tag file
+    (``tag``); python3 runs ``-m connector_patch.versions installed`` for real and logs the rest."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("apt-get", "ldconfig"):
+        (bin_dir / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
+    (bin_dir / "git").write_text(f"""#!/bin/sh
+echo git "$@" >> {log}
+if [ "$1" = clone ]; then mkdir -p "$4"; fi
+if [ "$1" = -C ] && [ "$3" = checkout ]; then
+  case "$2" in */vllm-ascend) mkdir -p "$2/.github"; echo "{tag}" > "$2/.github/vllm-release-tag.commit";; esac
+fi
+""")
+    (bin_dir / "python3").write_text(f"""#!{sys.executable}
+import os, sys
+a = sys.argv[1:]
+if a[:3] == ["-m", "connector_patch.versions", "installed"]:
+    os.execv({sys.executable!r}, [{sys.executable!r}] + a)
+with open({str(log)!r}, "a") as fh:
+    fh.write("python3 " + " ".join(a) + "\\n")
+""")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.timeout(120)
+def test_install_reads_vllms_ref_from_the_vllm_ascend_checkout(tmp_path):
+    """A real run with stub commands: the vLLM ref comes from the checkout's release-tag file (as
+    vllm-ascend's CI reads it), is checked against the matrix before vLLM is cloned, and the last
+    step asks the matrix about what got installed (here: this Python's, where no vLLM is: the
+    vllm-ascend connectors are unsupported, so the job stops)."""
+    log = tmp_path / "log"
+    env = dict(os.environ, **_stub_bin(tmp_path / "bin", log, "v0.23.0"))
+    env.pop("PDCHAOS_CI_DRY_RUN", None)
+    cmd = [sys.executable, "-m", "harness.ci.install", "--profile", "ascend", "--src", str(tmp_path / "src")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    lines = log.read_text().splitlines()
+    assert "vLLM ref v0.23.0 (from .github/vllm-release-tag.commit)" in proc.stdout
+    assert f"git -C {tmp_path}/src/vllm checkout --detach v0.23.0" in lines
+    assert lines.index(f"git -C {tmp_path}/src/vllm-ascend checkout --detach releases/v0.23.0") < \
+        lines.index(f"git clone --filter=blob:none https://github.com/vllm-project/vllm.git {tmp_path}/src/vllm")
+    assert any(x.endswith("vllm-ascend==0.23.0.post1") for x in lines)
+    assert proc.returncode == 2 and "HardenedAscendStoreConnector: unsupported" in proc.stdout
+    assert "do not support it" in proc.stderr
+    # a checkout naming a vLLM the matrix does not pair with it: stopped before vLLM is cloned
+    log.unlink()
+    env.update(_stub_bin(tmp_path / "bin2", log, "v0.27.1"))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "vLLM 0.27.1 with vllm-ascend 0.23.0.post1 is not a supported pair" in proc.stderr
+    assert not any("vllm.git" in x for x in log.read_text().splitlines())
 
 
 @pytest.mark.timeout(60)
@@ -964,12 +1066,29 @@ def test_a_profile_for_families_without_profiles_is_refused():
 
 @pytest.mark.timeout(60)
 def test_nightly_launch_profile_step(tmp_path):
+    """The model is a folder or a ModelScope id found in the runners' ModelScope cache."""
+    cache = tmp_path / "ms"
+    (cache / "hub" / "models" / "Qwen" / "Qwen3-0.6B").mkdir(parents=True)
+    (cache / "hub" / "models" / "Qwen" / "Qwen3-0.6B" / "config.json").write_text("{}")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    env = {"MODELSCOPE_CACHE": str(cache)}
     w = Workspace(tmp_path, {"inputs.suite": "pd", "inputs.launch_profile": "ascend", "inputs.model_path": ""})
-    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile", extra_env=env)
     assert proc.returncode == 1 and "give the model_path input" in proc.stdout and "args" not in out
-    w.exprs["inputs.model_path"] = "/models/Qwen3-0.6B"
-    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
-    assert proc.returncode == 0 and out["args"] == "--profile ascend --set model=/models/Qwen3-0.6B"
+    w.exprs["inputs.model_path"] = str(folder)
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile", extra_env=env)
+    assert proc.returncode == 0 and out["args"] == f"--profile ascend --set model={folder}"
+    w.exprs["inputs.model_path"] = "Qwen/Qwen3-0.6B"
+    proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile", extra_env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert out["args"] == f"--profile ascend --set model={cache}/hub/models/Qwen/Qwen3-0.6B"
+    for bad, msg in (("Qwen/Nope", "no config.json in"), ("/models/with space", "without spaces"),
+                     ("no-slash", "expected a folder")):
+        w.exprs["inputs.model_path"] = bad
+        proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile", extra_env=env)
+        assert proc.returncode == 1 and msg in proc.stderr and "args" not in out, (bad, proc.stderr)
     w.exprs.update({"inputs.launch_profile": "", "inputs.model_path": ""})
     proc, out, _ = w.run("_pdchaos_run.yaml", "suite", "profile")
     assert proc.returncode == 0 and out["args"] == ""

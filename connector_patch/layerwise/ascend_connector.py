@@ -34,9 +34,13 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
    metaserver that never answers holds the thread forever), ignores the status, and only logs.
 
-6. **A listener that cannot bind fails the start.** Upstream's listener thread dies on the bind
-   error and ``register_kv_caches`` waits for its ready event forever (the worker never starts and
-   never says why); the hardened one sets the event and ``register_kv_caches`` raises.
+6. **A thread that cannot start fails the start.** Upstream's listener thread dies on the bind
+   error (and its sender on a failed device setup) and ``register_kv_caches`` waits for its ready
+   event forever (the worker never starts and never says why; here it would also hold the swap
+   lock). The hardened threads catch any exception before their ready event, set it, and
+   ``register_kv_caches`` raises with the cause. It also asserts that the threads running are the
+   hardened classes: if upstream stopped looking the classes up at call time, the swap would
+   silently do nothing.
 
 Options live in ``kv_transfer_config.kv_connector_extra_config``. Logs carry counts, codes, phases
 and times only: never request ids, block ids, frames or addresses of KV memory.
@@ -175,16 +179,18 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         return ACK
 
     def run(self) -> None:
-        path = make_zmq_path("tcp", self.side_channel_host, self.side_channel_port + self.tp_rank)
-        metadata = msgspec.msgpack.Encoder().encode(self.metadata)
-        decoder = msgspec.msgpack.Decoder(type=tuple)
-        ctx = zmq.Context()
+        ctx = None
         try:
+            path = make_zmq_path("tcp", self.side_channel_host, self.side_channel_port + self.tp_rank)
+            metadata = msgspec.msgpack.Encoder().encode(self.metadata)
+            decoder = msgspec.msgpack.Decoder(type=tuple)
+            ctx = zmq.Context()
             sock = make_zmq_socket(ctx=ctx, path=path, socket_type=zmq.ROUTER, bind=True)
-        except zmq.ZMQError as exc:
+        except Exception as exc:  # noqa: BLE001 - anything before the ready event fails the start
             # upstream's thread dies here and register_kv_caches waits for its ready event forever
             self.bind_error = exc
-            ctx.destroy(linger=0)  # closes the socket that failed to bind (term() would wait for it)
+            if ctx is not None:
+                ctx.destroy(linger=0)  # closes a socket that failed to bind (term() would wait for it)
             self.ready_event.set()
             return
         logger.info("layerwise recv: listening (tp_rank %d, deadline %.1f s)", self.tp_rank,
@@ -261,6 +267,20 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
 
         self.callback_func = signal
 
+    def run(self) -> None:
+        """Upstream's ``run`` (set the device, set ready, serve the queue), with its start guarded:
+        an exception before the ready event is kept for ``register_kv_caches`` to raise."""
+        try:
+            local_rank = up.get_world_group().local_rank
+            up.torch.npu.set_device(up.torch.device(f"npu:{local_rank}"))
+        except Exception as exc:  # noqa: BLE001 - reported by register_kv_caches, never a hang
+            self.start_error = exc
+            self.ready_event.set()
+            return
+        self.ready_event.set()
+        while True:
+            self._handle_request(self.send_queue.get())
+
     def _handle_request(self, send_task: Any) -> None:
         self.sessions = {}
         for req_id, meta in send_task.send_request.items():
@@ -327,10 +347,22 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
     def register_kv_caches(self, kv_caches: dict) -> None:
         with _hardened_threads(self):
             super().register_kv_caches(kv_caches)
+        tc = self.vllm_config.kv_transfer_config
+        for role, attr, cls in (("producer", "kv_send_layer_thread", HardenedSendingLayerThread),
+                                ("consumer", "kv_recv_layer_thread", HardenedRecvingLayerThread)):
+            if getattr(tc, f"is_kv_{role}") and not isinstance(getattr(self, attr, None), cls):
+                raise RuntimeError(f"{NAME}: {attr} is {type(getattr(self, attr, None)).__name__}, not "
+                                   f"{cls.__name__}: upstream no longer builds its threads through the names "
+                                   "the hardened connector swaps; not started")
         err = getattr(self.kv_recv_layer_thread, "bind_error", None)
         if err is not None:  # raised here, where vLLM reports a failed start, instead of waiting forever
-            raise zmq.ZMQError(getattr(err, "errno", None) or 98,
-                               f"layerwise listener cannot bind port {self.handshake_port}: {err.strerror}")
+            if isinstance(err, zmq.ZMQError):
+                raise zmq.ZMQError(getattr(err, "errno", None) or 98,
+                                   f"layerwise listener cannot bind port {self.handshake_port}: {err.strerror}")
+            raise RuntimeError(f"layerwise listener did not start: {type(err).__name__}")
+        err = getattr(getattr(self, "kv_send_layer_thread", None), "start_error", None)
+        if err is not None:
+            raise RuntimeError(f"layerwise sender did not start: {type(err).__name__}")
 
     # -- D
     def start_load_kv(self, metadata: Any) -> None:

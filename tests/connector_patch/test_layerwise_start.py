@@ -1,0 +1,49 @@
+"""The hardened layerwise worker's start (connector_patch/layerwise/ascend_connector.py, guarantee
+6), in the conformance env with vllm-ascend 0.23.0.post1's own module: a thread that cannot start
+fails the start with its cause instead of a wait for a ready event that never comes (the wait runs
+under the class-swap lock, so a hang there would also block every later worker of the process),
+and a swap that did not take effect is an error, not hardened behaviour silently missing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nodes import run_env_helper
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    from stacks.ascend_cpu.recipe import ascend_conf_env
+
+    env = ascend_conf_env(out=lambda line: None)
+    if not env.installed():
+        pytest.skip("the conformance env is not installed here: run `pdchaos setup --only ascend-conf-stack`")
+    res, _, _ = run_env_helper([str(env.python), str(REPO / "tests" / "helpers" / "layerwise_start.py"), str(REPO)],
+                               env=dict(os.environ, VLLM_PLUGINS=""), cwd=str(REPO), timeout=240,
+                               marker="PDCHAOS-LWSTART-RESULT")
+    return res
+
+
+@pytest.mark.timeout(300)
+def test_any_exception_before_ready_sets_ready_and_keeps_the_cause(result):
+    assert result["recv_ready_s"] is not None and result["recv_ready_s"] < 2.0
+    assert result["recv_error"] not in ("NoneType", "ZMQError")  # not a bind error, still caught
+    assert result["send_ready"] is True and result["send_error"] == "RuntimeError"
+
+
+@pytest.mark.timeout(300)
+def test_register_kv_caches_raises_the_cause(result):
+    assert result["listener_failed"].startswith("RuntimeError: layerwise listener did not start: ")
+    assert result["sender_failed"] == "RuntimeError: layerwise sender did not start: RuntimeError"
+    assert result["swap_lock_free"] is True and result["names_restored"] is True
+
+
+@pytest.mark.timeout(300)
+def test_a_swap_that_did_not_take_effect_is_an_error(result):
+    assert result["not_swapped"].startswith("RuntimeError: HardenedMooncakeLayerwiseConnector: kv_recv_layer_thread "
+                                            "is KVCacheRecvingLayerThread, not HardenedRecvingLayerThread")

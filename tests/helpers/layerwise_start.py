@@ -1,0 +1,98 @@
+"""How the hardened layerwise worker starts when its threads cannot (run by
+tests/connector_patch/test_layerwise_start.py in the conformance env, under the NPU stubs).
+argv: REPO. Prints one line ``PDCHAOS-LWSTART-RESULT {json}`` (booleans, type names, times).
+
+Real: vllm-ascend 0.23.0.post1's layerwise module, the hardened thread classes and worker method.
+Stand-ins: the worker object (``object.__new__``: only the fields ``register_kv_caches`` reads) and
+upstream's ``register_kv_caches`` where a case says what upstream would build.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import types
+
+sys.path.insert(0, sys.argv[1])
+import pdchaos_npu_stubs  # noqa: E402
+
+pdchaos_npu_stubs.install()
+import vllm_ascend  # noqa: E402,F401
+
+pdchaos_npu_stubs.after_vllm_ascend()
+from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up  # noqa: E402
+
+from connector_patch.layerwise import ascend_connector as H  # noqa: E402
+
+out: dict = {}
+UP_RECV = up.KVCacheRecvingLayerThread  # upstream's class, held before any swap
+
+# 1. the listener: an exception before the ready event that is not a bind error (metadata msgspec
+#    cannot encode): ready is set at once, the cause kept
+ev = threading.Event()
+t = H.HardenedRecvingLayerThread(0, 1, 1, 1, "engine", object(), ev, recv_timeout_s=5.0)
+t.daemon = True
+t0 = time.monotonic()
+t.start()
+out["recv_ready_s"] = round(time.monotonic() - t0, 3) if ev.wait(5) else None
+out["recv_error"] = type(getattr(t, "bind_error", None)).__name__
+
+# 2. the sender: device setup raising before its ready event
+snd = object.__new__(H.HardenedSendingLayerThread)
+snd.ready_event = threading.Event()
+saved = up.get_world_group
+up.get_world_group = lambda: (_ for _ in ()).throw(RuntimeError("no world group"))
+try:
+    th = threading.Thread(target=H.HardenedSendingLayerThread.run, args=(snd,), daemon=True)
+    th.start()
+    th.join(5)
+finally:
+    up.get_world_group = saved
+out["send_ready"] = snd.ready_event.is_set()
+out["send_error"] = type(getattr(snd, "start_error", None)).__name__
+
+
+def worker(consumer: bool, producer: bool):
+    w = object.__new__(H.HardenedLayerwiseWorker)
+    w.recv_timeout_s = 5.0
+    w.handshake_port = 1
+    w.vllm_config = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(
+        is_kv_consumer=consumer, is_kv_producer=producer))
+    return w
+
+
+def outcome(w) -> str:
+    try:
+        w.register_kv_caches({})
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        return f"{type(exc).__name__}: {exc}"
+
+
+orig = up.MooncakeLayerwiseConnectorWorker.register_kv_caches
+try:
+    # 3. upstream builds its threads without looking the names up (the swap does nothing)
+    def builds_upstream(self, kv_caches):
+        self.kv_recv_layer_thread = object.__new__(UP_RECV)  # named directly, not looked up
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = builds_upstream
+    out["not_swapped"] = outcome(worker(True, False))
+
+    # 4. upstream builds through the names (as 0.23.0.post1 does): the listener's start failure is raised
+    def builds_swapped(self, kv_caches):
+        self.kv_recv_layer_thread = t  # the listener of case 1, its cause kept
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = builds_swapped
+    out["listener_failed"] = outcome(worker(True, False))
+
+    def builds_sender(self, kv_caches):
+        self.kv_send_layer_thread = snd
+        self.kv_recv_layer_thread = None
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = builds_sender
+    out["sender_failed"] = outcome(worker(False, True))
+finally:
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = orig
+out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
+out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
+                         and up.KVCacheRecvingLayerThread.__module__ == up.__name__)
+print("PDCHAOS-LWSTART-RESULT " + json.dumps(out), flush=True)

@@ -405,10 +405,12 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
     # -- P
     def update_decoder_info(self, req_id: str, req_meta: Any) -> Any:
         engine, port = req_meta.remote_engine_id, req_meta.remote_port
+        if req_id in self._meta_failed:
+            # checked before the cache: another request to the same D may have filled it since, and
+            # a layer sent now would end in upstream's DONE racing this request's FAILED
+            self.counters["meta_skips"] += 1
+            raise RuntimeError("metadata query failed earlier for this request")
         if engine not in self.remote_layer_metadata or port not in self.remote_layer_metadata[engine]:
-            if req_id in self._meta_failed:
-                self.counters["meta_skips"] += 1
-                raise RuntimeError("metadata query failed earlier for this request")
             try:
                 agent_meta = self._query_metadata(req_id, req_meta)
             except Exception as exc:

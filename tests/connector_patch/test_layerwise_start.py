@@ -47,3 +47,12 @@ def test_register_kv_caches_raises_the_cause(result):
 def test_a_swap_that_did_not_take_effect_is_an_error(result):
     assert result["not_swapped"].startswith("RuntimeError: HardenedMooncakeLayerwiseConnector: kv_recv_layer_thread "
                                             "is KVCacheRecvingLayerThread, not HardenedRecvingLayerThread")
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_metadata_query_skips_the_requests_layers_even_after_the_cache_filled(result):
+    """Issue 21: the check ran only on a cache miss; another request to the same D filling the cache
+    let the failed request's later layers go out, and upstream's DONE raced the hardened FAILED."""
+    assert result["failed_req_with_cache"] == "skipped: metadata query failed earlier for this request"
+    assert result["other_req_with_cache"] == [7777, {"layer": "meta"}]
+    assert result["meta_skips"] == 1

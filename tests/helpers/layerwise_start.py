@@ -92,6 +92,24 @@ try:
     out["sender_failed"] = outcome(worker(False, True))
 finally:
     up.MooncakeLayerwiseConnectorWorker.register_kv_caches = orig
+# 5. P: a request whose metadata query failed, its D's metadata cached since by another request:
+#    its later layers are skipped (never sent: no DONE from upstream's sender to race its FAILED)
+p = object.__new__(H.HardenedLayerwiseWorker)
+p.counters = {"meta_skips": 0, "meta_queries": 0, "meta_failures": 0}
+p._meta_failed = {"req-a": time.monotonic()}
+p.engine_id = "p-engine"
+p.remote_layer_metadata = {"d-engine": {5555: {"layer": "meta"}}}
+p.remote_te_port = {"d-engine": {5555: 7777}}
+p._query_metadata = lambda *a: (_ for _ in ()).throw(AssertionError("cache hit: no query"))
+meta = lambda: types.SimpleNamespace(remote_engine_id="d-engine", remote_port=5555)  # noqa: E731
+try:
+    p.update_decoder_info("req-a", meta())
+    out["failed_req_with_cache"] = "sent"
+except RuntimeError as exc:
+    out["failed_req_with_cache"] = f"skipped: {exc}"
+other = p.update_decoder_info("req-b", meta())
+out["other_req_with_cache"] = [other.remote_te_rpc_port, other.remote_layer_metadata]
+out["meta_skips"] = p.counters["meta_skips"]
 out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
 out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
                          and up.KVCacheRecvingLayerThread.__module__ == up.__name__)

@@ -19,8 +19,11 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    (FAILED after the last layer). The thread serves the next request.
 3. **A failed metadata query is reported.** P's query for D's metadata is one bounded attempt
    (``layerwise_meta_timeout_s``, default 2 s) on a socket closed afterwards; once it failed, the
-   request's later layers skip it without asking again, and after the last layer D is told FAILED
-   (off the forward pass). Upstream retries the query ~3.3 s on every layer and never tells D.
+   request's later layers are never sent (checked before the metadata cache: another request to
+   the same D filling it must not let them through, or upstream's DONE would race the FAILED), and
+   after the last layer D is told FAILED (off the forward pass). Upstream retries the query ~3.3 s
+   on every layer and never tells D. A failed write fails the requests of its D session only
+   (upstream's sender marks a leftover loop variable failed: another session's request).
    DONE/FAILED go out off the sending thread, bounded (``layerwise_signal_timeout_s``, default
    2 s); upstream's sender retries up to ~10 s on the sending thread when D is unreachable.
 4. **D never waits forever.** Every request D waits for has a deadline
@@ -248,6 +251,21 @@ class _GuardedEngine:
         return ret
 
 
+class _FailedRequests(set):
+    """P's failed requests. vllm-ascend 0.23.0.post1's sending thread adds to this set in one place,
+    after a failed write, with ``req_id`` left over from the loop before (the last request of the
+    task, whichever D session it belongs to), so a request whose write succeeded was told FAILED
+    and the failed ones were not. That ``add`` is dropped here (counted); the guarded engine has
+    already added every request of the failed session (``update``)."""
+
+    def __init__(self, counters: dict):
+        super().__init__()
+        self._counters = counters
+
+    def add(self, req_id: str) -> None:
+        self._counters["stale_adds_dropped"] = self._counters.get("stale_adds_dropped", 0) + 1
+
+
 class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
     """P's per-layer sender: a failing layer fails its requests (D told FAILED), never the thread."""
 
@@ -255,7 +273,9 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
         super().__init__(*args, **kwargs)
         self.engine = _GuardedEngine(self.engine, self)
         self.sessions: dict[str, list[str]] = {}
-        self.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0}
+        self.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0,
+                         "stale_adds_dropped": 0}
+        self.failed_reqs = _FailedRequests(self.counters)
         self._signalled: set[str] = set()
         inner = self.callback_func
 

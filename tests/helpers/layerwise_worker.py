@@ -1,5 +1,5 @@
-"""How the hardened layerwise worker starts when its threads cannot (run by
-tests/connector_patch/test_layerwise_start.py in the conformance env, under the NPU stubs).
+"""The hardened layerwise worker's start, its metadata skip and its sending thread's failures (run by
+tests/connector_patch/test_layerwise_worker.py in the conformance env, under the NPU stubs).
 argv: REPO. Prints one line ``PDCHAOS-LWSTART-RESULT {json}`` (booleans, type names, times).
 
 Real: vllm-ascend 0.23.0.post1's layerwise module, the hardened thread classes and worker method.
@@ -110,6 +110,27 @@ except RuntimeError as exc:
 other = p.update_decoder_info("req-b", meta())
 out["other_req_with_cache"] = [other.remote_te_rpc_port, other.remote_layer_metadata]
 out["meta_skips"] = p.counters["meta_skips"]
+# 6. P's sending thread, upstream's _transfer_kv_cache run for real: one task, two D sessions, the
+#    first session's write fails. Upstream marks a leftover loop variable failed (the second
+#    session's request, whose write succeeded); here exactly the failed session's request fails.
+ns = types.SimpleNamespace
+s6 = object.__new__(H.HardenedSendingLayerThread)
+s6.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0, "stale_adds_dropped": 0}
+s6.failed_reqs = H._FailedRequests(s6.counters)
+s6.sessions, s6._signalled, s6.total_layers, s6.pd_head_ratio = {}, set(), 1, 1
+s6.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
+s6.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
+signals: list = []
+s6.callback_func = lambda rid, meta, group, trans_flag=True: signals.append((rid, trans_flag))
+writes = {"h1:1": -1, "h2:2": 0}
+s6.engine = H._GuardedEngine(ns(batch_transfer_sync_write=lambda sid, *a: writes[sid]), s6)
+task = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_cache=None,
+          wait_event=ns(synchronize=lambda: None),
+          send_request={"req-a": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True),
+                        "req-b": ns(remote_host="h2", remote_te_rpc_port=2, chunk_finish=True)})
+s6._handle_request(task)
+out["two_sessions_signals"] = sorted(signals)
+out["stale_adds_dropped"] = s6.counters["stale_adds_dropped"]
 out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
 out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
                          and up.KVCacheRecvingLayerThread.__module__ == up.__name__)

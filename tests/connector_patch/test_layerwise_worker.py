@@ -1,8 +1,9 @@
-"""The hardened layerwise worker's start (connector_patch/layerwise/ascend_connector.py, guarantee
-6), in the conformance env with vllm-ascend 0.23.0.post1's own module: a thread that cannot start
-fails the start with its cause instead of a wait for a ready event that never comes (the wait runs
-under the class-swap lock, so a hang there would also block every later worker of the process),
-and a swap that did not take effect is an error, not hardened behaviour silently missing."""
+"""The hardened layerwise worker (connector_patch/layerwise/ascend_connector.py) in the conformance
+env, against vllm-ascend 0.23.0.post1's own module: a thread that cannot start fails the start with
+its cause instead of a wait for a ready event that never comes (the wait runs under the class-swap
+lock, so a hang there would also block every later worker of the process); a swap that did not
+take effect is an error; a request whose metadata query failed never has a layer sent; a failed
+D session fails its own requests only (upstream's sending thread runs for real)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def result() -> dict:
     env = ascend_conf_env(out=lambda line: None)
     if not env.installed():
         pytest.skip("the conformance env is not installed here: run `pdchaos setup --only ascend-conf-stack`")
-    res, _, _ = run_env_helper([str(env.python), str(REPO / "tests" / "helpers" / "layerwise_start.py"), str(REPO)],
+    res, _, _ = run_env_helper([str(env.python), str(REPO / "tests" / "helpers" / "layerwise_worker.py"), str(REPO)],
                                env=dict(os.environ, VLLM_PLUGINS=""), cwd=str(REPO), timeout=240,
                                marker="PDCHAOS-LWSTART-RESULT")
     return res
@@ -56,3 +57,12 @@ def test_a_failed_metadata_query_skips_the_requests_layers_even_after_the_cache_
     assert result["failed_req_with_cache"] == "skipped: metadata query failed earlier for this request"
     assert result["other_req_with_cache"] == [7777, {"layer": "meta"}]
     assert result["meta_skips"] == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_session_fails_its_own_requests_only(result):
+    """Issue 21: upstream's sending thread marked a leftover loop variable failed after a failed
+    write (a request of another D session, written fine). Upstream's _transfer_kv_cache runs for
+    real here: the failed session's request is told FAILED, the other DONE."""
+    assert result["two_sessions_signals"] == [["req-a", False], ["req-b", True]]
+    assert result["stale_adds_dropped"] == 1

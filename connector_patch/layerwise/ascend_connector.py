@@ -33,7 +33,8 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    ``get_block_ids_with_load_errors``; upstream reports the blocks but never the request. A late
    completion of a request D already failed is ignored.
 5. **The metaserver POST is bounded and checked.** D's scheduler posts with a timeout
-   (``metaserver_timeout_s``, default 5 s, two tries) and treats a non-2xx answer as a failure;
+   (``metaserver_timeout_s``, default 5 s; tried again only when no connection was made: the
+   POST is not idempotent) and treats a non-2xx answer as a failure;
    a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
    metaserver that never answers holds the thread forever), ignores the status, and only logs.
 
@@ -557,17 +558,25 @@ class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
         self.counters = {"posts": 0, "post_failures": 0}
 
     def _access_metaserver(self, url: Any, message: dict) -> None:
+        """One POST, bounded. Tried again only when the connection was never made (then the
+        metaserver cannot have the request): the POST is not idempotent, and a retry after a
+        timeout or an answer could have the proxy send the request to P twice."""
         self.counters["posts"] += 1
         why = "not tried"
         for attempt in range(1, POST_TRIES + 1):
+            unsent = False
             try:
                 resp = self.metaserver_client.post(url, json=message)
                 why = post_failure(resp.status_code, None)
+            except httpx.ConnectError as exc:
+                why, unsent = post_failure(None, type(exc).__name__), True
             except Exception as exc:
                 why = post_failure(None, type(exc).__name__)
             if why is None:
                 return
             logger.warning("layerwise metaserver: POST failed (%s), try %d/%d", why, attempt, POST_TRIES)
+            if not unsent:
+                break  # the metaserver may have it: never sent twice
         self.counters["post_failures"] += 1
         with self._posts_lock:
             self._failed_posts.add(str(message.get("request_id", "")))

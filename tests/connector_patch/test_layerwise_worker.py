@@ -66,3 +66,13 @@ def test_a_failed_session_fails_its_own_requests_only(result):
     real here: the failed session's request is told FAILED, the other DONE."""
     assert result["two_sessions_signals"] == [["req-a", False], ["req-b", True]]
     assert result["stale_adds_dropped"] == 1
+
+
+@pytest.mark.timeout(300)
+def test_the_metaserver_post_is_never_sent_twice(result):
+    """Issue 21: a second try after a timeout re-sent a request that is not idempotent (the proxy
+    could send it to P twice). Now: a second try only when the first never connected."""
+    assert result["post_timeout"] == [1, ["r1"]]
+    assert result["post_500"] == [1, ["r1"]]
+    assert result["post_refused_then_ok"] == [2, []]
+    assert result["post_refused_twice"] == [2, ["r1"]]

@@ -131,6 +131,32 @@ task = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_
 s6._handle_request(task)
 out["two_sessions_signals"] = sorted(signals)
 out["stale_adds_dropped"] = s6.counters["stale_adds_dropped"]
+# 7. D's POST to the metaserver: tried again only when no connection was made (the POST is not
+#    idempotent: a retry after a timeout or an answer could send the request to P twice)
+import httpx  # noqa: E402
+
+
+def post_with(*outcomes):
+    sch = object.__new__(H.HardenedLayerwiseScheduler)
+    sch.counters, sch._failed_posts, sch._posts_lock = {"posts": 0, "post_failures": 0}, set(), threading.Lock()
+    calls = []
+
+    def post(url, json):
+        calls.append(url)
+        o = outcomes[min(len(calls), len(outcomes)) - 1]
+        if isinstance(o, Exception):
+            raise o
+        return ns(status_code=o)
+    sch.metaserver_client = ns(post=post)
+    sch._access_metaserver("http://ms/v1/metaserver", {"request_id": "r1"})
+    return [len(calls), sorted(sch._failed_posts)]
+
+
+req = httpx.Request("POST", "http://ms/v1/metaserver")
+out["post_timeout"] = post_with(httpx.ReadTimeout("slow", request=req), 200)
+out["post_refused_then_ok"] = post_with(httpx.ConnectError("refused", request=req), 200)
+out["post_500"] = post_with(500, 200)
+out["post_refused_twice"] = post_with(httpx.ConnectError("refused", request=req))
 out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
 out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
                          and up.KVCacheRecvingLayerThread.__module__ == up.__name__)

@@ -5,7 +5,7 @@ Appends one entry (this commit's figures from a run's ``bench.json``, github-act
 (``window.BENCHMARK_DATA = {"lastUpdate", "repoUrl", "entries": {NAME: [{"commit", "date", "tool",
 "benches"}...]}}``), so its charts page reads it as is. Keeps the last ``--max-items`` entries;
 an entry for the same commit replaces the older one. The workflow keeps the file between runs
-(actions/cache). Exit 2 when bench.json is missing or not a list.
+on a data branch (.github/scripts/trend_push.sh). Exit 2 when bench.json is missing or not a list.
 """
 
 from __future__ import annotations

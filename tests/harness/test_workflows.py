@@ -187,8 +187,6 @@ PINNED = {
     "actions/checkout": ("d23441a48e516b6c34aea4fa41551a30e30af803", "v6.1.0"),
     "actions/upload-artifact": ("bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
     "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
-    "actions/cache/restore": ("27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5"),
-    "actions/cache/save": ("27d5ce7f107fe9357f9df03efb73ab90386fccae", "v5.0.5"),
     "marocchino/sticky-pull-request-comment": ("5770ad5eb8f42dd2c4f34da00c94c5381e49af88", "v3.0.5"),
 }
 
@@ -252,6 +250,7 @@ class Workspace:
         self.root = root
         self.ws = root / "ws"
         self.ws.mkdir(parents=True, exist_ok=True)
+        (root / "tmp").mkdir(exist_ok=True)  # $RUNNER_TEMP exists on a runner
         self.exprs = dict(exprs)
         self.files = {k: root / f"{k.lower()}.txt" for k in ("GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY", "GITHUB_ENV")}
         for f in self.files.values():
@@ -643,10 +642,16 @@ def test_nightly_summary_and_trend_steps(tmp_path, made_runs):
     assert "- `pd-fake-prefill-error` [upstream]: fault fake_prefill_peer acts" in summary
     (run / "not_run.json").unlink()
     w.exprs["steps.summary.outputs.run_dir"] = out["run_dir"]
+    # the trend lives on a data branch of the repository: here a bare repository on disk
+    remote = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True, timeout=30)
+    w.exprs.update({"github.token": "tok", "github.server_url": "https://github.com"})
+    env = {"TREND_REMOTE": f"file://{remote}"}
+    (w.ws / ".github").symlink_to(REPO / ".github")
     for sha in ("a" * 40, "b" * 40, "b" * 40):
         w.exprs["github.sha"] = sha
-        proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "trend")
-        assert proc.returncode == 0, proc.stderr
+        proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "trend", extra_env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     data = (w.ws / "pdchaos-out" / "trend" / "data.js").read_text()
     assert data.startswith("window.BENCHMARK_DATA = ")
     doc = json.loads(data.removeprefix("window.BENCHMARK_DATA = "))
@@ -655,6 +660,27 @@ def test_nightly_summary_and_trend_steps(tmp_path, made_runs):
     bench = json.loads((w.ws / out["run_dir"] / "bench.json").read_text())
     assert entries[-1]["benches"] == bench and entries[-1]["tool"] == "customSmallerIsBetter"
     assert (w.ws / out["run_dir"] / "bench-trend.js").is_file()
+
+    def branch_file(path: str) -> str:
+        return subprocess.run(["git", "--git-dir", str(remote), "show", f"pdchaos-bench-data:{path}"],
+                              capture_output=True, text=True, check=True, timeout=30).stdout
+    assert branch_file("lookup/data.js") == data  # what the next night starts from
+    log = subprocess.run(["git", "--git-dir", str(remote), "log", "--format=%s", "pdchaos-bench-data"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout.split("\n")
+    assert log[:3] == ["bench trend: lookup at " + "b" * 12] * 2 + ["bench trend: lookup at " + "a" * 12]
+    # two suites' jobs pushing at the same moment: the one refused fetches and tries again
+    procs = []
+    for suite in ("ascend-cpu", "pd"):
+        wenv = dict(os.environ, RUNNER_TEMP=str(tmp_path), BENCH=str(w.ws / out["run_dir"] / "bench.json"),
+                    SUITE_ID=suite, COMMIT="c" * 40, REMOTE=f"file://{remote}", PYTHONPATH=str(REPO))
+        procs.append(subprocess.Popen(["bash", str(REPO / ".github" / "scripts" / "trend_push.sh"),
+                                       str(tmp_path / f"out-{suite}")], cwd=REPO, env=wenv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for pr in procs:
+        o, e = pr.communicate(timeout=120)
+        assert pr.returncode == 0, o + e
+    for suite in ("lookup", "ascend-cpu", "pd"):
+        assert f"pd-chaos nightly: {suite}" in branch_file(f"{suite}/data.js")
 
 
 def _checkout(dest: Path) -> None:

@@ -565,6 +565,28 @@ def test_nightly_install_step_commands(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.timeout(900)
+def test_zero_npu_nightly_job_installs_for_real(tmp_path):
+    """The 0-NPU nightly job (ascend-cpu on linux-aarch64-a2b3-0) as its matrix row has it: the
+    install step and the setup step run for real, not dry (pip install of pd-chaos; then the
+    conformance env, vllm-ascend 0.23.0.post1 built with SOC_VERSION=ascend910b1 and
+    COMPILE_CUSTOM_KERNELS=0: already there after .ci/run's setup, so checked and kept)."""
+    row = next(m for m in S.select("ascend-cpu", "ascend", REPO))
+    assert (row["install"], row["soc"], row["setup"]) == ("cpu", "ascend910b1", "--only ascend-conf-stack")
+    w = Workspace(tmp_path, {"inputs.profile": row["install"], "inputs.vllm_ref": "auto", "inputs.soc": row["soc"],
+                             "inputs.vllm_ascend_ref": "0.23.0.post1", "inputs.suite": row["id"],
+                             "inputs.allow_unsupported": "false", "inputs.setup": row["setup"]})
+    w.ws.rmdir()
+    w.ws.symlink_to(REPO)
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "install", timeout=800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["+ python3 -m pip install --disable-pip-version-check -q -e '.[dev]'"]
+    proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "pdchaos setup", timeout=800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ascend-conf-stack ... already present: torch==2.11.0, vllm==0.23.0, vllm-ascend==0.23.0.post1" in \
+        proc.stdout + proc.stderr
+
+
 def _stub_bin(bin_dir: Path, log: Path, tag: str) -> dict:
     """git, apt-get, ldconfig and python3 for a real (not dry) install run that installs nothing:
     each logs its argv; ``git checkout`` in the vllm-ascend folder writes its release-tag file

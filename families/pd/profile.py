@@ -68,7 +68,9 @@ class PDProfile(BaseModel):
     vllm: str = Field(..., pattern=r"^(node-env|path|/\S+)$",
                       description="node-env: the P/D node env of `pdchaos setup`; path: the `vllm` beside this "
                                   "Python; or the absolute path of a vllm command")
-    model: str | None = Field(None, description="model folder; none: the locally built tiny model")
+    model: str | None = Field(None, description="model folder, or a ModelScope id ORG/NAME found in the "
+                                                "ModelScope cache (harness/ci/model.py); none: the locally "
+                                                "built tiny model")
     dtype: str = Field("bfloat16", pattern=r"^(bfloat16|float16|float32|auto)$")
     max_model_len: int = Field(512, ge=64, le=131072)
     devices: dict[Literal["prefill", "decode"], str] = Field(
@@ -81,6 +83,10 @@ class PDProfile(BaseModel):
 
     @model_validator(mode="after")
     def _rules(self) -> "PDProfile":
+        if self.model and not self.model.startswith(("/", ".")):  # a ModelScope id: its folder in the cache
+            from harness.ci.model import resolve
+
+            self.model = str(resolve(self.model))
         if self.device == "npu":
             if not self.model:
                 raise ValueError("model: an NPU profile needs a model folder (--set model=/path/to/model)")

@@ -202,6 +202,46 @@ def pr_head_sha(number: int, api: str, repo: str, token: str, timeout: float = 2
     return sha
 
 
+def find_pr(head: str, sha: str, api: str, repo: str, token: str, timeout: float = 20.0) -> int:
+    """The open pull request whose head is ``OWNER:BRANCH`` and at commit ``sha`` (a fork's
+    ``workflow_run`` event names no pull request): asked of the GitHub REST API."""
+    import urllib.parse
+    import urllib.request
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo or ""):
+        raise ValueError(f"GITHUB_REPOSITORY {repo!r}: expected OWNER/NAME")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+:[^\s:]+", head or ""):
+        raise ValueError(f"--head {head!r}: expected OWNER:BRANCH")
+    q = urllib.parse.urlencode({"head": head, "state": "open", "per_page": "100"})
+    req = urllib.request.Request(f"{api.rstrip('/')}/repos/{repo}/pulls?{q}",
+                                 headers={"Accept": "application/vnd.github+json",
+                                          "X-GitHub-Api-Version": "2022-11-28",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the API URL Actions gives
+            doc = json.loads(resp.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"pull requests of {head}: the API did not answer: {exc}") from None
+    found = [pr.get("number") for pr in doc if isinstance(pr, dict) and (pr.get("head") or {}).get("sha") == sha] \
+        if isinstance(doc, list) else []
+    if len(found) != 1 or not isinstance(found[0], int):
+        raise ValueError(f"no single open pull request from {head} at {sha[:12]} ({len(found)} found)")
+    return found[0]
+
+
+def _find_cmd(args: argparse.Namespace) -> int:
+    import os
+
+    try:
+        number = find_pr(args.head, args.sha, os.environ.get("GITHUB_API_URL", "https://api.github.com"),
+                         os.environ.get("GITHUB_REPOSITORY", ""), os.environ.get("GITHUB_TOKEN", ""))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(number)  # on stdout: the follow-up's script reads it
+    return 0
+
+
 def _check_cmd(args: argparse.Namespace) -> int:
     import os
 
@@ -251,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--expect-sha", default="")
     c.add_argument("--verify-api", action="store_true",
                    help="check with the GitHub API that the pull request's head is --expect-sha")
+    fp = sub.add_parser("find-pr", help="the open pull request from OWNER:BRANCH at SHA (a fork's event names none)")
+    fp.add_argument("--head", required=True)
+    fp.add_argument("--sha", required=True)
     args = p.parse_args(argv)
-    return {"body": _body_cmd, "failed": _failed_cmd, "check": _check_cmd}[args.cmd](args)
+    return {"body": _body_cmd, "failed": _failed_cmd, "check": _check_cmd, "find-pr": _find_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

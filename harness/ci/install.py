@@ -51,6 +51,7 @@ RELEASE_TAG_FILE = ".github/vllm-release-tag.commit"  # what vllm-ascend's CI re
 SOCS = ("ascend910b1", "ascend910_9391", "ascend310p1")  # A2, A3, 310P as vllm-ascend's builds name them
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _RELEASE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:(?:\.post|rc|\.dev)[0-9]+)?$")
+_SHA = re.compile(r"^[0-9a-f]{7,40}$")
 _TAG = re.compile(r"^v([0-9]+\.[0-9]+\.[0-9]+)(?:[.-].*)?$")
 
 
@@ -144,28 +145,38 @@ def plan(profile: str, vllm_ref: str, vllm_ascend: str, src: str, soc: str, max_
         Step(["apt-get", "update", "-q"]),
         Step(["apt-get", "install", "-y", "-q", "--no-install-recommends", *MOONCAKE_APT]),
         Step(["ldconfig"]),
-        Step(["git", "clone", "--filter=blob:none", VLLM_ASCEND_REPO, va_dir]),
-        Step(["git", "-C", va_dir, "checkout", "--detach", va_ref]),
+        *clone(VLLM_ASCEND_REPO, va_ref, va_dir),
     ]
     read_after = len(steps) - 1 if vllm_ref == "auto" else -1
     steps += [
-        Step(["git", "clone", "--filter=blob:none", VLLM_REPO, vllm_dir]),
-        Step(["git", "-C", vllm_dir, "checkout", "--detach", "{vllm_ref}" if vllm_ref == "auto" else vllm_ref]),
+        *clone(VLLM_REPO, "{vllm_ref}" if vllm_ref == "auto" else vllm_ref, vllm_dir),
         Step(pip + ["-e", vllm_dir], {"VLLM_TARGET_DEVICE": "empty", **index_env}),
         Step([python, "-m", "pip", "uninstall", "-y", "-q", "triton"]),
+        # vllm-ascend builds without isolation (as its CI does): its build and runtime requirements
+        # first, from the checkout (its requirements.txt mirrors pyproject's build-system)
+        Step(pip + ["-r", f"{va_dir}/requirements.txt"], index_env),
     ]
+    build_env = {"SOC_VERSION": soc, "MAX_JOBS": str(max_jobs), **index_env}
     if release:
-        steps.append(Step(pip + ["--no-build-isolation", f"vllm-ascend=={release}"],
-                          {"SOC_VERSION": soc, "MAX_JOBS": str(max_jobs), **index_env}))
+        steps.append(Step(pip + ["--no-build-isolation", f"vllm-ascend=={release}"], build_env))
     else:
         steps += [Step(["git", "-C", va_dir, "submodule", "update", "--init", "--recursive"]),
-                  Step(pip + ["-e", va_dir], {"SOC_VERSION": soc, "MAX_JOBS": str(max_jobs), **index_env})]
+                  Step(pip + ["--no-build-isolation", "-e", va_dir], build_env)]
     steps += [
         Step(pip + ["--force-reinstall", "--no-deps", TRITON_ASCEND], index_env),
         Step(pip + ["--no-deps", MOONCAKE_NPU]),
         Step([python, "-m", "connector_patch.versions", "installed"] + (["--allow-unsupported"] if allow else [])),
     ]
     return Plan(steps, read_after, va_dir, release)
+
+
+def clone(repo: str, ref: str, dest: str) -> list[Step]:
+    """A checkout of ``ref``: a branch or tag is cloned by name (a fresh clone has no local branch
+    but its default one, so ``checkout <branch>`` would fail); a commit is fetched, then checked out."""
+    if _SHA.match(ref):
+        return [Step(["git", "clone", "--filter=blob:none", "--no-checkout", repo, dest]),
+                Step(["git", "-C", dest, "checkout", "--detach", ref])]
+    return [Step(["git", "clone", "--filter=blob:none", "--branch", ref, repo, dest])]
 
 
 def read_vllm_ref(ascend_dir: str) -> str:

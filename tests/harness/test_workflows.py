@@ -327,14 +327,22 @@ class Workspace:
                 st = steps.get(parts[1], {})
                 val = st.get(parts[2], "") if parts[2] != "outputs" else st.get("outputs", {}).get(parts[3], "")
             else:
-                val = self.exprs.get(m.group(0), "")
-            return repr(str(val))
-        py = re.sub(r"\b(?:steps|inputs|github)\.[A-Za-z0-9_.\[\]-]+", ref, e)
+                if m.group(0) not in self.exprs:
+                    raise KeyError(f"no value for {m.group(0)} in if: {text}")
+                val = self.exprs[m.group(0)]
+            val = str(val)
+            if val.lower() in ("true", "false"):  # a boolean input or output
+                return val.lower().capitalize()
+            return repr(val.lower())  # GitHub compares strings ignoring case
+        status = re.search(r"\b(success|failure|cancelled|always)\(\)", e) is not None
+        py = re.sub(r"'([^']*)'", lambda m: repr(m.group(1).lower()), e)
+        py = re.sub(r"\b(?:steps|inputs|github)\.[A-Za-z0-9_.\[\]-]+", ref, py)
         py = py.replace("!cancelled()", "True").replace("cancelled()", "False").replace("always()", "True")
         py = py.replace("success()", repr(not failed)).replace("failure()", repr(failed))
         py = py.replace("&&", " and ").replace("||", " or ").replace("!=", " != ").replace("==", " == ")
         py = re.sub(r"!(?!=)", " not ", py)
-        return bool(eval(py, {"__builtins__": {}}, {}))  # noqa: S307 - the workflow's own text
+        ok = bool(eval(py, {"__builtins__": {}}, {}))  # noqa: S307 - the workflow's own text
+        return ok if status else ok and not failed  # no status function: success() && (...)
 
     def upload(self, st: dict) -> tuple[bool, str]:
         """actions/upload-artifact: every path (relative to the container's workspace) collected;
@@ -587,6 +595,9 @@ def test_zero_npu_nightly_job_installs_for_real(tmp_path):
         proc.stdout + proc.stderr
 
 
+VA_URL = "https://github.com/vllm-project/vllm-ascend.git"
+
+
 def _stub_bin(bin_dir: Path, log: Path, tag: str) -> dict:
     """git, apt-get, ldconfig and python3 for a real (not dry) install run that installs nothing:
     each logs its argv; ``git checkout`` in the vllm-ascend folder writes its release-tag file
@@ -594,11 +605,12 @@ def _stub_bin(bin_dir: Path, log: Path, tag: str) -> dict:
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in ("apt-get", "ldconfig"):
         (bin_dir / name).write_text(f"#!/bin/sh\necho {name} \"$@\" >> {log}\n")
-    (bin_dir / "git").write_text(f"""#!/bin/sh
+    (bin_dir / "git").write_text(f"""#!/bin/bash
 echo git "$@" >> {log}
-if [ "$1" = clone ]; then mkdir -p "$4"; fi
-if [ "$1" = -C ] && [ "$3" = checkout ]; then
-  case "$2" in */vllm-ascend) mkdir -p "$2/.github"; echo "{tag}" > "$2/.github/vllm-release-tag.commit";; esac
+if [ "$1" = clone ]; then
+  dest="${{@: -1}}"
+  mkdir -p "$dest"
+  case "$dest" in */vllm-ascend) mkdir -p "$dest/.github"; echo "{tag}" > "$dest/.github/vllm-release-tag.commit";; esac
 fi
 """)
     (bin_dir / "python3").write_text(f"""#!{sys.executable}
@@ -627,9 +639,11 @@ def test_install_reads_vllms_ref_from_the_vllm_ascend_checkout(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     lines = log.read_text().splitlines()
     assert "vLLM ref v0.23.0 (from .github/vllm-release-tag.commit)" in proc.stdout
-    assert f"git -C {tmp_path}/src/vllm checkout --detach v0.23.0" in lines
-    assert lines.index(f"git -C {tmp_path}/src/vllm-ascend checkout --detach releases/v0.23.0") < \
-        lines.index(f"git clone --filter=blob:none https://github.com/vllm-project/vllm.git {tmp_path}/src/vllm")
+    # a branch or tag is cloned by name (a fresh clone's `checkout --detach <branch>` fails)
+    va = f"git clone --filter=blob:none --branch releases/v0.23.0 {VA_URL} {tmp_path}/src/vllm-ascend"
+    vl = f"git clone --filter=blob:none --branch v0.23.0 https://github.com/vllm-project/vllm.git {tmp_path}/src/vllm"
+    assert lines.index(va) < lines.index(vl)
+    assert f"python3 -m pip install --disable-pip-version-check -q -r {tmp_path}/src/vllm-ascend/requirements.txt" in lines
     assert any(x.endswith("vllm-ascend==0.23.0.post1") for x in lines)
     assert proc.returncode == 2 and "HardenedAscendStoreConnector: unsupported" in proc.stdout
     assert "do not support it" in proc.stderr
@@ -639,6 +653,13 @@ def test_install_reads_vllms_ref_from_the_vllm_ascend_checkout(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "vLLM 0.27.1 with vllm-ascend 0.23.0.post1 is not a supported pair" in proc.stderr
     assert not any("vllm.git" in x for x in log.read_text().splitlines())
+    # a commit (vllm-ascend's verified vLLM main commit, say) is fetched, then checked out
+    log.unlink()
+    proc = subprocess.run(cmd + ["--vllm-ref", "cdc4824a21eaa986d4d1fee90a7e6465c9f706e6", "--allow-unsupported"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    lines = log.read_text().splitlines()
+    assert f"git clone --filter=blob:none --no-checkout https://github.com/vllm-project/vllm.git {tmp_path}/src/vllm" \
+        in lines and f"git -C {tmp_path}/src/vllm checkout --detach cdc4824a21eaa986d4d1fee90a7e6465c9f706e6" in lines
 
 
 @pytest.mark.timeout(60)
@@ -771,7 +792,7 @@ def test_pr_job_regression_comment_and_failing_verdict(tmp_path, made_runs):
     # both uploads found their files in the container's workspace
     runs = w.artifacts["pdchaos-compare-pr42-1"]
     assert "pdchaos-out/compare.json" in runs and any(k.startswith("pdchaos-out/runs/head/") for k in runs)
-    assert set(w.artifacts["pr-comment"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
+    assert set(w.artifacts["pr-comment-1"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
     verdict = res["verdict"]
     assert verdict.returncode == 1 and "compare: exit 1" in verdict.stdout and "::error::pdchaos compare" in verdict.stdout
     assert not (tmp_path / "host").exists()  # nothing went to the host's path
@@ -815,32 +836,31 @@ def test_pr_job_that_fails_early_still_comments_for_its_commit(tmp_path, made_ru
     body = (w.ws / "pdchaos-out" / "comment" / "comment.md").read_text()
     assert body.startswith(C.MARKER) and f"**No comparison for head `{'c' * 12}`**" in body
     assert "Steps that failed: `install`." in body and "[workflow run](" in body
-    assert set(w.artifacts["pr-comment"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
-    assert json.loads(w.artifacts["pr-comment"]["pdchaos-out/comment/pr.json"]) == {"number": 42, "head_sha": "c" * 40}
+    assert set(w.artifacts["pr-comment-1"]) == {"pdchaos-out/comment/comment.md", "pdchaos-out/comment/pr.json"}
+    assert json.loads(w.artifacts["pr-comment-1"]["pdchaos-out/comment/pr.json"]) == {"number": 42, "head_sha": "c" * 40}
     assert res["verdict"].returncode == 1 and "head run: exit none" in res["verdict"].stdout
     assert C.check(w.ws / "pdchaos-out" / "comment", "c" * 40)[0] == 42  # the follow-up takes it
 
 
 @pytest.mark.timeout(120)
-def test_pr_job_rerun_replaces_its_artifacts(tmp_path, made_runs):
-    """"Re-run jobs": the same run id, attempt 2, the artifacts of attempt 1 still there. The runs
-    artifact is named per attempt; the pr-comment one (a fixed name the follow-up downloads) is
-    overwritten. Without ``overwrite`` the second upload fails on the name, as upload-artifact@v4+ does."""
+def test_pr_job_rerun_keeps_one_comment_per_attempt(tmp_path, made_runs):
+    """"Re-run jobs": the same run id, attempt 2, attempt 1's artifacts still there (a re-run keeps
+    them; ``overwrite`` only replaces within one attempt). Both artifacts are named per attempt, and
+    the follow-up of attempt 2 reads attempt 2's comment: never attempt 1's numbers again."""
     w = _pr_workspace(tmp_path, made_runs, "same")
     _run_pr_job(w)
     first = dict(w.artifacts)
     shutil.rmtree(w.ws / "pdchaos-out")
     (tmp_path / "fake.log").unlink()
     w.exprs["github.run_attempt"] = "2"
-    w.exprs["inputs.head_sha"] = "e" * 40  # and say the comment is for another commit now
-    res = _run_pr_job(w)
-    assert res["comment_upload"] == (True, "https://artifacts/pr-comment")
-    assert set(w.artifacts) == set(first) | {"pdchaos-compare-pr42-2"}
-    assert json.loads(w.artifacts["pr-comment"]["pdchaos-out/comment/pr.json"])["head_sha"] == "e" * 40
-    step = next(st for st in _load(WF / "_latency_compare.yaml")["jobs"]["compare"]["steps"]
-                if st.get("id") == "comment_upload")
-    step = dict(step, **{"with": {k: v for k, v in step["with"].items() if k != "overwrite"}})
-    assert w.upload(step) == (False, "an artifact with the name pr-comment already exists")
+    res = _run_pr_job(w, step_env={"install": {"FAKE_FAIL_MODULE": "harness.ci.install"}})  # attempt 2 fails early
+    assert res["comment_upload"] == (True, "https://artifacts/pr-comment-2")
+    assert set(w.artifacts) == set(first) | {"pdchaos-compare-pr42-2", "pr-comment-2"}
+    assert "No comparison for head" in w.artifacts["pr-comment-2"]["pdchaos-out/comment/comment.md"].decode()
+    assert "No comparison" not in w.artifacts["pr-comment-1"]["pdchaos-out/comment/comment.md"].decode()
+    follow = _load(WF / "pr_latency_comment.yaml")["jobs"]["comment"]["steps"]
+    dl = next(st for st in follow if st.get("id") == "download")
+    assert dl["with"]["name"] == "pr-comment-${{ github.event.workflow_run.run_attempt }}"
 
 
 @pytest.mark.timeout(120)
@@ -867,10 +887,24 @@ def test_followup_check_runs_on_a_bare_interpreter(tmp_path):
 
 class _FakeAPI(BaseHTTPRequestHandler):
     heads: dict[int, str] = {}
+    branches: dict[int, str] = {}  # number -> OWNER:BRANCH of its head
     seen: list[tuple[str, str]] = []
 
     def do_GET(self):  # noqa: N802
         self.seen.append((self.path, self.headers.get("Authorization", "")))
+        q = re.fullmatch(r"/repos/o/pd-chaos/pulls\?(.*)", self.path)
+        if q:
+            from urllib.parse import parse_qs
+
+            head = parse_qs(q.group(1)).get("head", [""])[0]
+            body = json.dumps([{"number": n, "head": {"sha": self.heads[n]}} for n, b in self.branches.items()
+                               if b == head]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         m = re.fullmatch(r"/repos/o/pd-chaos/pulls/(\d+)", self.path)
         if not m or int(m.group(1)) not in self.heads:
             self.send_response(404)
@@ -931,17 +965,22 @@ def test_followup_checks_the_artifact_before_commenting(tmp_path):
 @pytest.mark.timeout(60)
 def test_followup_without_an_artifact_posts_the_failure_note(tmp_path):
     """The comparison job died before it uploaded anything: the follow-up writes the "no comparison
-    for this commit" note itself when the event names the pull request (checked with the API like
-    any artifact), and posts nothing for a fork's run (no pull request in the event)."""
+    for this commit" note itself and checks it with the API like any artifact. The event names the
+    pull request (same repository), or not (a fork: found by its head branch and commit); a fork
+    branch with no open pull request at that commit posts nothing (the step fails, visibly)."""
     server = HTTPServer(("127.0.0.1", 0), _FakeAPI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        _FakeAPI.heads = {42: "c" * 40}
+        _FakeAPI.heads, _FakeAPI.branches = {42: "c" * 40, 44: "c" * 40}, {44: "fork:feature"}
         api = {"GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}", "GITHUB_REPOSITORY": "o/pd-chaos"}
-        for number, posted in (("42", True), ("", False)):
-            w = Workspace(tmp_path / (number or "fork"), {
+        for case, number, branch, posted in (("same-repo", "42", "main-ish", 42), ("fork", "", "feature", 44),
+                                             ("fork-no-pr", "", "other", None)):
+            w = Workspace(tmp_path / case, {
                 "github.event.workflow_run.head_sha": "c" * 40, "github.token": "tok",
-                "github.event.workflow_run.id": "99", "github.event.workflow_run.pull_requests[0].number": number,
+                "github.event.workflow_run.id": "99", "github.event.workflow_run.run_attempt": "1",
+                "github.event.workflow_run.pull_requests[0].number": number,
+                "github.event.workflow_run.head_repository.owner.login": "fork",
+                "github.event.workflow_run.head_branch": branch,
                 "github.event.workflow_run.html_url": "https://github.com/o/pd-chaos/actions/runs/99",
                 "github.event.workflow_run.conclusion": "failure"})
             _checkout(w.ws / "src")
@@ -949,14 +988,14 @@ def test_followup_without_an_artifact_posts_the_failure_note(tmp_path):
                 entry.rename(w.ws / entry.name)
             w.pythonpath = None
             res = w.job("pr_latency_comment.yaml", "comment", extra_env=api)
-            assert res["download"] == (False, "Artifact not found for name: pr-comment")
-            if not posted:
-                assert res["fallback"] is None and res["check"] is None
-                assert res["Post or update the comment"] is None
+            assert res["download"] == (False, "Artifact not found for name: pr-comment-1")
+            if posted is None:
+                assert res["fallback"].returncode != 0 and "no single open pull request" in res["fallback"].stderr
+                assert res["check"] is None and res["Post or update the comment"] is None
                 continue
             assert res["fallback"].returncode == 0, res["fallback"].stderr
             assert res["check"].returncode == 0, res["check"].stderr
-            assert w.outputs["check"] == {"number": "42", "path": "pr-comment/comment.md"}
+            assert w.outputs["check"] == {"number": str(posted), "path": "pr-comment/comment.md"}
             text = (w.ws / "pr-comment" / "comment.md").read_text()
             assert f"**No comparison for head `{'c' * 12}`**" in text and "ended (failure)" in text
             assert res["Post or update the comment"] == (True, "")  # its `if:` held: it posts

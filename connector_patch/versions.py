@@ -55,13 +55,16 @@ def _fits(table: dict[str, tuple[str, ...]], found: dict[str, str | None]) -> bo
     return all(found.get(d) in rels for d, rels in table.items())
 
 
+def _dists(connector: str) -> set[str]:
+    if connector not in TESTED:
+        raise KeyError(f"{connector}: not a hardened connector")
+    return set(TESTED[connector]) | set(NIGHTLY_ONLY.get(connector, {}))
+
+
 def status(connector: str, found: dict[str, str | None] | None = None) -> str:
     """"tested", "nightly-only" or "unsupported" for ``connector`` on the releases ``found``
     ({distribution: release or None}; default: what is installed)."""
-    if connector not in TESTED:
-        raise KeyError(f"{connector}: not a hardened connector")
-    dists = set(TESTED[connector]) | set(NIGHTLY_ONLY.get(connector, {}))
-    found = {d: release(d) for d in dists} if found is None else found
+    found = {d: release(d) for d in _dists(connector)} if found is None else found
     if _fits(TESTED[connector], found):
         return "tested"
     if connector in NIGHTLY_ONLY and _fits(NIGHTLY_ONLY[connector], found):
@@ -77,7 +80,7 @@ def supported_text(connector: str) -> str:
 def require(connector: str, found: dict[str, str | None] | None = None) -> str:
     """Raise :class:`UnsupportedUpstream` (one line) unless ``connector`` supports the installed
     releases; log one line when it loads on a release only the nightly checks. Returns the status."""
-    dists = set(TESTED[connector]) | set(NIGHTLY_ONLY.get(connector, {}))
+    dists = _dists(connector)
     found = {d: release(d) for d in dists} if found is None else found
     st = status(connector, found)
     have = ", ".join(f"{d} {found.get(d) or 'absent'}" for d in sorted(dists))

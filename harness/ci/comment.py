@@ -181,21 +181,26 @@ def check(d: Path, expect_sha: str = "") -> tuple[int, Path]:
     return number, path
 
 
-def pr_head_sha(number: int, api: str, repo: str, token: str, timeout: float = 20.0) -> str:
-    """The head commit of pull request ``number``, from the GitHub REST API."""
+def _api_get(api: str, repo: str, path: str, token: str, timeout: float, what: str):
+    """GET ``{api}/repos/{repo}/{path}`` of the GitHub REST API, decoded; ValueError naming ``what``."""
     import urllib.request
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo or ""):
         raise ValueError(f"GITHUB_REPOSITORY {repo!r}: expected OWNER/NAME")
-    req = urllib.request.Request(f"{api.rstrip('/')}/repos/{repo}/pulls/{number}",
+    req = urllib.request.Request(f"{api.rstrip('/')}/repos/{repo}/{path}",
                                  headers={"Accept": "application/vnd.github+json",
                                           "X-GitHub-Api-Version": "2022-11-28",
                                           **({"Authorization": f"Bearer {token}"} if token else {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the API URL Actions gives
-            doc = json.loads(resp.read().decode("utf-8"))
+            return json.loads(resp.read().decode("utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"pull request #{number}: the API did not answer: {exc}") from None
+        raise ValueError(f"{what}: the API did not answer: {exc}") from None
+
+
+def pr_head_sha(number: int, api: str, repo: str, token: str, timeout: float = 20.0) -> str:
+    """The head commit of pull request ``number``, from the GitHub REST API."""
+    doc = _api_get(api, repo, f"pulls/{number}", token, timeout, f"pull request #{number}")
     sha = (doc.get("head") or {}).get("sha") if isinstance(doc, dict) else None
     if not isinstance(sha, str):
         raise ValueError(f"pull request #{number}: no head commit in the API's answer")
@@ -206,22 +211,11 @@ def find_pr(head: str, sha: str, api: str, repo: str, token: str, timeout: float
     """The open pull request whose head is ``OWNER:BRANCH`` and at commit ``sha`` (a fork's
     ``workflow_run`` event names no pull request): asked of the GitHub REST API."""
     import urllib.parse
-    import urllib.request
 
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo or ""):
-        raise ValueError(f"GITHUB_REPOSITORY {repo!r}: expected OWNER/NAME")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+:[^\s:]+", head or ""):
         raise ValueError(f"--head {head!r}: expected OWNER:BRANCH")
     q = urllib.parse.urlencode({"head": head, "state": "open", "per_page": "100"})
-    req = urllib.request.Request(f"{api.rstrip('/')}/repos/{repo}/pulls?{q}",
-                                 headers={"Accept": "application/vnd.github+json",
-                                          "X-GitHub-Api-Version": "2022-11-28",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the API URL Actions gives
-            doc = json.loads(resp.read().decode("utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"pull requests of {head}: the API did not answer: {exc}") from None
+    doc = _api_get(api, repo, f"pulls?{q}", token, timeout, f"pull requests of {head}")
     found = [pr.get("number") for pr in doc if isinstance(pr, dict) and (pr.get("head") or {}).get("sha") == sha] \
         if isinstance(doc, list) else []
     if len(found) != 1 or not isinstance(found[0], int):

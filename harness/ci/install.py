@@ -95,11 +95,8 @@ def check_vllm_ref(ref: str, ascend_release: str | None, allow: bool) -> str:
 class Step:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    about: str = ""  # for steps that are not one command (reading the vLLM ref)
 
     def line(self) -> str:
-        if not self.argv:
-            return self.about
         return " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()) + (" " if self.env else "") \
             + shlex.join(self.argv)
 
@@ -217,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     vllm_ref = args.vllm_ref
     for i, step in enumerate(pl.steps):
-        st = Step([a.replace("{vllm_ref}", vllm_ref) for a in step.argv], step.env, step.about)
+        st = Step([a.replace("{vllm_ref}", vllm_ref) for a in step.argv], step.env)
         print(("would run: " if args.dry_run else "+ ") + st.line(), flush=True)
         if not args.dry_run:
             rc = subprocess.run(st.argv, env={**os.environ, **st.env}).returncode

@@ -430,21 +430,7 @@ class Workspace:
         return out
 
     def read_outputs(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        lines = self.files["GITHUB_OUTPUT"].read_text().splitlines()
-        i = 0
-        while i < len(lines):
-            line = lines[i]
-            m = re.match(r"^([A-Za-z_][A-Za-z0-9_-]*)<<(\S+)$", line)
-            if m:
-                end = lines.index(m.group(2), i + 1)
-                out[m.group(1)] = "\n".join(lines[i + 1:end])
-                i = end + 1
-                continue
-            k, _, v = line.partition("=")
-            out[k] = v
-            i += 1
-        return out
+        return self._read_kv(self.files["GITHUB_OUTPUT"])
 
 
 @pytest.fixture(scope="module")

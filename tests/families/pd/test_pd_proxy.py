@@ -254,6 +254,15 @@ def rig() -> Iterator[Rig]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _protocol_proxy(rig: Rig, name: str, protocol: str) -> Iterator[Proxy]:
+    """A proxy over the rig's stand-ins speaking ``protocol``, stopped after the module."""
+    px = start_proxy(rig.tmp, name, prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url, protocol=protocol)
+    try:
+        yield px
+    finally:
+        px.handle.stop()
+
+
 @pytest.fixture
 def r(rig: Rig) -> Iterator[Rig]:
     for s in (rig.p, rig.d, rig.b):
@@ -665,12 +674,7 @@ V1_ANSWER = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block
 
 @pytest.fixture(scope="module")
 def kvp(rig: Rig) -> Iterator[Proxy]:
-    px = start_proxy(rig.tmp, "kvparams", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
-                     protocol="kv-params")
-    try:
-        yield px
-    finally:
-        px.handle.stop()
+    yield from _protocol_proxy(rig, "kvparams", "kv-params")
 
 
 def test_kv_params_d_gets_what_p_answered(r: Rig, kvp: Proxy) -> None:
@@ -715,12 +719,7 @@ def test_kv_params_hooks_apply_but_redirect_is_refused(r: Rig, kvp: Proxy) -> No
 
 @pytest.fixture(scope="module")
 def st(rig: Rig) -> Iterator[Proxy]:
-    px = start_proxy(rig.tmp, "store", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
-                     protocol="store")
-    try:
-        yield px
-    finally:
-        px.handle.stop()
+    yield from _protocol_proxy(rig, "store", "store")
 
 
 def test_store_p_first_then_d_and_neither_gets_kv_params(r: Rig, st: Proxy) -> None:
@@ -754,12 +753,7 @@ def test_store_hooks_apply_but_bad_params_and_redirect_are_refused(r: Rig, st: P
 
 @pytest.fixture(scope="module")
 def lw(rig: Rig) -> Iterator[Proxy]:
-    px = start_proxy(rig.tmp, "layerwise", prefill=rig.p.url, bootstrap=rig.b.url, decode=rig.d.url,
-                     protocol="layerwise")
-    try:
-        yield px
-    finally:
-        px.handle.stop()
+    yield from _protocol_proxy(rig, "layerwise", "layerwise")
 
 
 def test_layerwise_d_first_then_p_through_the_metaserver(r: Rig, lw: Proxy) -> None:

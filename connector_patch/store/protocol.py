@@ -213,6 +213,16 @@ def decode_reply(frames: Sequence[bytes], token_len: int | None) -> StoreReply:
     return StoreReply(False, code=error_code(obj))
 
 
-__all__ += ["LOOKUP_TAG", "RESET_TAG", "MAX_HASH_LEN", "MAX_TAILS", "STORE", "StoreReply", "valid_result"]
+def engine_lookup_path(base: str, engine_id: str, dp_rank: int) -> str:
+    """``ipc://<base>/pdchaos_store_<engine digest>_dp<rank>``: one engine's admin channel. (Upstream's
+    is ``lookup_rpc_port_<port>_host_<hostname>_dp_rank<rank>``: two engines on one host with the
+    default port share it.) The digest keeps the path well inside the 107 bytes an ipc path may have."""
+    import hashlib
+
+    digest = hashlib.sha256(str(engine_id).encode()).hexdigest()[:20]
+    return f"ipc://{base}/pdchaos_store_{digest}_dp{int(dp_rank)}"
+
+
+__all__ += ["engine_lookup_path", "LOOKUP_TAG", "RESET_TAG", "MAX_HASH_LEN", "MAX_TAILS", "STORE", "StoreReply", "valid_result"]
 
 STORE = Dialect("store", is_reset, decode_request, valid_result, encode_ok, encode_reset_ok())

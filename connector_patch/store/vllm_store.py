@@ -36,7 +36,6 @@ if upstream stops looking them up at call time):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
@@ -61,7 +60,7 @@ from ..lookup.backend import Backend, drain_queue
 from ..lookup.client import validate_timeout_ms
 from ..lookup.server import LookupServer
 from .client import StoreLookupClient
-from .protocol import STORE, StoreRequest, StoreResult
+from .protocol import STORE, StoreRequest, StoreResult, engine_lookup_path
 
 logger = logging.getLogger(__name__)
 
@@ -91,14 +90,10 @@ def settings(vllm_config: Any) -> dict[str, int]:
 
 
 def lookup_path(vllm_config: Any) -> str:
-    """``ipc://<VLLM_RPC_BASE_PATH>/pdchaos_store_<engine digest>_dp<rank>``: one engine's channel.
-    (Upstream's is ``lookup_rpc_port_<port>_host_<hostname>_dp_rank<rank>``: two engines on one
-    host with the default port share it.) The digest keeps the path well inside the 107 bytes an
-    ipc path may have."""
-    engine_id = str(vllm_config.kv_transfer_config.engine_id)
-    digest = hashlib.sha256(engine_id.encode()).hexdigest()[:20]
-    dp = vllm_config.parallel_config.data_parallel_index
-    return f"ipc://{envs.VLLM_RPC_BASE_PATH}/pdchaos_store_{digest}_dp{dp}"
+    """This engine's admin channel (:func:`connector_patch.store.protocol.engine_lookup_path`), named
+    by ``kv_transfer_config.engine_id`` (the same in the scheduler and every worker of one engine)."""
+    return engine_lookup_path(envs.VLLM_RPC_BASE_PATH, str(vllm_config.kv_transfer_config.engine_id),
+                              vllm_config.parallel_config.data_parallel_index)
 
 
 def _to_upstream(result: StoreResult) -> MooncakeLookupResult:

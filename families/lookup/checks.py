@@ -72,7 +72,7 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
                 problems.append(f"malformed requests: sent {ev.get('sent')}, answered {ev.get('answered')}, "
                                 f"unanswered {ev.get('unanswered')}, duplicates {ev.get('duplicates', 0)}, "
                                 f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
-    counted = [p for p in inp.probes if p.get("node") == "server" and p.get("kind") in ("lookup-server", "ascend-lookup-server")
+    counted = [p for p in inp.probes if p.get("node") == "server" and p.get("kind") in ("lookup-server", "ascend-lookup-server", "store-lookup-server")
                and "replies" in (p.get("counters") or {})]
     killed = {e.get("pid") for e in inp.events if e.get("what") == "process_kill"}
     lost = 0
@@ -118,7 +118,7 @@ def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     grace = (float(inp.meta.get("deadline_ms", 0)) + float(inp.meta.get("tolerance_ms", 0))) / 1000.0
     faults = {f["id"]: f for f in inp.meta.get("faults", [])}
     unexplained, missing = [], []
-    for o in inp.ops:
+    for o in inp.all_ops:  # a failed admin reset must be explained as much as a failed lookup
         if o.get("outcome") not in FAIL_CATEGORIES:
             continue
         t = o.get("t_invoke", 0)
@@ -136,7 +136,7 @@ def metrics_match(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         cats = set(faults.get(w["id"], {}).get("categories", []))
         if not cats or w["stop"] - w["start"] < grace:
             continue  # a window squeezed by slow fault set-up (a peer swap) may fairly cause nothing
-        during = [o for o in inp.ops if w["start"] <= o.get("t_invoke", 0) <= w["stop"]]
+        during = [o for o in inp.all_ops if w["start"] <= o.get("t_invoke", 0) <= w["stop"]]
         if during and not any(o.get("outcome") in cats for o in during):
             missing.append(f"{w['name']} (expected {'/'.join(sorted(cats))})")
     if unexplained:

@@ -10,6 +10,10 @@ would, and answers the lookup RPC wrongly, one way per mode:
 ``malformed``  answers every request with one broken reply, ``--reply KIND`` (wire.REPLY_KINDS).
 ``legacy``     today's upstream reply: one raw 4-byte u32 big-endian frame holding the correct hit.
 
+With ``--dialect store`` it speaks vLLM's store admin channel instead (tagged requests):
+``slow`` answers as the hardened server does (v1 store envelopes), ``legacy`` as vLLM 0.32.0's
+(a raw 4-byte hit; ``b"\\x01"`` for a reset); ``malformed`` is AscendStore's only.
+
 ``--delay-ms`` delays the answer in every answering mode (it is what makes ``slow`` slow).
 
 Wire behaviour: to the client it is exactly a REP socket (the envelope up to the empty delimiter
@@ -59,6 +63,7 @@ from nodekit.nodeio import NodeApp, NodeUsageError, read_hashes, run_node as run
 from .wire import REPLY_KINDS, legacy_reply, malformed_reply, request_token_len
 
 MODES = ("slow", "silent", "malformed", "legacy")
+DIALECTS = ("ascend", "store")
 
 _POLL_MS = 50
 
@@ -72,8 +77,9 @@ class FakePeer(NodeApp):
     the backend it was given."""
 
     def __init__(self, endpoint: str, mode: str, *, backend: MemoryBackend, delay_ms: int = 0,
-                 reply: str | None = None):
+                 reply: str | None = None, dialect: str = "ascend"):
         self.endpoint = endpoint
+        self.dialect = dialect
         self.backend = backend
         self.limits = Limits(num_groups=backend.groups)
         self._lock = threading.Lock()
@@ -119,7 +125,28 @@ class FakePeer(NodeApp):
             raise
         self._sock = sock
 
+    def _answer_store(self, body: list[bytes], mode: str) -> list[bytes]:
+        """vLLM's store channel: ``slow`` answers as the hardened server does (v1 envelopes),
+        ``legacy`` as upstream's (a raw 4-byte hit, one status byte for a reset)."""
+        from connector_patch.lookup.protocol import LookupRequest
+        from connector_patch.store import protocol as store
+
+        if store.is_reset(body):
+            self.backend.clear()
+            return [store.encode_reset_ok() if mode == "slow" else b"\x01"]
+        try:
+            request = store.decode_request(body, self.limits)
+            hit = self.backend.hit_tokens(LookupRequest(request.token_len, (0,), 0, [h.hex() for h in request.hashes]))
+        except store.ProtocolError as exc:
+            self.bad_requests += 1
+            if mode == "slow":
+                return [store.encode_error(exc.code, exc.message)]
+            hit = 0
+        return [store.encode_ok(store.StoreResult(hit))] if mode == "slow" else [hit.to_bytes(4, "big")]
+
     def _answer(self, body: list[bytes], mode: str, reply: str | None) -> list[bytes]:
+        if self.dialect == "store":
+            return self._answer_store(body, mode)
         if mode == "slow" and body == [RESET_FRAME]:  # admin reset, as the real server does it
             self.backend.clear()
             return [encode_ok(0)]
@@ -219,6 +246,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--preload", help="file with one block-hash hex per line, present in every group")
     p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
     p.add_argument("--groups", type=int, default=1, help="KV cache groups (default 1)")
+    p.add_argument("--dialect", choices=DIALECTS, default="ascend",
+                   help="ascend: AscendStore's lookup RPC (default); store: vLLM's store admin channel")
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--log-level", default="INFO")
 
@@ -228,6 +257,8 @@ def run_node(args: argparse.Namespace) -> int:
         for name in ("block_size", "groups"):
             if getattr(args, name) <= 0:
                 raise NodeUsageError(f"--{name.replace('_', '-')}: must be a positive integer")
+        if args.dialect == "store" and args.mode == "malformed":
+            raise NodeUsageError("--mode malformed: AscendStore's broken replies only (not with --dialect store)")
         if args.mode == "malformed" and not args.reply:
             raise NodeUsageError("--reply: required with --mode malformed")
         if args.mode != "malformed" and args.reply:
@@ -237,7 +268,8 @@ def run_node(args: argparse.Namespace) -> int:
         preload = read_hashes(args.preload) if args.preload else []
         backend = MemoryBackend(block_size=args.block_size, groups=args.groups)
         backend.put(preload)
-        peer = FakePeer(args.endpoint, args.mode, backend=backend, delay_ms=args.delay_ms, reply=args.reply)
+        peer = FakePeer(args.endpoint, args.mode, backend=backend, delay_ms=args.delay_ms, reply=args.reply,
+                        dialect=args.dialect)
         peer.preloaded = len(preload)
         return peer
 

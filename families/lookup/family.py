@@ -13,6 +13,11 @@ from .spec import LookupTopologySpec, LookupWorkloadSpec
 PKG = __name__.rsplit(".", 1)[0]
 
 
+# faults that speak one channel's protocol (the others are protocol-blind: a process, a backend, silence)
+STANDALONE_ONLY = {"malformed_requests": "malformed_store_requests", "malformed_reply": "legacy_peer or silent_peer"}
+STORE_ONLY = {"malformed_store_requests", "stuck_puts"}
+
+
 class LookupFamily(Family):
     name = "lookup"
     description = "AscendStore lookup RPC: scheduler -> worker rank 0 over ZMQ REQ/REP"
@@ -23,7 +28,7 @@ class LookupFamily(Family):
     Topology = LookupTopologySpec
     Workload = LookupWorkloadSpec
     fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests",
-                     f"{PKG}.fault_close")
+                     f"{PKG}.fault_close", f"{PKG}.fault_store")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("lookup",)
     client_tally = True  # its workload counts its ops per outcome in its final probe (harness_integrity)
@@ -35,20 +40,33 @@ class LookupFamily(Family):
     log_pattern = r"[0-9a-fA-F]{32,}"
 
     def validate(self, scenario: Any) -> None:
-        if scenario.workload.reset_at is not None and {"legacy", "upstream"} & set(scenario.targets):
-            raise ValueError("workload.reset_at: today's protocol (legacy, upstream) has no reset; "
-                             "use targets: [hardened]")
+        from .topology import runs_ascend, runs_store
+
+        store = runs_store(scenario.topology)
+        if scenario.workload.reset_at is not None and not store and {"legacy", "upstream"} & set(scenario.targets):
+            raise ValueError("workload.reset_at: AscendStore's protocol today (legacy, upstream) has no reset; "
+                             "use targets: [hardened] (or topology.stack: vllm-store, whose upstream has one)")
         if "upstream" in scenario.targets and scenario.topology.transport != "ipc":
             raise ValueError("targets: upstream (vllm-ascend's lookup RPC) is ipc only: needs topology.transport: ipc")
-        from .topology import runs_ascend
-
         if any(f.type == "server_close" for f in scenario.faults) and not all(
-                runs_ascend(scenario.topology, t) for t in scenario.targets):
-            raise ValueError("faults: server_close acts on vllm-ascend's real servers: needs targets that run it "
-                             "(upstream; hardened with topology.stack: vllm-ascend)")
-        if scenario.topology.stack == "vllm-ascend" and "legacy" in scenario.targets:
-            raise ValueError("targets: legacy is the standalone model of today's code; with topology.stack: "
-                             "vllm-ascend use upstream (the real code)")
+                store or runs_ascend(scenario.topology, t) for t in scenario.targets):
+            raise ValueError("faults: server_close acts on real servers: needs targets that run them "
+                             "(upstream; hardened with topology.stack: vllm-ascend or vllm-store)")
+        if scenario.topology.stack != "standalone" and "legacy" in scenario.targets:
+            raise ValueError(f"targets: legacy is the standalone model of today's code; with topology.stack: "
+                             f"{scenario.topology.stack} use upstream (the real code)")
+        if store:
+            mix = scenario.workload.mix
+            if mix.hbm or mix.multigroup:
+                raise ValueError("workload.mix: vLLM's store channel has no hbm_hit_tokens and one key space: "
+                                 "set hbm: 0 and multigroup: 0")
+            for i, f in enumerate(scenario.faults):
+                if f.type in STANDALONE_ONLY:
+                    raise ValueError(f"faults[{i}] ({f.type}): speaks AscendStore's lookup protocol; with topology."
+                                     f"stack: vllm-store use {STANDALONE_ONLY[f.type]}")
+        elif any(f.type in STORE_ONLY for f in scenario.faults):
+            raise ValueError(f"faults: {', '.join(sorted({f.type for f in scenario.faults} & STORE_ONLY))} act on "
+                             f"vLLM's store channel: needs topology.stack: vllm-store")
         from .wire import NAMED_REWRITES
 
         for i, f in enumerate(scenario.faults):
@@ -72,8 +90,14 @@ class LookupFamily(Family):
         return None
 
     def unavailable(self, scenario: Any, profile: Any = None) -> str | None:  # noqa: ARG002
-        from .topology import runs_ascend
+        from .topology import runs_ascend, runs_store
 
+        if runs_store(scenario.topology):
+            from stacks.vllm_cpu.steps import PdStackStep
+
+            if PdStackStep().check() is None:
+                return "the P/D node env (vLLM 0.32.0) is not installed (pd-node-stack): run `pdchaos setup`"
+            return None
         if any(runs_ascend(scenario.topology, t) for t in scenario.targets):
             from stacks.ascend_cpu.steps import ascend_unavailable
 
@@ -82,11 +106,13 @@ class LookupFamily(Family):
 
     def setup_steps(self) -> list[Any]:
         from stacks.ascend_cpu import setup_steps as ascend_steps
+        from stacks.vllm_cpu.steps import PdStackStep
 
-        return ascend_steps()
+        return ascend_steps() + [PdStackStep()]
 
     def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
-        return ["server"] + (["interposer"] if scenario.topology.link == "interposer" else [])
+        return (["server"] + (["interposer"] if scenario.topology.link == "interposer" else [])
+                + (["twin"] if scenario.topology.twin else []))
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -94,10 +120,11 @@ class LookupFamily(Family):
             out["clean_close"] = "no server_close fault is scheduled"
         if target not in ("legacy", "upstream"):
             return out
-        who = "the legacy model" if target == "legacy" else "vllm-ascend's code"
+        who = ("the legacy model" if target == "legacy" else "vLLM's store code" if scenario.topology.stack == "vllm-store"
+               else "vllm-ascend's code")
         why = f"{who} keeps no counters"
         out["metrics_match"] = f"{who}: its client keeps no failure counters"
-        if not any(f.type == "malformed_requests" for f in scenario.faults):
+        if not any(f.type in ("malformed_requests", "malformed_store_requests") for f in scenario.faults):
             out["exactly_one_reply"] = f"{why}, and no malformed_requests fault counts replies itself"
         return out
 
@@ -108,8 +135,8 @@ class LookupFamily(Family):
         return LookupTopology(scenario, target, run_dir, record, services)
 
     def log_secrets(self, run_dir: Path) -> list[str]:
-        p = run_dir / "preload.txt"
-        return p.read_text().split() if p.exists() else []
+        return [k for name in ("preload.txt", "twin-preload.txt") if (run_dir / name).exists()
+                for k in (run_dir / name).read_text().split()]
 
 
 FAMILY = LookupFamily()

@@ -1,7 +1,7 @@
 """Backend faults injected into the real server process through its control channel.
 
 ``server_node.py`` wraps the server's MemoryBackend in a switchable FaultyBackend; the fault
-sends ``backend_fault {mode, delay_ms}`` with mode raise | hang | slow, and ``none`` to heal
+sends ``backend_fault {mode, delay_ms}`` with mode raise | hang | slow | clear_fails, and ``none`` to heal
 (once; which also releases a hung call at once).
 
 On the hardened server a raising backend gives a BACKEND_ERROR envelope and a hung backend a
@@ -49,6 +49,18 @@ class BackendHang(_BackendFault):
     name = "backend_hang"
     mode = "hang"
     categories = ("timeout", "backend_error")
+
+
+@register
+class BackendClearFails(_BackendFault):
+    """The backend's clear (the admin reset's remove) fails and removes nothing: on vLLM's store
+    channel ``store.remove_all`` returns a negative code, as when the Mooncake master is gone.
+    Lookups are not affected. The hardened server answers the reset RESET_FAILED; upstream's
+    reports success without reading the code (seed 002's stale-cache hole)."""
+
+    name = "backend_clear_fails"
+    mode = "clear_fails"
+    categories = ("backend_error",)
 
 
 @register

@@ -59,8 +59,9 @@ class SlowPeer(_SwapFault):
 
     def peer_args(self) -> list[str]:
         # A slow peer speaks the protocol of the target under test: correct but late answers, so
-        # only lateness is tested (the legacy client would misread a v1 envelope as a number).
-        mode = "legacy" if getattr(self.ctx, "target", "hardened") == "legacy" else "slow"
+        # only lateness is tested (today's clients, the legacy model and upstream's, would misread
+        # a v1 envelope as a number).
+        mode = "legacy" if getattr(self.ctx, "target", "hardened") in ("legacy", "upstream") else "slow"
         return ["--mode", mode, "--delay-ms", str(max(1, round(self.params.delay * 1000)))]
 
 

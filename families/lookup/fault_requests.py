@@ -22,7 +22,7 @@ invalid == duplicates == 0``. The frames themselves are never logged or recorded
 from __future__ import annotations
 
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 import msgpack
 import zmq
@@ -145,8 +145,18 @@ class MalformedRequests(OnceFault):
             return self._result.as_fields()
 
     # ------------------------------------------------------------------ sender
+    @staticmethod
+    def frames_of(kind: str) -> list[list[bytes]]:
+        """The bad requests of one kind (this channel's protocol)."""
+        return bad_requests(kind)
+
+    @staticmethod
+    def decode(body: list[bytes]) -> Any:
+        """A reply's body as this channel's v1 client reads it (ProtocolError: not an envelope)."""
+        return decode_reply(body, None)
+
     def _plan(self) -> list[tuple[str, list[bytes]]]:
-        plan = [(k, frames) for k in self.params.kinds for frames in bad_requests(k)]
+        plan = [(k, frames) for k in self.params.kinds for frames in self.frames_of(k)]
         n = self.params.count or len(plan)
         return [plan[i % len(plan)] for i in range(n)]
 
@@ -206,7 +216,7 @@ class MalformedRequests(OnceFault):
             r.invalid += 1
             return
         try:
-            decoded = decode_reply(reply[1:], None)
+            decoded = self.decode(reply[1:])
         except ProtocolError:
             r.invalid += 1
             return

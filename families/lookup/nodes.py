@@ -9,4 +9,8 @@ NODE_KINDS: dict[str, tuple[str, str]] = {
                              "worker rank 0's lookup server from real vllm-ascend code (conformance env)"),
     "ascend-workload": (f"{__package__}.ascend_workload",
                         "the workload with vllm-ascend's real scheduler-side client (conformance env)"),
+    "store-lookup-server": (f"{__package__}.store_server",
+                            "worker rank 0's admin-channel server of vLLM's store connector (P/D node env)"),
+    "store-workload": (f"{__package__}.store_workload",
+                       "the workload with vLLM's real store-connector client (P/D node env)"),
 }

@@ -25,8 +25,12 @@ def read_preload(path: str, what: str = "--preload") -> list[str]:
     return read_hashes(path, what)
 
 
+MODES = ("none", "raise", "hang", "slow", "clear_fails")
+
+
 class FaultyBackend(Backend):
-    """Wraps a backend; ``mode`` none | raise | hang | slow, switched at run time."""
+    """Wraps a backend; ``mode`` none | raise | hang | slow (its lookups) or clear_fails (its
+    clear, the admin reset's remove: an error, nothing removed), switched at run time."""
 
     def __init__(self, inner: MemoryBackend):
         self.inner = inner
@@ -36,7 +40,7 @@ class FaultyBackend(Backend):
         self._release = threading.Event()
 
     def set(self, mode: str, delay_ms: int = 0) -> None:
-        if mode not in ("none", "raise", "hang", "slow"):
+        if mode not in MODES:
             raise ValueError(f"unknown backend fault mode {mode!r}")
         self.mode, self.delay_s = mode, delay_ms / 1000.0
         if mode == "hang":
@@ -58,6 +62,8 @@ class FaultyBackend(Backend):
         return self.inner.drain(timeout_s)
 
     def clear(self) -> None:
+        if self.mode == "clear_fails":
+            raise RuntimeError("injected clear failure")
         self.inner.clear()
 
     def close(self) -> None:

@@ -17,9 +17,13 @@ class LookupTopologySpec(Spec):
     groups: int = Field(1, ge=1, le=16)
     preload_blocks: int = Field(64, ge=1, le=100_000)
     backend_timeout: Duration = Field(4.0, description="the hardened server's backend_timeout_ms")
-    stack: Literal["standalone", "vllm-ascend"] = Field(
-        "standalone", description="where the hardened target runs: connector_patch alone, or installed into "
-                                  "real vllm-ascend code by the plugin (conformance env; ipc only)")
+    stack: Literal["standalone", "vllm-ascend", "vllm-store"] = Field(
+        "standalone", description="which channel and code: AscendStore's lookup RPC with connector_patch alone "
+                                  "(standalone) or inside real vllm-ascend code (conformance env); or vLLM's "
+                                  "MooncakeStoreConnector admin channel, its real client and server (vllm-store: "
+                                  "P/D node env); the real stacks are ipc only")
+    twin: bool = Field(False, description="vllm-store only: a second engine's server on the same host, started "
+                                          "after the first with its own keys (two servers must never cross-talk)")
 
     @model_validator(mode="after")
     def _links(self) -> "LookupTopologySpec":
@@ -28,6 +32,11 @@ class LookupTopologySpec(Spec):
         if self.stack == "vllm-ascend" and self.transport != "ipc":
             raise ValueError("stack: vllm-ascend derives an ipc path (vllm-ascend's lookup RPC has no tcp): "
                              "needs transport: ipc")
+        if self.stack == "vllm-store" and (self.transport != "ipc" or self.link != "direct" or self.groups != 1):
+            raise ValueError("stack: vllm-store (vLLM's store admin channel) derives an ipc path from the engine and "
+                             "has one key space: needs transport: ipc, link: direct, groups: 1")
+        if self.twin and self.stack != "vllm-store":
+            raise ValueError("twin: a second engine on the host is a vllm-store topology (stack: vllm-store)")
         return self
 
 

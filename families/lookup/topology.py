@@ -23,6 +23,15 @@ ASCEND_READY_S = 180.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 
 SERVER_RPC_PORT, CLIENT_RPC_PORT = 5100, 5101  # vllm-ascend's lookup_rpc_port: a name in the ipc path
 
 
+# vLLM's store connector (stack: vllm-store): both targets run vLLM 0.32.0's code in the P/D node env
+STORE_SERVER, STORE_WORKLOAD = "store-lookup-server", "store-workload"
+ENGINE_ID, TWIN_ENGINE_ID = "pdchaos-engine-a", "pdchaos-engine-b"
+
+
+def runs_store(topo: Any) -> bool:
+    return getattr(topo, "stack", "standalone") == "vllm-store"
+
+
 def runs_ascend(topo: Any, target: str) -> bool:
     """Whether this target's server and client are vllm-ascend's real code (conformance env)."""
     return target == "upstream" or (target == "hardened" and getattr(topo, "stack", "standalone") == "vllm-ascend")
@@ -43,7 +52,23 @@ class LookupTopology(BaseTopology):
         self.preload_path = run_dir / "preload.txt"
         self.preload_path.write_text("\n".join(self.preload) + "\n")
         self.ascend = runs_ascend(self.topo, target)
-        if self.ascend:
+        self.store = runs_store(self.topo)
+        if self.store:
+            # each derives its path from the config: upstream's from the host (the same for every
+            # engine on it), the hardened one's from the engine id
+            from .store_server import hardened_path, upstream_path
+
+            def path(engine_id: str) -> str:
+                return upstream_path(str(self.tmp)) if target == "upstream" else hardened_path(str(self.tmp), engine_id)
+
+            self.server_endpoint, self.twin_endpoint = path(ENGINE_ID), path(TWIN_ENGINE_ID)
+            self.workload_kind = STORE_WORKLOAD
+            self.workload_ready_timeout_s = ASCEND_READY_S
+            if self.topo.twin:  # the second engine's own keys
+                self.twin_preload_path = run_dir / "twin-preload.txt"
+                self.twin_preload_path.write_text("\n".join(preload_keys(scenario.seed + 1, self.topo.preload_blocks))
+                                                  + "\n")
+        elif self.ascend:
             # vllm-ascend derives the path from VLLM_RPC_BASE_PATH and lookup_rpc_port (ipc only);
             # the client's differs from the server's only when an interposer sits between them
             from .ascend_server import lookup_path
@@ -63,6 +88,15 @@ class LookupTopology(BaseTopology):
     # ------------------------------------------------------------ family hooks
     def node_spec(self, role: str) -> NodeSpec:
         t = self.topo
+        if role in ("server", "twin") and self.store:
+            twin = role == "twin"
+            args = ["--endpoint", self.twin_endpoint if twin else self.server_endpoint,
+                    "--preload", str(self.twin_preload_path if twin else self.preload_path),
+                    "--block-size", str(t.block_size), "--groups", "1",
+                    "--impl", self.target, "--engine-id", TWIN_ENGINE_ID if twin else ENGINE_ID,
+                    "--deadline-ms", str(int(round(self.scenario.deadline * 1000))),
+                    "--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
+            return NodeSpec(STORE_SERVER, args, endpoints={"lookup": args[1]}, ready_timeout_s=ASCEND_READY_S)
         if role == "server":
             args = self._peer_args()
             if self.ascend:
@@ -80,7 +114,7 @@ class LookupTopology(BaseTopology):
         return super().node_spec(role)
 
     def start(self) -> None:
-        if not self.ascend:  # vllm-ascend's server starts beside the workload (start_workload)
+        if not (self.ascend or self.store):  # a real stack's server starts beside the workload (start_workload)
             self.start_node("server")
         if self.topo.link == "interposer":
             if self.ascend:
@@ -101,7 +135,13 @@ class LookupTopology(BaseTopology):
         vLLM and vllm-ascend (~10 s apiece here): they start side by side (ZMQ connects lazily, and
         the workload sends nothing before the runner's start signal, which comes after both are
         ready). The first failure is raised once both ended."""
-        if not self.ascend:
+        if not (self.ascend or self.store):
+            return super().start_workload(journal_part)
+        if self.store and self.topo.twin:
+            # in this order, every time: the second engine's server binds after the first's, and
+            # the workload (engine A's scheduler) connects after both
+            self.start_node("server")
+            self.start_node("twin")
             return super().start_workload(journal_part)
         out: dict[str, Any] = {}
 
@@ -129,14 +169,16 @@ class LookupTopology(BaseTopology):
                 "concurrency": w.concurrency, "rate": w.rate, "duration_s": w.duration,
                 "grace_s": m.deadline + m.tolerance + GRACE_S, "mix": w.mix.model_dump(),
                 "prompt_blocks": list(w.prompt_blocks), "seed": m.seed, "preload": self.preload,
-                "block_size": self.topo.block_size, "groups": self.topo.groups, "reset_at_s": w.reset_at}
+                "block_size": self.topo.block_size, "groups": self.topo.groups, "reset_at_s": w.reset_at,
+                "engine_id": ENGINE_ID, "backend_timeout_ms": max(1, int(self.topo.backend_timeout * 1000))}
 
     # ------------------------------------------------------------ what the lookup faults use
     def _peer_args(self) -> list[str]:
         """What the server and any peer swapped in for it share: endpoint and keys."""
         t = self.topo
         return ["--endpoint", self.server_endpoint, "--preload", str(self.preload_path),
-                "--block-size", str(t.block_size), "--groups", str(t.groups)]
+                "--block-size", str(t.block_size), "--groups", str(t.groups)] + \
+            (["--dialect", "store"] if self.store else [])
 
     def swap_server(self, kind: str, args: list[str]) -> None:
         self.swap_node("server", NodeSpec(kind, self._peer_args() + list(args)))

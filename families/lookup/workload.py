@@ -150,6 +150,10 @@ class Workload:
 
         return LegacyLookupClient(self.cfg["endpoint"])
 
+    def lookup_op(self, client: Any, spec: OpSpec, op_id: int) -> tuple[Any, int]:
+        """One lookup: (the client's answer, the new tokens the scheduler would load)."""
+        return scheduled_lookup(client, spec, str(op_id), int(self.cfg["block_size"]))
+
     def call(self, worker: int, client: Any, f: str, spec: OpSpec | None) -> Any:
         op_id = self._next_id()
         inv = {"type": "op", "id": op_id, "process": worker, "f": f, "phase": "invoke"}
@@ -164,7 +168,7 @@ class Workload:
         done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": f}
         try:
             if spec is not None:
-                value, matched = scheduled_lookup(client, spec, str(op_id), int(self.cfg["block_size"]))
+                value, matched = self.lookup_op(client, spec, op_id)
                 done["matched"] = matched
             else:
                 value = client.reset()

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from harness.family import Family
 
 from .nodes import NODE_KINDS
-from .profile import default_profile
+from .profile import profile_for
 from .spec import PDTopologySpec, PDWorkloadSpec
 
 PKG = __name__.rsplit(".", 1)[0]
@@ -58,10 +58,10 @@ class PDFamily(Family):
     def unavailable(self, scenario: Any, profile: Any = None) -> str | None:
         from stacks.vllm_cpu.steps import PdStackStep, TinyModelStep
 
-        prof = profile or default_profile()
+        prof = profile_for(scenario, profile)
         if scenario.topology.kv_pool and prof.store is None:
             return (f"topology.kv_pool: this scenario needs a launch profile with a KV pool (a store master); "
-                    f"profile {prof.name} has none: run it with --profile cpu-store")
+                    f"profile {prof.name} has none: run it without --profile (cpu-store) or with one that has")
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
@@ -76,7 +76,7 @@ class PDFamily(Family):
     def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:
         from faults.base import load_registry
 
-        prof = profile or default_profile()
+        prof = profile_for(scenario, profile)
         t = scenario.topology
         conns = [prof.connectors[target]]
         if target == "hardened" and t.mixed != "none":
@@ -140,7 +140,7 @@ class PDFamily(Family):
                  services: dict[str, Any], profile: Any = None):
         from .topology import PDTopology
 
-        return PDTopology(scenario, target, run_dir, record, services, profile or default_profile())
+        return PDTopology(scenario, target, run_dir, record, services, profile_for(scenario, profile))
 
     def log_secrets(self, run_dir: Path) -> list[str]:
         p = run_dir / "prompts.json"  # the workload's prompts and reference outputs: never in a log

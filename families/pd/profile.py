@@ -179,3 +179,24 @@ def default_profile() -> PDProfile:
     """The default launch profile, read once: the plan asks for it per scenario and target when
     no ``--profile`` was given (profiles are never changed once loaded)."""
     return load_profile(None)
+
+
+STORE_DEFAULT = "cpu-store"
+
+
+@functools.lru_cache(maxsize=1)
+def _store_default() -> PDProfile:
+    return load_profile(STORE_DEFAULT)
+
+
+def profile_for(scenario: Any, profile: PDProfile | None = None) -> PDProfile:
+    """The launch profile a scenario runs under: the one given (``--profile``), else the default;
+    a scenario with a KV pool (``topology.kv_pool``) needs a store master, so without ``--profile``
+    it runs under ``cpu-store`` (the default's stack with vLLM's store connector and a master)."""
+    if profile is not None:
+        return profile
+    prof = default_profile()
+    if getattr(scenario.topology, "kv_pool", False) and prof.store is None:
+        return _store_default()
+    return prof
+

@@ -51,9 +51,9 @@ class PDTopology(BaseTopology):
         self.kv_ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}  # profiles with kv_port
         self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"  # set again at start()
         if profile is None:
-            from .profile import default_profile
+            from .profile import profile_for
 
-            profile = default_profile()
+            profile = profile_for(scenario)
         self.profile = profile  # where and how vLLM starts (profile.py)
         self.store_ports = {"rpc": free_tcp_port(), "admin": free_tcp_port()}  # profiles with a store master
         self.fault_bound_s = self.topo.startup_timeout + 45.0  # a heal may restart a vLLM server

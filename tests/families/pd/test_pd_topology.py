@@ -404,7 +404,14 @@ def test_store_scenarios_need_a_kv_pool_and_reset_the_server_they_name(tmp_path:
     store_dir = SCENARIOS.parent / "pd-store"
     sc = load_scenario(store_dir / "reset-master-frozen.yaml")
     assert FAMILY.roles(sc) == ["store", "prefill:0", "decode:0", "proxy"]
-    assert "--profile cpu-store" in FAMILY.unavailable(sc, profile("cpu"))
+    assert "has none: run it without --profile (cpu-store)" in FAMILY.unavailable(sc, profile("cpu"))
+    # without --profile a KV-pool scenario runs under cpu-store (`pdchaos run scenarios/pd-store/`)
+    from families.pd.profile import profile_for
+
+    assert profile_for(sc).name == "cpu-store" and profile_for(sc, profile("cpu")).name == "cpu"
+    plain = load_scenario(SCENARIOS / "baseline.yaml")
+    assert profile_for(plain).name == "cpu"
+    assert FAMILY.unavailable(sc) is None or "not installed" in FAMILY.unavailable(sc)
     t = PDTopology(sc, "hardened", tmp_path, lambda rec: None, {}, profile("cpu-store"))
     cfg = t.workload_config()
     assert cfg["resets"] == [[4.0, f"http://127.0.0.1:{t.ports['decode:0']}"]]

@@ -50,12 +50,14 @@ def split_plan(plan: list[tuple], profiles: dict[str, Any] | None = None) -> tup
 
 
 def choose_profiles(scenarios: list, spec: str | None, sets: list[str]) -> dict[str, Any]:
-    """The launch profile of each selected family that has them (``--profile``/``--set``; the
-    family's default when none is asked for), by family name: data the runner hands to each
-    topology. An error when one was asked for and no selected family has profiles."""
+    """The launch profile of each selected family that has them (``--profile``/``--set``), by
+    family name: data the runner hands to each topology; none when none is asked for (each family
+    then picks its default, per scenario: the pd family's KV-pool scenarios take cpu-store). An error when one was asked for and no selected family has profiles."""
     families = list(dict.fromkeys(s.family for s in scenarios))
     with_profiles = [f for f in families if f.profile_names()]
     if (spec or sets) and not with_profiles:
         raise UsageError(f"--profile/--set: none of the selected scenarios' families has launch profiles "
                          f"(families: {', '.join(f.name for f in families)})")
+    if not (spec or sets):
+        return {}  # each family's default, which a family may choose per scenario (Family.topology & co.)
     return {fam.name: fam.load_profile(spec, list(sets)) for fam in with_profiles}

@@ -164,6 +164,21 @@ def test_metrics_match() -> None:
     assert run("metrics_match", quiet).ok is True
 
 
+def test_metrics_match_explains_failed_resets_too() -> None:
+    """A failed admin reset is a failure the client saw: no fault, no excuse (it used to be
+    checked for lookups only); a fault's effect may be shown by a failed reset alone."""
+    lookups = [*op(1, 0.5), *op(3, 1.8)]
+    bare = [meta(primary_ops=["lookup"]), *lookups, *op(2, 1.0, phase="fail", value=False, expected=True, outcome="backend_error", f="reset"),
+            probe("client", "final", counters={"ok": 2, "backend_error": 1})]
+    r = run("metrics_match", bare)
+    assert r.ok is False and "not explained" in r.message
+    m = meta(primary_ops=["lookup"], faults=[{"id": 0, "categories": ["backend_error"]}])
+    shown = [m, *fault(0, "stuck_puts", 0.9, 1.5), *lookups,
+             *op(2, 1.0, phase="fail", value=False, expected=True, outcome="backend_error", f="reset"),
+             probe("client", "final", counters={"ok": 2, "backend_error": 1})]
+    assert run("metrics_match", shown).ok is True
+
+
 def test_no_stall_and_verdict() -> None:
     good = [meta(), *op(1, 0)]
     assert run("no_stall", good).ok is True

@@ -170,6 +170,9 @@ class PrefillEngine:
         self.counters = {"received": 0, "forwards": 0, "forward_ms_max": 0.0, "forward_errors": 0,
                          "refused": 0, "partial_sends": 0}
         self._layers: dict[str, set[int]] = {}
+        self._tickets_lock = threading.Lock()
+        self._ticket = 0
+        self._done: dict[int, bool] = {}
         self._watch_send_queue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
@@ -182,13 +185,31 @@ class PrefillEngine:
         self.thread.join(2.0)
 
     def submit(self, params: dict) -> dict:
+        """Queue one request for the forward pass; its ticket tells when P is done with it
+        (``forwarded``: what a proxy that waits for P's completion polls)."""
+        with self._tickets_lock:
+            self._ticket += 1
+            ticket = self._ticket
         try:
-            self.q.put_nowait(dict(params))
+            self.q.put_nowait((ticket, dict(params)))
         except queue.Full:
             self.counters["refused"] += 1
             return {"queued": False}
         self.counters["received"] += 1
-        return {"queued": True}
+        return {"queued": True, "ticket": ticket}
+
+    def forwarded(self, ticket: int) -> dict:
+        """``done``: P finished the request (its layers sent, or it was refused); ``sent``: sent."""
+        with self._tickets_lock:
+            if ticket in self._done:
+                return {"done": True, "sent": self._done[ticket]}
+        return {"done": False, "sent": False}
+
+    def _finish(self, ticket: int, ok: bool) -> None:
+        with self._tickets_lock:
+            self._done[ticket] = ok
+            while len(self._done) > 4096:  # a proxy polls right after: the oldest are long read
+                self._done.pop(next(iter(self._done)))
 
     def _watch_send_queue(self) -> None:
         """Observe (never change) which layers of which request P's connector hands its sending
@@ -204,7 +225,7 @@ class PrefillEngine:
 
         thread.send_queue.put = observed
 
-    def _forward(self, params: dict) -> None:
+    def _forward(self, params: dict) -> bool:
         from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import (
             MooncakeLayerwiseConnectorMetadata)
 
@@ -213,7 +234,7 @@ class PrefillEngine:
         ids = self.blocks.take(n_blocks)
         if ids is None:
             self.counters["refused"] += 1
-            return
+            return False
         tokens = n_blocks * stack.BLOCK_SIZE
         internal = str(params.get("request_id", "")) + _suffix()
         kv = dict(params, remote_cached_tokens=params.get("remote_cached_tokens", 0))
@@ -240,18 +261,22 @@ class PrefillEngine:
         ms = (time.monotonic() - t0) * 1000
         self.counters["forwards"] += 1
         self.counters["forward_ms_max"] = round(max(self.counters["forward_ms_max"], ms), 1)
+        return True
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                params = self.q.get(timeout=0.2)
+                ticket, params = self.q.get(timeout=0.2)
             except queue.Empty:
                 continue
+            ok = False
             try:
-                self._forward(params)
+                ok = self._forward(params)
             except Exception as exc:
                 self.counters["forward_errors"] += 1
                 log.error("prefill forward raised %s", type(exc).__name__)
+            finally:
+                self._finish(ticket, ok)
 
     def stats(self) -> dict:
         out = dict(self.counters)

@@ -8,7 +8,8 @@ Toxiproxy ones (``down``, ``timeout``) with ``topology.link: toxiproxy``.
 * ``transfer_error``: P's transfer engine fails every write while the window lasts (``raise``: the
   binding raises; ``ret``: it returns -1).
 * ``metaserver_fault``: the proxy's metaserver answers 500 (``error``), never answers (``hang``)
-  or closes the connection unanswered (``drop``) while the window lasts.
+  or closes the connection unanswered (``drop``), or its forwards to P fail (``forward_fails``) while
+  the window lasts.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ class MetaserverFault(Fault):
     may_cause = ("failed_load", "refused")
 
     class Params(FaultParams):
-        mode: Literal["error", "hang", "drop"] = Field("hang", description="error: HTTP 500; hang: never answers; "
-                                                                           "drop: closes unanswered")
+        mode: Literal["error", "hang", "drop", "forward_fails"] = Field(
+            "hang", description="error: HTTP 500; hang: never answers; drop: closes unanswered; forward_fails: "
+                                "every forward to P fails (answered as topology.metaserver answers a failed forward)")
 
     def start(self) -> None:
         self.ctx.control("metaserver", "metaserver_fault", mode=self.params.mode)

@@ -8,10 +8,23 @@ way the example does its job (take the POST, forward to P, answer), so that what
 caller's side, D's real POST.
 
 ``POST /v1/metaserver`` with D's params: forwarded to P (its ``submit`` control command, the
-rewrite ``--decode-via`` applied to the address P dials D at: the link under test), then 200.
+rewrite ``--decode-via`` applied to the address P dials D at: the link under test). Two
+behaviours (``--behaviour``):
+
+* ``pdchaos`` (default): 200 once P queued the request, 502 when the forward failed;
+* ``upstream-example``: what vllm-ascend 0.23.0's example proxy
+  (``load_balance_proxy_layerwise_server_example.py``, ``/v1/metaserver``) does: the forward is P's
+  whole completion (the answer waits until P is done with the request: ``forwarded`` polled, no
+  deadline of its own; bounded here by ``WAIT_CAP_S`` so a node never hangs), a failed one is
+  sent again up to 3 times in all, 0.2 s then 0.4 s apart (``send_request_to_service``: a request
+  P may already have taken goes to P again), and the answer is **200 whatever happened** (its
+  handler catches every exception and returns nothing).
+
 Modes (``metaserver_fault`` {mode}): ``ok``; ``error`` answers 500; ``hang`` reads the request and
 never answers (until the mode changes or the node stops); ``drop`` closes the connection without
-an answer. Counters only (posts by outcome); never logs the params.
+an answer; ``forward_fails``: every forward to P fails (P refusing or unreachable from the proxy),
+answered as the behaviour answers a failed forward. Counters only (posts by outcome); never logs
+the params.
 """
 
 from __future__ import annotations
@@ -22,8 +35,13 @@ import json
 import logging
 import sys
 import threading
+import time
 
-MODES = ("ok", "error", "hang", "drop")
+MODES = ("ok", "error", "hang", "drop", "forward_fails")
+BEHAVIOURS = ("pdchaos", "upstream-example")
+WAIT_CAP_S = 120.0  # upstream-example: the longest a POST waits for P's completion
+POLL_S = 0.01
+RETRIES, RETRY_DELAY_S = 3, 0.2  # the example proxy's max_retries and retry_delay defaults
 log = logging.getLogger(__name__)
 
 
@@ -31,22 +49,26 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--port", type=int, required=True, help="HTTP port on 127.0.0.1")
     p.add_argument("--prefill-control", required=True, help="P's control endpoint (ipc://...)")
     p.add_argument("--decode-via", default="", help="host:port P dials D's listener at (a link in between)")
+    p.add_argument("--behaviour", default="pdchaos", choices=BEHAVIOURS,
+                   help="pdchaos: 200 once P queued it, 502 on a failed forward; upstream-example: vllm-ascend's "
+                        "example proxy (waits for P's completion, re-sends a failed forward, always 200)")
     p.add_argument("--control", default=None)
     p.add_argument("--log-level", default="INFO")
 
 
 class Metaserver:
-    def __init__(self, port: int, prefill_control: str, decode_via: str):
+    def __init__(self, port: int, prefill_control: str, decode_via: str, behaviour: str = "pdchaos"):
         from nodekit.control import ControlClient
 
-        self.port, self.decode_via = port, decode_via
+        self.port, self.decode_via, self.behaviour = port, decode_via, behaviour
         self.prefill = ControlClient(prefill_control)
         self._prefill_lock = threading.Lock()
         self.mode = "ok"
         self.changed = threading.Condition()
         self.stopping = False
         self.counters = {"posts": 0, "forwarded": 0, "forward_errors": 0, "answered_500": 0, "hung": 0,
-                         "dropped": 0, "bad_requests": 0}
+                         "dropped": 0, "bad_requests": 0, "resent": 0, "ok_after_failed_forward": 0,
+                         "forward_wait_ms_max": 0}
         self.httpd: http.server.ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
 
@@ -57,17 +79,47 @@ class Metaserver:
             self.mode = mode
             self.changed.notify_all()
 
+    def _call(self, cmd: str, **fields) -> dict:
+        with self._prefill_lock:
+            return self.prefill.call(cmd, timeout_ms=2000, **fields)
+
+    def _forward_once(self, params: dict, wait: bool) -> bool:
+        if self.mode == "forward_fails":
+            return False
+        try:
+            reply = self._call("submit", params=params)
+            if not reply.get("queued"):
+                return False
+            if not wait:
+                return True
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < WAIT_CAP_S and not self.stopping:
+                state = self._call("forwarded", ticket=int(reply["ticket"]))
+                if state.get("done"):
+                    ms = round((time.monotonic() - t0) * 1000)
+                    self.counters["forward_wait_ms_max"] = max(self.counters["forward_wait_ms_max"], ms)
+                    return bool(state.get("sent"))
+                time.sleep(POLL_S)
+            return False
+        except Exception as exc:
+            log.error("metaserver: forward to P failed (%s)", type(exc).__name__)
+            return False
+
     def forward(self, params: dict) -> bool:
         if self.decode_via:
             host, _, port = self.decode_via.rpartition(":")
             params = dict(params, remote_host=host, remote_port=int(port))
-        try:
-            with self._prefill_lock:
-                self.prefill.call("submit", timeout_ms=2000, params=params)
-            return True
-        except Exception as exc:
-            log.error("metaserver: forward to P failed (%s)", type(exc).__name__)
-            return False
+        if self.behaviour == "pdchaos":
+            return self._forward_once(params, wait=False)
+        for attempt in range(1, RETRIES + 1):  # the example proxy's send_request_to_service
+            if self._forward_once(params, wait=True):
+                return True
+            if attempt < RETRIES:
+                self.counters["resent"] += 1
+                with self.changed:
+                    if self.changed.wait_for(lambda: self.stopping, RETRY_DELAY_S * 2 ** (attempt - 1)):
+                        return False
+        return False
 
     def handler(self) -> type:
         server = self
@@ -78,7 +130,7 @@ class Metaserver:
             def log_message(self, *args) -> None:  # noqa: ARG002 - no request lines in the log
                 pass
 
-            def _answer(self, code: int, body: dict) -> None:
+            def _answer(self, code: int, body: dict | None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("content-type", "application/json")
@@ -112,6 +164,10 @@ class Metaserver:
                 elif server.forward(params):
                     server.counters["forwarded"] += 1
                     self._answer(200, {"ok": True})
+                elif server.behaviour == "upstream-example":
+                    server.counters["forward_errors"] += 1
+                    server.counters["ok_after_failed_forward"] += 1
+                    self._answer(200, None)  # the example's handler returns nothing: 200, body null
                 else:
                     server.counters["forward_errors"] += 1
                     self._answer(502, {"error": "forward to prefill failed"})
@@ -143,7 +199,7 @@ def run_node(args: argparse.Namespace) -> int:
             raise NodeUsageError("--port: a port in 1024..65535")
         if not args.prefill_control.startswith("ipc://"):
             raise NodeUsageError("--prefill-control: an ipc:// endpoint")
-        ms = Metaserver(args.port, args.prefill_control, args.decode_via)
+        ms = Metaserver(args.port, args.prefill_control, args.decode_via, args.behaviour)
 
         class App(NodeApp):
             def bind(self) -> None:
@@ -169,7 +225,7 @@ def run_node(args: argparse.Namespace) -> int:
                 return {"metaserver_fault": metaserver_fault}
 
             def ready_message(self) -> str:
-                return "metaserver serving"
+                return f"metaserver serving ({ms.behaviour})"
 
         return App()
 

@@ -11,7 +11,8 @@ D (``kv_consumer``) builds the connector's scheduler and worker sides (its liste
 ``127.0.0.1:kv-port`` on a ROUTER) and runs :class:`~.engine.DecodeEngine`; control commands
 ``admit`` {req, tokens} and ``status`` {req}. P (``kv_producer``) builds the worker side (its
 sending thread over :class:`~.fake_engine.FakeTransferEngine`) and runs
-:class:`~.engine.PrefillEngine`; commands ``submit`` {params} (what the metaserver forwards) and
+:class:`~.engine.PrefillEngine`; commands ``submit`` {params} (what the metaserver forwards; its
+answer's ticket), ``forwarded`` {ticket} (done, sent: what a metaserver waiting for P polls) and
 ``engine_fault`` {mode, delay_ms}. The control channel is the harness's (nodekit/control.py); the
 commands are how the workload and the metaserver play the parts of vLLM's API front end and the
 proxy, never part of the connector.
@@ -127,11 +128,14 @@ def _app(args: argparse.Namespace):
             def submit(m: dict) -> dict:
                 return side.submit(dict(m.get("params") or {}))
 
+            def forwarded(m: dict) -> dict:
+                return side.forwarded(int(m["ticket"]))
+
             def engine_fault(m: dict) -> dict:
                 self.engine.set(str(m.get("mode", "ok")), int(m.get("delay_ms", 0)))
                 return {"mode": self.engine.mode}
 
-            return {"submit": submit, "engine_fault": engine_fault}
+            return {"submit": submit, "forwarded": forwarded, "engine_fault": engine_fault}
 
         def close(self) -> None:
             if self.side is not None:

@@ -22,6 +22,10 @@ class LayerwiseTopologySpec(Spec):
                                                       "(layerwise_signal_timeout_s)")
     post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
                                                     "(metaserver_timeout_s)")
+    metaserver: Literal["pdchaos", "upstream-example"] = Field(
+        "pdchaos", description="how the proxy's metaserver answers D's POST: pdchaos (200 once P queued the "
+                               "request, 502 when the forward failed) or upstream-example (vllm-ascend's example "
+                               "proxy: waits for P's completion, re-sends a failed forward, always 200)")
 
 
 class LayerwiseWorkloadSpec(WorkloadSpec):

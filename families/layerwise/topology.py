@@ -58,7 +58,8 @@ class LayerwiseTopology(BaseTopology):
             args = self._connector_args(role) + ["--kv-port", str(free_tcp_port())]
             return NodeSpec("layerwise-prefill", args, ready_timeout_s=READY_TIMEOUT_S)
         if role == "metaserver":
-            args = ["--port", str(self.ms_port), "--prefill-control", self.nodes["prefill"].control_ep or ""]
+            args = ["--port", str(self.ms_port), "--prefill-control", self.nodes["prefill"].control_ep or "",
+                    "--behaviour", self.topo.metaserver]
             if self.decode_via:
                 args += ["--decode-via", self.decode_via]
             return NodeSpec("layerwise-metaserver", args,

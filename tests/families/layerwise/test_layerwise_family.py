@@ -178,3 +178,74 @@ def test_metaserver_forwards_and_fails_per_mode(tmp_path):
     finally:
         ms.close()
         fake.server.close()
+
+
+class TicketPrefill(FakePrefill):
+    """P's control channel with tickets: a request is done ``done_after_s`` after it was queued;
+    ``refuse`` makes every submit fail (queued: False)."""
+
+    def __init__(self, endpoint: str, done_after_s: float):
+        from nodekit.control import ControlServer
+
+        self.got, self.refuse, self.done_after_s, self.queued_at = [], False, done_after_s, {}
+        self.server = ControlServer(endpoint, handlers={"submit": self.submit, "forwarded": self.forwarded}).start()
+
+    def submit(self, m: dict) -> dict:
+        self.got.append(m["params"])
+        if self.refuse:
+            return {"queued": False}
+        self.queued_at[len(self.got)] = time.monotonic()
+        return {"queued": True, "ticket": len(self.got)}
+
+    def forwarded(self, m: dict) -> dict:
+        done = time.monotonic() - self.queued_at[int(m["ticket"])] >= self.done_after_s
+        return {"done": done, "sent": done}
+
+
+@pytest.mark.timeout(60)
+def test_metaserver_as_the_example_proxy_waits_for_p_resends_and_always_answers_200(tmp_path):
+    """vllm-ascend 0.23.0's example proxy: the POST's answer waits for P's completion; a failed
+    forward is sent again (3 tries, 0.2 s then 0.4 s apart) and the answer is 200 anyway."""
+    from families.layerwise.metaserver import Metaserver
+
+    fake = TicketPrefill(f"ipc://{tmp_path}/p.sock", done_after_s=0.5)
+    port = free_tcp_port()
+    ms = Metaserver(port, f"ipc://{tmp_path}/p.sock", "", behaviour="upstream-example")
+    ms.bind()
+    try:
+        t0 = time.monotonic()
+        assert post(port, {"request_id": "r1"})[0] == 200
+        assert 0.45 <= time.monotonic() - t0 < 2.0  # answered when P was done, not when it queued
+        fake.refuse = True
+        t0 = time.monotonic()
+        assert post(port, {"request_id": "r2"}) == (200, "null")  # nothing reached P: still 200
+        assert 0.55 <= time.monotonic() - t0 < 2.5
+        assert [p["request_id"] for p in fake.got] == ["r1", "r2", "r2", "r2"]  # sent three times
+        ms.set_mode("forward_fails")
+        assert post(port, {"request_id": "r3"}) == (200, "null")
+        assert len(fake.got) == 4  # never reached P
+        c = ms.counters
+        assert c["resent"] == 4 and c["ok_after_failed_forward"] == 2 and c["forwarded"] == 1
+    finally:
+        ms.close()
+        fake.server.close()
+
+
+@pytest.mark.timeout(60)
+def test_metaserver_answers_a_failed_forward_502_by_default(tmp_path):
+    from families.layerwise.metaserver import Metaserver
+
+    fake = TicketPrefill(f"ipc://{tmp_path}/p.sock", done_after_s=0.0)
+    port = free_tcp_port()
+    ms = Metaserver(port, f"ipc://{tmp_path}/p.sock", "")
+    ms.bind()
+    try:
+        ms.set_mode("forward_fails")
+        assert post(port, {"request_id": "r1"})[0] == 502
+        assert fake.got == []
+        ms.set_mode("ok")
+        fake.refuse = True
+        assert post(port, {"request_id": "r2"})[0] == 502 and len(fake.got) == 1  # tried once
+    finally:
+        ms.close()
+        fake.server.close()

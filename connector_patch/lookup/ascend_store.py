@@ -16,7 +16,8 @@ This module puts :mod:`connector_patch.lookup` in their place, on the same ipc p
 * :class:`HardenedLookupKeyServer` takes upstream's ``(pool_worker, vllm_config)``. It serves with
   a per-request exception boundary, a backend deadline and versioned error replies; its backend
   calls ``pool_worker.lookup_scheduler`` (upstream's own hit rule) and, for the admin reset,
-  drains the worker's store-sending queue before clearing the store. ``close()`` never aborts the
+  drains the worker's store-sending queue before clearing this model's keys from the store (and
+  refuses when other ranks store too, or the store cannot remove one model's keys alone). ``close()`` never aborts the
   process (upstream's does when its thread waits in ``recv``).
 * :class:`HardenedAscendStoreConnector` is ``AscendStoreConnector`` with those two installed, and
   ``reset_cache()`` (vLLM's connector reset hook) answered through the tagged admin reset.
@@ -28,6 +29,7 @@ This module puts :mod:`connector_patch.lookup` in their place, on the same ipc p
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from connector_patch.versions import require as _require_upstream
@@ -132,17 +134,36 @@ class PoolWorkerBackend(Backend):
         return drain_queue(getattr(getattr(self.pool_worker, "kv_send_thread", None), "request_queue", None), timeout_s)
 
     def clear(self) -> None:
-        clear = getattr(self.pool_worker, "clear_pool", None)
-        if callable(clear):  # a worker (or a test backend) that knows how to empty its pool
+        """Empty this model's part of the pool, or refuse (RuntimeError: the reset answers
+        RESET_FAILED, nothing removed):
+
+        * more than one rank stores into the pool (tensor, pipeline or context parallel): only this
+          rank's puts were drained, another rank's could land after the clear;
+        * the store cannot remove this model's keys alone (no ``remove_by_regex``, or no model
+          name): ``remove_all`` would wipe the pool of every instance sharing the master.
+
+        Keys are ``<model name>@...`` (``KVPoolWorker``): instances of the same model share them by
+        design, and they are what a weight update makes stale."""
+        worker = self.pool_worker
+        clear = getattr(worker, "clear_pool", None)
+        if callable(clear):  # a stand-in worker that knows how to empty its pool
             clear()
             return
-        store = getattr(getattr(self.pool_worker, "m_store", None), "store", None)
-        remove_all = getattr(store, "remove_all", None)
-        if not callable(remove_all):
-            raise RuntimeError("the pool's store has no remove_all")
-        rc = remove_all(force=True)
-        if isinstance(rc, int) and rc < 0:
-            raise RuntimeError(f"remove_all returned {rc}")
+        ranks = 1
+        for name in ("tp_size", "pp_size", "pcp_size"):
+            n = getattr(worker, name, 1)
+            ranks *= n if isinstance(n, int) and n > 0 else 1
+        if ranks > 1:
+            raise RuntimeError(f"{ranks} ranks store into the pool and only this rank's stores were drained: refused")
+        store = getattr(getattr(worker, "m_store", None), "store", None)
+        model = getattr(worker, "model_name", None)
+        remove_by_regex = getattr(store, "remove_by_regex", None)
+        if not (isinstance(model, str) and model and callable(remove_by_regex)):
+            raise RuntimeError("the store cannot remove this model's keys alone (remove_all would clear every "
+                               "instance's pool): refused")
+        rc = remove_by_regex("^" + re.escape(model) + "@", force=True)
+        if not isinstance(rc, int) or rc < 0:
+            raise RuntimeError(f"remove_by_regex returned {rc!r}")
 
 
 class HardenedLookupKeyServer:

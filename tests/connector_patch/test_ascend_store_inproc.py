@@ -219,7 +219,7 @@ def test_reset_drains_pending_stores_then_clears(run):
     store pending in the worker's kv_send_thread.request_queue (it lands, then the clear runs),
     returns True, the pool is empty (the store that landed during the drain too) and the next
     lookup of the same prompt is a miss. With no clear_pool on the worker, its
-    m_store.store.remove_all(force=True) is the clear."""
+    m_store.store.remove_by_regex("^<model>@", force=True) is the clear."""
     case = _case(run, "resets", "drain_then_clear")
     assert case["matched_before"]["result"] == [HIT, False]
     assert case["result"] is True and case["raised"] is None
@@ -231,12 +231,24 @@ def test_reset_drains_pending_stores_then_clears(run):
     assert case["load_specs_after"] == []
     assert case["matched_after"]["result"] == [0, False] and case["matched_after"]["outcome"] == "ok"
     store = _case(run, "resets", "remove_all")
-    assert store["result"] is True and store["remove_all_calls"] == [{"force": True}]
+    # only this model's keys: the master may hold other instances' pools
+    assert store["result"] is True and store["remove_all_calls"] == []
+    assert store["remove_by_regex_calls"] == [["^tiny\\-model@", True]]
     assert store["pool_size_after"] == 0
 
 
+def test_reset_refuses_what_it_cannot_do_safely(run):
+    """A store with only remove_all (it would wipe every instance's pool), or a pool that other
+    ranks store into too (only this rank's stores were drained): refused, nothing removed."""
+    for name in ("store_without_regex", "two_ranks"):
+        case = _case(run, "resets", name)
+        assert case["result"] is False and case["raised"] is None, (name, case)
+        assert case["remove_all_calls"] == [] and case["remove_by_regex_calls"] == [], (name, case)
+        assert case["pool_size_after"] == 4 and case["elapsed_s"] < DEADLINE_S, (name, case)
+
+
 def test_reset_failures_return_false_bounded_never_raise(run):
-    """The clear fails (remove_all returns -1; clear_pool raises): False at once. A pending store
+    """The clear fails (the remove returns -1; clear_pool raises): False at once. A pending store
     that does not land within the server's drain budget: False after that budget, and nothing was
     cleared (drain first). Nothing bound, or a REP that never replies: False at the deadline,
     directly and through the Scheduler's reset_prefix_cache."""
@@ -288,8 +300,12 @@ def test_reset_reaches_a_real_worker_role_connector_and_is_none_there(run):
     assert case["error"] is None
     assert case["worker_class"] == "KVPoolWorker" and case["server_class"] == "HardenedLookupKeyServer"
     assert case["worker_reset"] is None
+    assert case["clear_error"] is None
     assert case["scheduler_reset"] is True and case["scheduler_reset_s"] < 1.0
     assert case["server_counters"]["resets"] == 1
+    import re
+
+    assert case["remove_by_regex_calls"] == [[["^" + re.escape(case["model_name"]) + "@"], {"force": True}]]
 
 
 def test_upstream_has_no_reset_and_reports_success(run):

@@ -206,17 +206,30 @@ class _SendThread:
 
 
 class _Store:
-    def __init__(self, pool: "KnownSetPoolWorker", rc: int = 0):
+    """Mooncake's store as the worker holds it: ``remove_all(force)`` and, unless ``regex`` is
+    False, ``remove_by_regex(pattern, force)`` (every key here is the model's: a match clears)."""
+
+    def __init__(self, pool: "KnownSetPoolWorker", rc: int = 0, regex: bool = True):
         self.pool, self.rc = pool, rc
         self.remove_all_calls: list[dict] = []
+        self.remove_by_regex_calls: list[tuple] = []
+        if regex:
+            self.remove_by_regex = self._remove_by_regex
 
-    def remove_all(self, **kwargs) -> int:
-        self.remove_all_calls.append(kwargs)
+    def _clear(self) -> int:
         if self.rc >= 0:
             with self.pool.lock:
                 self.pool.present.clear()
         self.pool.events.append(("clear", time.monotonic()))
         return self.rc
+
+    def remove_all(self, **kwargs) -> int:
+        self.remove_all_calls.append(kwargs)
+        return self._clear()
+
+    def _remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        self.remove_by_regex_calls.append((pattern, force))
+        return self._clear()
 
 
 class KnownSetPoolWorker:
@@ -226,7 +239,10 @@ class KnownSetPoolWorker:
     "pool" gives it ``clear_pool()``, "store" ``m_store.store.remove_all(force=True)`` returning
     ``store_rc``; ``clear_raises`` makes the clear fail."""
 
-    def __init__(self, present=(), clear: str = "pool", store_rc: int = 0, clear_raises: bool = False):
+    def __init__(self, present=(), clear: str = "pool", store_rc: int = 0, clear_raises: bool = False,
+                 regex: bool = True, tp_size: int = 1):
+        self.model_name = "tiny-model"  # upstream's: the model path's last part; keys are "<model>@..."
+        self.tp_size, self.pp_size = tp_size, 1
         self.lock = threading.Lock()
         self.present: set[str] = set(present)
         self.calls = 0
@@ -236,7 +252,7 @@ class KnownSetPoolWorker:
         if clear == "pool":
             self.clear_pool = self._clear_pool
         else:
-            self.m_store = SimpleNamespace(store=_Store(self, store_rc))
+            self.m_store = SimpleNamespace(store=_Store(self, store_rc, regex))
 
     def lookup_scheduler(self, token_len, block_hashes, kv_cache_group_ids=None, use_layerwise=False,
                          hbm_hit_tokens=0) -> int:
@@ -538,8 +554,8 @@ def real_worker_role() -> dict:
     """A worker-role HardenedAscendStoreConnector built by vLLM's factory (vllm-ascend's real
     KVPoolWorker, the HardenedLookupKeyServer it starts on rank 0), and the scheduler side's
     reset reaching it: drained (no send thread yet) and cleared through the worker's Mooncake
-    store (pdchaos_npu_stubs' store, whose remove_all is a MagicMock: only the server's counters
-    can say it was called)."""
+    store (pdchaos_npu_stubs' store, a MagicMock: its remove_by_regex is replaced by one that
+    records its calls and answers 0, as Mooncake answers a count)."""
     case: dict = {"error": None}
     try:
         port = next_port()
@@ -556,8 +572,22 @@ def real_worker_role() -> dict:
         eng = Engine(HARDENED, port, RESET_DEADLINE_MS)
         m_store = worker.connector_worker.m_store
         case["store_class"] = f"{type(m_store).__name__}/{type(getattr(m_store, 'store', None)).__name__}"
+        calls: list = []
+
+        def remove_by_regex(pattern, force=False):  # the stub store's, answering as Mooncake does: a count
+            calls.append([[pattern], {"force": force}])
+            return 0
+
+        m_store.store.remove_by_regex = remove_by_regex
         t = time.monotonic()
         case["scheduler_reset"] = eng.connector.reset_cache()
+        case["remove_by_regex_calls"] = list(calls)
+        case["model_name"] = worker.connector_worker.model_name
+        try:
+            worker.lookup_server.backend.clear()
+            case["clear_error"] = None
+        except Exception as e:  # noqa: BLE001 - what a refused clear says
+            case["clear_error"] = str(e)
         case["scheduler_reset_s"] = round(time.monotonic() - t, 4)
         case["server_counters"] = {k: v for k, v in worker.lookup_server.counters.items()
                                    if k in ("requests", "resets", "ok", "backend_error")}
@@ -613,10 +643,13 @@ def resets() -> dict:
         case["error"] = err(e)
         traceback.print_exc()
 
-    # the store's remove_all(force=True) when the worker has no clear_pool
+    # the store's remove_by_regex("^<model>@", force=True) when the worker has no clear_pool; refused
+    # when the store has only remove_all (it would wipe every instance's pool) or other ranks store too
     for name, kwargs in (("remove_all", {"clear": "store", "store_rc": 0}),
                          ("remove_all_fails", {"clear": "store", "store_rc": -1}),
-                         ("clear_raises", {"clear": "pool", "clear_raises": True})):
+                         ("clear_raises", {"clear": "pool", "clear_raises": True}),
+                         ("store_without_regex", {"clear": "store", "regex": False}),
+                         ("two_ranks", {"clear": "store", "tp_size": 2})):
         case = {"error": None}
         out[name] = case
         try:
@@ -626,6 +659,7 @@ def resets() -> dict:
             case["pool_size_after"] = pool.size()
             store = getattr(getattr(pool, "m_store", None), "store", None)
             case["remove_all_calls"] = None if store is None else store.remove_all_calls
+            case["remove_by_regex_calls"] = None if store is None else store.remove_by_regex_calls
         except Exception as e:  # noqa: BLE001
             case["error"] = err(e)
             traceback.print_exc()

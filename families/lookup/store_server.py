@@ -163,6 +163,13 @@ class StoreWorkerModel:
         return MooncakeLookupResult(int(self.faulty.hit_tokens(LookupRequest(int(num_tokens), (0,), 0, hexes))))
 
 
+def client_settings(deadline_ms: int, backend_timeout_ms: int) -> dict[str, int]:
+    """The hardened deadlines both sides are configured with: lookups and resets within the
+    scenario's deadline, the worker's drain within half of it."""
+    return {"lookup_rpc_timeout_ms": deadline_ms, "lookup_reset_timeout_ms": deadline_ms,
+            "lookup_reset_drain_ms": max(1, deadline_ms // 2), "lookup_backend_timeout_ms": backend_timeout_ms}
+
+
 def vllm_config_for(engine_id: str, extra: dict[str, int]) -> Any:
     """A VllmConfig with the store connector's transfer config (no model: the lookup path reads
     only the parallel and transfer configs); ``extra`` is ``kv_connector_extra_config``."""
@@ -314,8 +321,6 @@ def main(argv: list[str] | None = None) -> int:
             raise NodeUsageError("--endpoint: must be an ipc path ipc:///DIR/NAME")
         memory = MemoryBackend(block_size=args.block_size, groups=1)
         memory.put(read_preload(args.preload) if args.preload else [])
-        from .store_workload import client_settings
-
         node = StoreServerNode(args.impl, args.endpoint, args.engine_id, FaultyBackend(memory),
                                client_settings(args.deadline_ms, args.backend_timeout_ms))
         return _app(node)

@@ -42,13 +42,6 @@ def run_node(args: argparse.Namespace) -> int:
     return 2  # not reached
 
 
-def client_settings(deadline_ms: int, backend_timeout_ms: int) -> dict[str, int]:
-    """The hardened deadlines both sides are configured with: lookups and resets within the
-    scenario's deadline, the worker's drain within half of it."""
-    return {"lookup_rpc_timeout_ms": deadline_ms, "lookup_reset_timeout_ms": deadline_ms,
-            "lookup_reset_drain_ms": max(1, deadline_ms // 2), "lookup_backend_timeout_ms": backend_timeout_ms}
-
-
 class _Client:
     """A store client as the workload calls it: ``lookup(token_len, hashes, groups, hbm) -> hit``
     (groups and hbm are the AscendStore workload's: the store connector has neither) and
@@ -133,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     block_start_signal()  # before any thread: none may take it
     from vllm.config import KVTransferConfig, ParallelConfig, VllmConfig
 
-    from .store_server import derived_path
+    from .store_server import client_settings, derived_path
 
     target = cfg["target"]
     extra = client_settings(int(cfg["deadline_ms"]), int(cfg["backend_timeout_ms"]))

@@ -44,7 +44,8 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              "connector_patch/store/vllm_store.py",
              # run with a node env's python (harness/nodeenv/exec_node.py), never in the harness's
              "stacks/vllm_cpu/build_tiny_model.py", "families/lookup/ascend_server.py",
-             "families/lookup/ascend_workload.py", "families/layerwise/engine.py",
+             "families/lookup/ascend_workload.py", "families/lookup/store_server.py",
+             "families/lookup/store_workload.py", "families/layerwise/engine.py",
              "families/layerwise/stack.py"}
 
 

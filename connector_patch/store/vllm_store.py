@@ -21,8 +21,9 @@ if upstream stops looking them up at call time):
 * :class:`HardenedStoreLookupKeyServer`: the lookup package's server in the store dialect: a
   validated dispatch, one reply per message, the thread survives anything, a backend deadline
   (``lookup_backend_timeout_ms``, default 4000); the reset drains the send queue within
-  ``lookup_reset_drain_ms`` (default 2000) and reports success only when ``remove_all`` returned
-  a non-negative count.
+  ``lookup_reset_drain_ms`` (default 2000), removes this model's keys only (``remove_by_regex``;
+  refused when the store cannot, or other ranks store too) and reports success only when the
+  remove returned a non-negative count.
 * Quiet waiting (:mod:`connector_patch.quiet`, ``quiet_wait_max_ms``, default 100, 0 off), as
   the hardened P2P connector installs it: an engine that only waits on the pool (P keeping blocks
   for a put the master has not taken, D waiting for a load) backs off instead of stepping every
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -147,7 +149,7 @@ class HardenedStoreLookupKeyClient:
             future.cancel()
 
     def reset(self) -> bool:
-        """True only when worker rank 0 drained its puts and ``remove_all`` reported success,
+        """True only when worker rank 0 drained its puts and this model's keys were removed,
         within ``lookup_reset_timeout_ms``. False after the deadline means "not confirmed"."""
         return self._admin.reset()
 
@@ -161,10 +163,24 @@ class HardenedStoreLookupKeyClient:
             pass
 
 
+def model_key_pattern(store_worker: Any) -> str | None:
+    """The regex of this model's keys in the pool, from the worker's key metadata (vLLM's
+    ``PoolKey``: ``[<cache_prefix>@]<model><store namespace>@tp_rank:...``), or None when the
+    worker does not say. Instances of one model (and cache prefix) share these keys by design."""
+    dbs = getattr(store_worker, "token_dbs", None) or ()
+    meta = getattr(dbs[0], "metadata", None) if dbs else None
+    model = getattr(meta, "model_name", None)
+    if not isinstance(model, str) or not model:
+        return None
+    prefix = str(getattr(meta, "cache_prefix", "") or "")
+    namespace = str(getattr(meta, "store_namespace", "") or "")
+    return "^" + re.escape((prefix + "@" if prefix else "") + model + namespace + "@tp_rank:")
+
+
 class StoreWorkerBackend(Backend):
     """The server's backend: upstream's ``MooncakeStoreWorker.lookup`` for hits; for the reset,
-    the worker's send queue drained (bounded), then ``store.remove_all(force=True)`` with its
-    return code checked."""
+    the worker's send queue drained (bounded), then this model's keys removed with the return
+    code checked (:meth:`clear`)."""
 
     groups = 1
 
@@ -180,12 +196,29 @@ class StoreWorkerBackend(Backend):
         return drain_queue(getattr(getattr(self.store_worker, "kv_send_thread", None), "request_queue", None), timeout_s)
 
     def clear(self) -> None:
-        store = getattr(self.store_worker, "store", None)
+        """Remove this model's keys (:func:`model_key_pattern`, ``remove_by_regex``), or refuse
+        (RuntimeError: the reset reports failure, nothing removed) when more than one rank stores
+        into the pool (only rank 0's puts were drained: another rank's could land after the clear)
+        or the store cannot remove one model's keys alone (``remove_all`` would wipe the pool of
+        every instance on the master)."""
+        worker = self.store_worker
+        store = getattr(worker, "store", None)
         if store is None:
             raise RuntimeError("the worker has no store (closed)")
-        rc = store.remove_all(force=True)
+        ranks = 1
+        for name in ("tp_size", "pp_size", "pcp_size"):
+            n = getattr(worker, name, 1)
+            ranks *= n if isinstance(n, int) and n > 0 else 1
+        if ranks > 1:
+            raise RuntimeError(f"{ranks} ranks store into the pool and only rank 0's puts were drained: refused")
+        pattern = model_key_pattern(worker)
+        remove_by_regex = getattr(store, "remove_by_regex", None)
+        if pattern is None or not callable(remove_by_regex):
+            raise RuntimeError("the store cannot remove this model's keys alone (remove_all would clear every "
+                               "instance's pool): refused")
+        rc = remove_by_regex(pattern, force=True)
         if not isinstance(rc, int) or rc < 0:
-            raise RuntimeError(f"remove_all returned {rc!r}")
+            raise RuntimeError(f"remove_by_regex returned {rc!r}")
 
 
 def _live_ipc(path: str) -> bool:

@@ -19,9 +19,10 @@ Behind the server sits :class:`StoreWorkerModel`, a **stand-in** for ``MooncakeS
 the three things the server uses: ``lookup(num_tokens, block_hashes)`` over the preloaded
 :class:`MemoryBackend` (switchable at run time by ``backend_fault``: raise, hang, slow;
 ``clear_fails``: the remove fails), ``kv_send_thread.request_queue`` (puts a reset must drain:
-``queue_puts`` adds puts that land after a delay or at ``release_puts``) and
-``store.remove_all(force=True)`` returning Mooncake's count removed, or a negative error code with
-nothing removed (``clear_fails``, as a dead master makes it). Command ``close_server`` calls the
+``queue_puts`` adds puts that land after a delay or at ``release_puts``), the key metadata of its
+token databases (one model) and ``store.remove_all(force=True)`` / ``store.remove_by_regex``
+returning Mooncake's count removed, or a negative error code with nothing removed
+(``clear_fails``, as a dead master makes it). Command ``close_server`` calls the
 server's ``close()`` while its thread waits in ``recv``.
 """
 
@@ -34,6 +35,7 @@ import re
 import socket
 import threading
 import time
+import types
 from typing import Any
 
 IMPLS = ("upstream", "hardened")
@@ -130,12 +132,21 @@ class _Puts:
                 self.request_queue.task_done()
 
 
+MODEL = "stand-in-model"  # every key of the stand-in pool is this model's
+
+
 class _StoreModel:
-    """``store.remove_all(force=True)``: the count removed, or -1 (nothing removed) when the
-    backend's clear fails, as Mooncake's store answers when its master is gone."""
+    """Mooncake's ``remove_all(force)`` and ``remove_by_regex(pattern, force)`` (every key here is
+    :data:`MODEL`'s: a pattern naming it removes them all): the count removed, or -1 (nothing
+    removed) when the backend's clear fails, as Mooncake's store answers when its master is gone."""
 
     def __init__(self, faulty: Any):
         self.faulty = faulty
+
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        import re
+
+        return self.remove_all(force) if re.match(pattern, f"{MODEL}@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@x") else 0
 
     def remove_all(self, force: bool = False) -> int:  # noqa: ARG002
         n = len(self.faulty.inner)
@@ -154,6 +165,9 @@ class StoreWorkerModel:
         self.faulty = faulty
         self.kv_send_thread = _Puts(faulty.inner)
         self.store = _StoreModel(faulty)
+        # the key metadata upstream's worker keeps per token database (vLLM's KeyMetadata fields)
+        self.token_dbs = [types.SimpleNamespace(metadata=types.SimpleNamespace(
+            model_name=MODEL, cache_prefix="", store_namespace=""))]
 
     def lookup(self, num_tokens: int, block_hashes: Any) -> Any:
         from connector_patch.lookup.protocol import LookupRequest

@@ -57,6 +57,10 @@ def test_hardened_reset_succeeds_only_when_the_store_was_cleared_and_is_bounded(
     assert result["hardened_reset_with_stuck_put"] is False
     assert 1.9 <= result["hardened_reset_with_stuck_put_s"] < 4.0  # the 2 s drain bound, answered in time
     assert result["hardened_reset_ok"] is True and result["hardened_keys_left"] == 0
+    # only this model's keys ("<cache_prefix>@<model><namespace>@tp_rank:..."), never remove_all
+    assert set(result["hardened_reset_patterns"]) == {"^pfx@tiny@tp_rank:"}
+    assert result["hardened_reset_two_ranks"] is False and result["hardened_reset_no_regex"] is False
+    assert result["hardened_keys_left_after_refusals"] == 1
     assert result["hardened_miss_after_reset"] == 0
 
 

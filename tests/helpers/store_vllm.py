@@ -48,10 +48,18 @@ class Store:
         self.keys.clear()
         return n
 
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:  # every key here is "tiny"'s
+        import re
+
+        self.patterns = getattr(self, "patterns", []) + [pattern]
+        return self.remove_all(force) if re.match(pattern, "pfx@tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@h") else 0
+
 
 class StoreWorker:
     def __init__(self) -> None:
         self.store = Store()
+        self.token_dbs = [types.SimpleNamespace(metadata=types.SimpleNamespace(
+            model_name="tiny", cache_prefix="pfx", store_namespace=""))]
         self.kv_send_thread = types.SimpleNamespace(request_queue=queue.Queue())
         self.raise_next = False
 
@@ -129,6 +137,18 @@ hw.kv_send_thread.request_queue.get()
 hw.kv_send_thread.request_queue.task_done()
 out["hardened_reset_ok"] = hclient.reset()
 out["hardened_keys_left"] = len(hw.store.keys)
+out["hardened_reset_patterns"] = list(hw.store.patterns)
+# refused, nothing removed: another rank stores too; a store without remove_by_regex
+hw.store.keys.add(b"k" * 32)
+hw.tp_size = 2
+out["hardened_reset_two_ranks"] = hclient.reset()
+hw.tp_size = 1
+regex = Store.remove_by_regex
+del Store.remove_by_regex
+out["hardened_reset_no_regex"] = hclient.reset()
+Store.remove_by_regex = regex
+out["hardened_keys_left_after_refusals"] = len(hw.store.keys)
+hw.store.keys.clear()
 out["hardened_miss_after_reset"] = hclient.lookup("r5", 64, [b"k" * 32]).hit_length
 
 # --- hardened: a frozen/dead server costs one deadline per lookup, never more

@@ -8,6 +8,9 @@
   that request with layers never written (P's ``partial_sends``, final minus baseline probe).
 * ``listener_answers``: every malformed or unexpected message sent to D's listener
   (``listener_garbage``) was answered on its first try, within that try's timeout.
+* ``post_once``: D never POSTed one request to the metaserver twice (not idempotent).
+* ``blocks_returned``: D's scheduler (vLLM's real v1 Scheduler) got back every KV block its
+  requests held (a failed request whose load never reports finished holds its blocks for ever).
 """
 
 from __future__ import annotations
@@ -83,3 +86,44 @@ def layers_complete(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{n} request(s) went out for their last layer (DONE follows) after an earlier layer was "
                          f"skipped: D completes them with layers never written", partial_sends=n)
     return _r(True, "no request was signalled after a skipped layer", partial_sends=0)
+
+
+@check("blocks_returned")
+def blocks_returned(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """D's scheduler got back every KV block its requests held: at D's final probe, the free
+    blocks of vLLM's block pool plus those held by unfinished requests equal the pool at the start
+    (a request finished without its blocks freed, e.g. FINISHED_ERROR while its load is never
+    reported finished, holds them for ever: counted as leaked)."""
+    final = [p for p in inp.probes if p.get("node") == "decode" and p.get("when") == "final"]
+    if not final:
+        return _r(False, "no final probe of D: its block pool cannot be judged")
+    c = final[-1].get("counters") or {}
+    if not all(isinstance(c.get(k), int) for k in ("free_blocks", "blocks_live", "blocks_initial")):
+        return _r(False, "D's final probe has no block-pool counters (free_blocks, blocks_live, blocks_initial)")
+    leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
+    held = c.get("blocks_held_finished", 0)
+    det = {"initial": c["blocks_initial"], "free": c["free_blocks"], "live": c["blocks_live"], "leaked": leaked,
+           "held_by_finished": held}
+    if leaked:
+        return _r(False, f"{leaked} of {c['blocks_initial']} KV blocks of D's scheduler were never returned "
+                         f"({c['free_blocks']} free, {c['blocks_live']} held by unfinished requests; {held} held "
+                         f"by requests that finished)", **det)
+    return _r(True, f"every block back: {c['free_blocks']} free, {c['blocks_live']} held by live requests, of "
+                    f"{c['blocks_initial']}", **det)
+
+
+@check("post_once")
+def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """D never POSTed one request's transfer params to the metaserver twice: the POST is not
+    idempotent (a proxy that got the first one sends the request to P again, and P writes into D's
+    blocks twice). Judged from the metaserver's ``repeat_posts`` (a request id it had seen)."""
+    final = [p for p in inp.probes if p.get("node") == "metaserver" and p.get("when") == "final"]
+    if not final:
+        return _r(False, "no final probe of the metaserver: D's POSTs cannot be judged")
+    c = final[-1].get("counters") or {}
+    if not isinstance(c.get("repeat_posts"), int) or not isinstance(c.get("posts"), int):
+        return _r(False, "the metaserver's final probe has no post counters (posts, repeat_posts)")
+    if c["repeat_posts"]:
+        return _r(False, f"{c['repeat_posts']} of {c['posts']} POSTs repeated a request D had POSTed already",
+                  posts=c["posts"], repeat_posts=c["repeat_posts"])
+    return _r(True, f"{c['posts']} POSTs, none repeated", posts=c["posts"], repeat_posts=0)

@@ -1,18 +1,19 @@
 """Conformance-env side: the engine steps of D and P around the real connector.
 
 vLLM's engine calls a KV connector at fixed points; these two classes make exactly those calls,
-with real vLLM objects (``Request``, ``KVCacheBlocks``), on the connector ``stack.build`` made:
+with real vLLM objects, on the connector ``stack.build`` made:
 
-* :class:`DecodeEngine` (D): a request with ``do_remote_prefill`` is admitted as the scheduler does
-  (``update_state_after_alloc``: D's scheduler side POSTs its transfer params to the metaserver),
-  waits in WAITING_FOR_REMOTE_KVS, and every step (``STEP_S``) the scheduler's
-  ``build_connector_meta`` goes to the worker's ``start_load_kv``, and the worker's
-  ``get_finished`` / ``get_block_ids_with_load_errors`` say which requests leave the wait and
-  which blocks failed to load (what the scheduler's ``update_from_output`` reads);
-* :class:`PrefillEngine` (P): a request arriving with D's params (what the proxy forwards) gets P's
-  blocks and its connector metadata (``add_new_req``, as P's scheduler side builds it), then a
-  forward pass: ``start_load_kv``, then ``save_kv_layer`` for each layer (P's sending thread pushes
-  each layer; after the last one it signals D DONE or FAILED). One forward pass at a time.
+* :class:`DecodeEngine` (D): vLLM's real v1 ``Scheduler`` (it builds D's scheduler-side
+  connector itself): a request with ``do_remote_prefill`` is added, ``schedule()`` gives it its
+  blocks and D's POST to the metaserver, it waits in WAITING_FOR_REMOTE_KVS, and every step
+  (``STEP_S``) the step's connector metadata goes to the worker's ``start_load_kv``, the
+  worker's ``get_finished`` / ``get_block_ids_with_load_errors`` go into the step's
+  ``KVConnectorOutput`` and ``update_from_output`` decides (finished, FINISHED_ERROR, recompute
+  per ``kv_load_failure_policy``); the forward pass is a stand-in (one token, no model);
+* :class:`PrefillEngine` (P): requests arriving with D's params (what the proxy forwards) get P's
+  blocks and their connector metadata (``add_new_req``, as P's scheduler side builds it), up to
+  ``batch`` of them in one forward pass: ``start_load_kv``, then ``save_kv_layer`` for each layer
+  (P's sending thread pushes each layer; after the last one it signals D DONE or FAILED).
 
 Records per request: state, times, block counts; never token ids or block ids in logs.
 """
@@ -24,6 +25,7 @@ import queue
 import threading
 import time
 import uuid
+import zlib
 from typing import Any
 
 from . import stack
@@ -60,16 +62,46 @@ class _Blocks:
 
 
 class DecodeEngine:
-    def __init__(self, worker: Any, sched: Any, metaserver_url: str):
-        self.worker, self.sched, self.url = worker, sched, metaserver_url
-        self.blocks = _Blocks(stack.NUM_BLOCKS)
+    """D: vLLM's real v1 ``Scheduler`` (it builds its own scheduler-side connector from the
+    config, as vLLM's engine core does) stepped with the worker-side connector and a stand-in
+    forward pass (no model: one sampled token per request whose prompt is complete; every request
+    has ``max_tokens=1``). A step is what vLLM's engine core does: ``schedule()`` (a new request
+    with remote KV gets its blocks and D's POST to the metaserver; the connector metadata), the
+    worker's ``start_load_kv``, its ``get_finished`` and ``get_block_ids_with_load_errors`` into
+    the ``KVConnectorOutput`` of the step, then ``update_from_output``. Requests are added from the
+    control thread through a queue (the scheduler is not thread-safe). ``kv_load_failure_policy``
+    is the config's: ``fail`` finishes a request whose blocks failed FINISHED_ERROR, ``recompute``
+    computes it locally.
+
+    A request's state: ``waiting`` until the scheduler finished it; ``done`` (finished normally)
+    or ``failed`` (FINISHED_ERROR); ``blocks_reported``: its blocks among the step's invalid ones.
+    ``free_blocks`` / ``blocks_initial`` / ``blocks_live`` (held by unfinished requests) /
+    ``blocks_held_finished`` (held by finished requests the scheduler keeps) are the scheduler's
+    own block pool: what a leak shows in."""
+
+    def __init__(self, worker: Any, cfg: Any, metaserver_url: str):
+        from vllm.config import set_current_vllm_config
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.worker, self.url = worker, metaserver_url
+        with set_current_vllm_config(cfg):
+            self.sched = Scheduler(vllm_config=cfg, kv_cache_config=stack.kv_cache_config(),
+                                   structured_output_manager=StructuredOutputManager(cfg),
+                                   block_size=stack.BLOCK_SIZE, log_stats=False)
+        self.policy = cfg.kv_transfer_config.kv_load_failure_policy
+        self.blocks_initial = self._free_blocks()
+        self.pending: "queue.Queue[Any]" = queue.Queue()
         self.reqs: dict[str, dict] = {}  # external id -> state
         self.by_internal: dict[str, str] = {}
         self._lock = threading.Lock()
         self.counters = {"admitted": 0, "done": 0, "failed": 0, "waiting": 0, "blocks_reported": 0,
-                         "refused": 0}
+                         "refused": 0, "recomputed": 0, "steps": 0, "batched_max": 0}
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode-engine", daemon=True)
+
+    def _free_blocks(self) -> int:
+        return int(self.sched.kv_cache_manager.block_pool.get_num_free_blocks())
 
     def start(self) -> None:
         self.thread.start()
@@ -80,54 +112,82 @@ class DecodeEngine:
 
     def admit(self, ext_id: str, tokens: int) -> dict:
         from vllm import SamplingParams
-        from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-        from vllm.v1.core.kv_cache_utils import KVCacheBlock
         from vllm.v1.request import Request
 
+        if ext_id in self.reqs:
+            return {"admitted": False, "why": "duplicate request id"}
         n_blocks = -(-tokens // stack.BLOCK_SIZE)
-        ids = self.blocks.take(n_blocks)
-        if ids is None:
+        if n_blocks >= self.blocks_initial:
             self.counters["refused"] += 1
-            return {"admitted": False, "why": "no free blocks"}
+            return {"admitted": False, "why": "more blocks than the pool has"}
         internal = ext_id + _suffix()
-        req = Request(internal, [1] * tokens, SamplingParams(max_tokens=1), None)
+        base = zlib.crc32(ext_id.encode()) % 200  # a prompt of its own per request
+        req = Request(internal, [1 + (base + i) % 250 for i in range(tokens)], SamplingParams(max_tokens=1), None)
         req.kv_transfer_params = {"do_remote_prefill": True, "metaserver": self.url}
         with self._lock:
-            self.reqs[ext_id] = {"state": "waiting", "t_admit": time.monotonic(), "blocks": ids,
+            self.reqs[ext_id] = {"state": "waiting", "t_admit": time.monotonic(), "blocks": n_blocks, "ids": set(),
                                  "blocks_reported": 0, "internal": internal}
             self.by_internal[internal] = ext_id
-        # the scheduler: blocks allocated for the remote tokens -> D's POST to the metaserver
-        self.sched.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in ids],)), tokens)
+        self.pending.put(req)
         self.counters["admitted"] += 1
         return {"admitted": True, "blocks": n_blocks}
 
     def _step(self) -> None:
-        meta = self.sched.build_connector_meta(None)  # D's side of it never reads the output
-        self.worker.bind_connector_metadata(meta)
-        try:
-            self.worker.start_load_kv(None)
-        finally:
-            self.worker.clear_connector_metadata()
-        _, finished = self.worker.get_finished(set())
-        invalid = self.worker.get_block_ids_with_load_errors()
-        if not finished and not invalid:
-            return
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        while True:
+            try:
+                self.sched.add_request(self.pending.get_nowait())
+            except queue.Empty:
+                break
+        so = self.sched.schedule()
+        meta = so.kv_connector_metadata
+        if meta is not None:
+            self.worker.bind_connector_metadata(meta)
+            try:
+                self.worker.start_load_kv(None)
+            finally:
+                self.worker.clear_connector_metadata()
+        sending, recving = self.worker.get_finished(set(so.finished_req_ids))
+        invalid = set(self.worker.get_block_ids_with_load_errors() or ())
+        ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = self.sched.requests[rid]
+            sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
+        with self._lock:  # the blocks each waiting request holds (invalid ones are matched against them)
+            for internal, ext in self.by_internal.items():
+                if internal in self.sched.requests:
+                    self.reqs[ext]["ids"] = set(self.sched.kv_cache_manager.get_block_ids(internal)[0])
+        out = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled,
+                                kv_connector_output=KVConnectorOutput(finished_sending=sending or None,
+                                                                      finished_recving=recving or None,
+                                                                      invalid_block_ids=invalid))
+        outputs = self.sched.update_from_output(so, out)
+        self.counters["steps"] += 1
+        self.counters["batched_max"] = max(self.counters["batched_max"], len(ids))
         now = time.monotonic()
         with self._lock:
-            if invalid:  # failed loads, whether or not the request left the wait
+            if invalid:
                 self.counters["blocks_reported"] += len(invalid)
                 for r in self.reqs.values():
                     if r["state"] == "waiting":
-                        r["blocks_reported"] += sum(1 for b in r["blocks"] if b in invalid)
-            for internal in finished:
-                ext = self.by_internal.pop(internal, None)
-                r = self.reqs.get(ext) if ext else None
-                if r is None or r["state"] != "waiting":
-                    continue
-                r["state"] = "failed" if r["blocks_reported"] else "done"
-                r["t_end"] = now
-                self.counters[r["state"]] += 1
-                self.blocks.give(r["blocks"])
+                        r["blocks_reported"] += len(r["ids"] & invalid)
+            for eco in outputs.values():
+                for o in eco.outputs:
+                    if o.finish_reason is None:
+                        continue
+                    ext = self.by_internal.pop(o.request_id, None)
+                    r = self.reqs.get(ext) if ext else None
+                    if r is None or r["state"] != "waiting":
+                        continue
+                    failed = str(o.finish_reason).lower().endswith("error")
+                    r["state"] = "failed" if failed else "done"
+                    if not failed and r["blocks_reported"]:
+                        self.counters["recomputed"] += 1  # recompute policy: its prompt computed here
+                    r["t_end"] = now
+                    self.counters[r["state"]] += 1
 
     def _loop(self) -> None:
         while not self._stop.wait(STEP_S):
@@ -142,7 +202,7 @@ class DecodeEngine:
             r = self.reqs.get(ext_id)
             if r is None:
                 return {"state": "unknown"}
-            out = {"state": r["state"], "blocks": len(r["blocks"]), "blocks_reported": r["blocks_reported"]}
+            out = {"state": r["state"], "blocks": r["blocks"], "blocks_reported": r["blocks_reported"]}
             if "t_end" in r:
                 out["wait_ms"] = round((r["t_end"] - r["t_admit"]) * 1000, 1)
             return out
@@ -150,9 +210,17 @@ class DecodeEngine:
     def stats(self) -> dict:
         with self._lock:
             self.counters["waiting"] = sum(1 for r in self.reqs.values() if r["state"] == "waiting")
+            live = held = 0
+            for rid, req in list(self.sched.requests.items()):
+                n = len(self.sched.kv_cache_manager.get_block_ids(rid)[0])
+                if req.is_finished():
+                    held += n  # finished, its blocks not freed (a load never reported finished)
+                else:
+                    live += n
         out = dict(self.counters)
         t = self.worker.connector_worker.kv_recv_layer_thread
-        out["free_blocks"] = self.blocks.free()
+        out.update(free_blocks=self._free_blocks(), blocks_initial=self.blocks_initial, blocks_live=live,
+                   blocks_held_finished=held, scheduler_requests=len(self.sched.requests))
         for k, v in (getattr(t, "counters", None) or {}).items():
             out[f"listener_{k}"] = v
         return out
@@ -163,8 +231,12 @@ class DecodeEngine:
 
 
 class PrefillEngine:
-    def __init__(self, worker: Any, caches: dict):
+    """P: requests forwarded by the metaserver, run ``batch`` at a time (those that arrive within
+    ``gather_s`` of the first join its forward pass)."""
+
+    def __init__(self, worker: Any, caches: dict, batch: int = 1, gather_s: float = 0.05):
         self.worker, self.caches = worker, caches
+        self.batch, self.gather_s = max(1, int(batch)), gather_s
         self.blocks = _Blocks(stack.NUM_BLOCKS)
         self.q: "queue.Queue[dict]" = queue.Queue(maxsize=256)
         self.counters = {"received": 0, "forwards": 0, "forward_ms_max": 0.0, "forward_errors": 0,
@@ -225,23 +297,36 @@ class PrefillEngine:
 
         thread.send_queue.put = observed
 
-    def _forward(self, params: dict) -> bool:
+    def _forward(self, batch: list[tuple[int, dict]]) -> dict[int, bool]:
+        """One forward pass over a batch of requests (P's scheduler would run them together):
+        each gets its blocks and its entry in one connector metadata, then every layer is computed
+        once and saved for all of them. Returns ticket -> sent."""
         from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import (
             MooncakeLayerwiseConnectorMetadata)
 
-        remote = params.get("remote_block_ids") or [[]]
-        n_blocks = len(remote[0])
-        ids = self.blocks.take(n_blocks)
-        if ids is None:
-            self.counters["refused"] += 1
-            return False
-        tokens = n_blocks * stack.BLOCK_SIZE
-        internal = str(params.get("request_id", "")) + _suffix()
-        kv = dict(params, remote_cached_tokens=params.get("remote_cached_tokens", 0))
         meta = MooncakeLayerwiseConnectorMetadata()
-        meta.add_new_req(request_id=internal, local_block_ids=[ids], kv_transfer_params=kv, token_ids=[],
-                         chunk_finish=True, prompt_len=tokens, remote_cache_tokens=0,
-                         local_computed_tokens=tokens, local_transed_tokens=0)
+        result: dict[int, bool] = {}
+        taken: list[list[int]] = []
+        internals: list[str] = []
+        for ticket, params in batch:
+            remote = params.get("remote_block_ids") or [[]]
+            n_blocks = len(remote[0])
+            ids = self.blocks.take(n_blocks)
+            if ids is None:
+                self.counters["refused"] += 1
+                result[ticket] = False
+                continue
+            tokens = n_blocks * stack.BLOCK_SIZE
+            internal = str(params.get("request_id", "")) + _suffix()
+            kv = dict(params, remote_cached_tokens=params.get("remote_cached_tokens", 0))
+            meta.add_new_req(request_id=internal, local_block_ids=[ids], kv_transfer_params=kv, token_ids=[],
+                             chunk_finish=True, prompt_len=tokens, remote_cache_tokens=0,
+                             local_computed_tokens=tokens, local_transed_tokens=0)
+            taken.append(ids)
+            internals.append(internal)
+            result[ticket] = True
+        if not internals:
+            return result
         caches = self.caches
         t0 = time.monotonic()
         self.worker.bind_connector_metadata(meta)
@@ -252,31 +337,41 @@ class PrefillEngine:
                 self.worker.save_kv_layer(name, caches[name], None)
         finally:
             self.worker.clear_connector_metadata()
-            self.blocks.give(ids)
-        layers = self._layers.pop(internal, set())
-        if stack.NUM_LAYERS - 1 in layers and len(layers) < stack.NUM_LAYERS:
-            self.counters["partial_sends"] += 1
-            log.error("prefill: a request went to the sending thread for its last layer after %d of %d layers "
-                      "were skipped", stack.NUM_LAYERS - len(layers), stack.NUM_LAYERS)
+            for ids in taken:
+                self.blocks.give(ids)
+        for internal in internals:
+            layers = self._layers.pop(internal, set())
+            if stack.NUM_LAYERS - 1 in layers and len(layers) < stack.NUM_LAYERS:
+                self.counters["partial_sends"] += 1
+                log.error("prefill: a request went to the sending thread for its last layer after %d of %d layers "
+                          "were skipped", stack.NUM_LAYERS - len(layers), stack.NUM_LAYERS)
         ms = (time.monotonic() - t0) * 1000
         self.counters["forwards"] += 1
+        self.counters["batched_max"] = max(self.counters.get("batched_max", 0), len(internals))
         self.counters["forward_ms_max"] = round(max(self.counters["forward_ms_max"], ms), 1)
-        return True
+        return result
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                ticket, params = self.q.get(timeout=0.2)
+                batch = [self.q.get(timeout=0.2)]
             except queue.Empty:
                 continue
-            ok = False
+            deadline = time.monotonic() + self.gather_s  # what else arrives while the batch forms
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self.q.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            result: dict[int, bool] = {}
             try:
-                ok = self._forward(params)
+                result = self._forward(batch)
             except Exception as exc:
                 self.counters["forward_errors"] += 1
                 log.error("prefill forward raised %s", type(exc).__name__)
             finally:
-                self._finish(ticket, ok)
+                for ticket, _ in batch:
+                    self._finish(ticket, result.get(ticket, False))
 
     def stats(self) -> dict:
         out = dict(self.counters)

@@ -66,7 +66,18 @@ class LayerwiseFamily(Family):
                  services: dict[str, Any], profile: Any = None):
         from .topology import LayerwiseTopology
 
-        return LayerwiseTopology(scenario, target, run_dir, record, services)
+        return LayerwiseTopology(scenario, target, run_dir, record, services, profile)
+
+    # ------------------------------------------------------------------ launch profile (profile.py)
+    def profile_names(self) -> list[str]:
+        from .profile import builtin_profiles
+
+        return builtin_profiles()
+
+    def load_profile(self, spec: str | None, sets: list[str]) -> Any:
+        from .profile import load_profile
+
+        return load_profile(spec, sets)
 
 
 FAMILY = LayerwiseFamily()

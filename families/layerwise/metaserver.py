@@ -42,6 +42,7 @@ BEHAVIOURS = ("pdchaos", "upstream-example")
 WAIT_CAP_S = 120.0  # upstream-example: the longest a POST waits for P's completion
 POLL_S = 0.01
 RETRIES, RETRY_DELAY_S = 3, 0.2  # the example proxy's max_retries and retry_delay defaults
+SEEN_MAX = 65536
 log = logging.getLogger(__name__)
 
 
@@ -68,9 +69,21 @@ class Metaserver:
         self.stopping = False
         self.counters = {"posts": 0, "forwarded": 0, "forward_errors": 0, "answered_500": 0, "hung": 0,
                          "dropped": 0, "bad_requests": 0, "resent": 0, "ok_after_failed_forward": 0,
-                         "forward_wait_ms_max": 0}
+                         "forward_wait_ms_max": 0, "repeat_posts": 0}
+        self._seen: dict[str, None] = {}  # request ids POSTed so far (the last SEEN_MAX): a repeat is counted
         self.httpd: http.server.ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
+
+    def note_request(self, request_id: object) -> None:
+        """Count a POST for a request id already POSTed (D sent it twice: the proxy would ask P twice)."""
+        rid = str(request_id)
+        with self.changed:
+            if rid in self._seen:
+                self.counters["repeat_posts"] += 1
+                return
+            self._seen[rid] = None
+            if len(self._seen) > SEEN_MAX:
+                del self._seen[next(iter(self._seen))]
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -149,6 +162,7 @@ class Metaserver:
                     server.counters["bad_requests"] += 1
                     self._answer(400, {"error": "bad request"})
                     return
+                server.note_request(params.get("request_id"))
                 mode = server.mode
                 if mode == "error":
                     server.counters["answered_500"] += 1

@@ -5,10 +5,13 @@
 (harness/nodeenv/exec_node.py): same pid, READY line and control channel.
 
 * ``--impl upstream``: vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector``, unmodified;
-* ``--impl hardened``: ``connector_patch.layerwise.ascend_connector.HardenedMooncakeLayerwiseConnector``.
+* ``--impl hardened``: ``connector_patch.layerwise.ascend_connector.HardenedMooncakeLayerwiseConnector``,
+  or ``--hardened-class module:Class`` (a subclass of it: a mutation run's, tests/mutants/system/),
+  imported with ``--plugin-path DIR`` first on ``sys.path``.
 
 D (``kv_consumer``) builds the connector's scheduler and worker sides (its listener binds
-``127.0.0.1:kv-port`` on a ROUTER) and runs :class:`~.engine.DecodeEngine`; control commands
+``127.0.0.1:kv-port`` on a ROUTER) and runs :class:`~.engine.DecodeEngine` (vLLM's real v1
+Scheduler, ``--policy`` its ``kv_load_failure_policy``); control commands
 ``admit`` {req, tokens} and ``status`` {req}. P (``kv_producer``) builds the worker side (its
 sending thread over :class:`~.fake_engine.FakeTransferEngine`) and runs
 :class:`~.engine.PrefillEngine`; commands ``submit`` {params} (what the metaserver forwards; its
@@ -42,6 +45,12 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--meta-timeout", type=float, default=2.0, help="hardened: layerwise_meta_timeout_s")
     p.add_argument("--post-timeout", type=float, default=5.0, help="hardened: metaserver_timeout_s")
     p.add_argument("--signal-timeout", type=float, default=2.0, help="hardened: layerwise_signal_timeout_s")
+    p.add_argument("--batch", type=int, default=1, help="P: requests per forward pass (at most)")
+    p.add_argument("--policy", default="fail", choices=("fail", "recompute"),
+                   help="kv_load_failure_policy of D's scheduler (vLLM's default: fail)")
+    p.add_argument("--hardened-class", default="", metavar="MODULE:CLASS",
+                   help="hardened: run this subclass of the hardened connector instead (a mutation run's)")
+    p.add_argument("--plugin-path", default="", metavar="DIR", help="a folder put first on sys.path")
     p.add_argument("--control", default=None)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(kind=kind)
@@ -51,8 +60,9 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out = [args.kind, "--impl", args.impl, "--kv-port", str(args.kv_port), "--dist-port", str(args.dist_port),
            "--engine-id", args.engine_id, "--metaserver", args.metaserver, "--recv-timeout", str(args.recv_timeout),
            "--meta-timeout", str(args.meta_timeout), "--post-timeout", str(args.post_timeout),
-           "--signal-timeout", str(args.signal_timeout),
-           "--log-level", args.log_level]
+           "--signal-timeout", str(args.signal_timeout), "--policy", args.policy,
+           "--batch", str(args.batch), "--log-level", args.log_level, "--hardened-class", args.hardened_class,
+           "--plugin-path", args.plugin_path]
     return out + (["--control", args.control] if args.control else [])
 
 
@@ -62,6 +72,12 @@ def run_node(args: argparse.Namespace) -> int:
     for name in ("kv_port", "dist_port"):
         if not 1024 <= getattr(args, name) <= 65535:
             return usage_exit(f"--{name.replace('_', '-')}: a port in 1024..65535")
+    if not 1 <= args.batch <= 16:
+        return usage_exit("--batch: an int in 1..16")
+    if args.hardened_class and (args.impl != "hardened" or ":" not in args.hardened_class):
+        return usage_exit("--hardened-class: MODULE:CLASS, with --impl hardened only")
+    if args.plugin_path and not (os.path.isabs(args.plugin_path) and os.path.isdir(args.plugin_path)):
+        return usage_exit(f"--plugin-path {args.plugin_path!r}: not an absolute path of a folder")
     if args.kind == "layerwise-decode" and not args.metaserver.startswith("http://127.0.0.1:"):
         return usage_exit("--metaserver: D needs http://127.0.0.1:PORT/... (loopback only)")
     from stacks.ascend_cpu.recipe import ascend_conf_env
@@ -94,16 +110,19 @@ def _app(args: argparse.Namespace):
             import zmq
 
             try:
-                _, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
+                cfg, worker, sched, caches = stack.build(args.impl, role, args.kv_port, args.engine_id,
                                                        stack.write_model_dir(folder / "model"), args.dist_port,
-                                                       self.engine, extra)
+                                                       self.engine, extra, args.policy,
+                                                       scheduler_side=role != "kv_consumer",
+                                                       hardened_class=args.hardened_class,
+                                                       plugin_path=args.plugin_path)
             except zmq.ZMQError:
                 raise
             except Exception as exc:  # a port taken (gloo's store), a config vLLM refuses: one line, no traceback
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
                 raise zmq.ZMQError(getattr(exc, "errno", None) or 22, f"{type(exc).__name__}: {first}") from None
-            self.side = (DecodeEngine(worker, sched, args.metaserver) if role == "kv_consumer"
-                         else PrefillEngine(worker, caches))
+            self.side = (DecodeEngine(worker, cfg, args.metaserver) if role == "kv_consumer"
+                         else PrefillEngine(worker, caches, args.batch))
             self.side.start()
 
         def stats(self) -> dict:
@@ -142,7 +161,8 @@ def _app(args: argparse.Namespace):
                 self.side.stop()
 
         def ready_message(self) -> str:
-            return f"{args.impl} layerwise connector, {role}, {stack.NUM_LAYERS} layers"
+            which = f"{args.impl} ({args.hardened_class})" if args.hardened_class else args.impl
+            return f"{which} layerwise connector, {role}, {stack.NUM_LAYERS} layers"
 
     return App()
 

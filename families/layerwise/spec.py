@@ -22,6 +22,11 @@ class LayerwiseTopologySpec(Spec):
                                                       "(layerwise_signal_timeout_s)")
     post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
                                                     "(metaserver_timeout_s)")
+    prefill_batch: int = Field(1, ge=1, le=16, description="P: requests per forward pass at most (those that "
+                                                            "arrive within 50 ms of the first run together)")
+    policy: Literal["fail", "recompute"] = Field(
+        "fail", description="kv_load_failure_policy of D's vLLM scheduler: fail (vLLM's default: a request whose "
+                            "blocks failed to load finishes with an error) or recompute (D computes it itself)")
     metaserver: Literal["pdchaos", "upstream-example"] = Field(
         "pdchaos", description="how the proxy's metaserver answers D's POST: pdchaos (200 once P queued the "
                                "request, 502 when the forward failed) or upstream-example (vllm-ascend's example "

@@ -70,7 +70,7 @@ def write_model_dir(folder: Path) -> Path:
 
 
 def vllm_config(role: str, kv_port: int, engine_id: str, model_dir: Path, connector: str,
-                extra: dict | None = None) -> Any:
+                extra: dict | None = None, policy: str = "fail") -> Any:
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, VllmConfig)
@@ -78,8 +78,9 @@ def vllm_config(role: str, kv_port: int, engine_id: str, model_dir: Path, connec
     model = ModelConfig(model=str(model_dir), tokenizer=None, skip_tokenizer_init=True, dtype=torch.float32,
                         max_model_len=512, seed=0)
     kv = KVTransferConfig(kv_connector=connector, kv_role=role, kv_port=kv_port, engine_id=engine_id,
-                          kv_connector_extra_config=dict(extra or {}))
-    cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+                          kv_connector_extra_config=dict(extra or {}), kv_load_failure_policy=policy)
+    # no prefix caching: every request's KV comes from P (the stand-in forward hashes nothing)
+    cfg = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
                      parallel_config=ParallelConfig(), device_config=DeviceConfig("cpu"),
                      scheduler_config=SchedulerConfig(max_model_len=512, is_encoder_decoder=False,
                                                       async_scheduling=False),
@@ -117,28 +118,48 @@ def init_distributed(port: int) -> None:
     ensure_model_parallel_initialized(1, 1)
 
 
-def connector_class(impl: str) -> type:
+def connector_class(impl: str, hardened_class: str = "", plugin_path: str = "") -> type:
+    """The connector class of ``impl``; ``hardened_class`` (``module:Class``, imported with
+    ``plugin_path`` first on ``sys.path``) replaces the hardened one: it must subclass it, and is
+    registered with vLLM's connector factory under its own name (D's scheduler builds it there)."""
     if impl == "hardened":
         from connector_patch.layerwise.ascend_connector import HardenedMooncakeLayerwiseConnector
 
-        return HardenedMooncakeLayerwiseConnector
+        if not hardened_class:
+            return HardenedMooncakeLayerwiseConnector
+        import importlib
+        import sys
+
+        if plugin_path and plugin_path not in sys.path:
+            sys.path.insert(0, plugin_path)
+        module, _, name = hardened_class.partition(":")
+        cls = getattr(importlib.import_module(module), name, None)
+        if not (isinstance(cls, type) and issubclass(cls, HardenedMooncakeLayerwiseConnector)):
+            raise TypeError(f"--hardened-class {hardened_class}: not a subclass of HardenedMooncakeLayerwiseConnector")
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        if name not in KVConnectorFactory._registry:
+            KVConnectorFactory.register_connector(name, module, name)
+        return cls
     from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_layerwise_connector import MooncakeLayerwiseConnector
 
     return MooncakeLayerwiseConnector
 
 
 def build(impl: str, kv_role: str, kv_port: int, engine_id: str, model_dir: Path, dist_port: int, engine: Any,
-          extra: dict | None = None) -> tuple[Any, Any, Any, dict]:
+          extra: dict | None = None, policy: str = "fail", scheduler_side: bool = True, hardened_class: str = "",
+          plugin_path: str = "") -> tuple[Any, Any, Any, dict]:
     """(vllm_config, worker connector, scheduler connector or None, KV caches) for ``kv_role``
-    ("kv_consumer": D, with its scheduler side; "kv_producer": P)."""
+    ("kv_consumer": D, with its scheduler side unless ``scheduler_side`` is False, when vLLM's
+    Scheduler builds its own; "kv_producer": P). ``policy``: ``kv_load_failure_policy``."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm_ascend.ascend_config import init_ascend_config
     from vllm_ascend.distributed.kv_transfer.utils.mooncake_transfer_engine import global_te
 
-    name = HARDENED_CLASS if impl == "hardened" else UPSTREAM_CLASS
-    cfg = vllm_config(kv_role, kv_port, engine_id, model_dir, name, extra)
-    cls = connector_class(impl)
+    cls = connector_class(impl, hardened_class, plugin_path)
+    name = cls.__name__ if impl == "hardened" else UPSTREAM_CLASS
+    cfg = vllm_config(kv_role, kv_port, engine_id, model_dir, name, extra, policy)
     global_te.transfer_engine = engine  # the nemesis-controlled peer, where upstream keeps its engine
     with set_current_vllm_config(cfg):
         init_ascend_config(cfg)
@@ -147,5 +168,5 @@ def build(impl: str, kv_role: str, kv_port: int, engine_id: str, model_dir: Path
         worker = cls(cfg, KVConnectorRole.WORKER, kcc)
         caches = kv_caches()
         worker.register_kv_caches(caches)
-        sched = cls(cfg, KVConnectorRole.SCHEDULER, kcc) if kv_role == "kv_consumer" else None
+        sched = cls(cfg, KVConnectorRole.SCHEDULER, kcc) if kv_role == "kv_consumer" and scheduler_side else None
     return cfg, worker, sched, caches

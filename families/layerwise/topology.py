@@ -33,9 +33,12 @@ class LayerwiseTopology(BaseTopology):
     fault_bound_s = 15.0
 
     def __init__(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],
-                 services: dict[str, Any] | None = None):
+                 services: dict[str, Any] | None = None, profile: Any = None):
         super().__init__(scenario, target, run_dir, record, services)
         self.topo = scenario.topology
+        # a mutation run's hardened class (profile.py); None: connector_patch's
+        self.hardened_class = getattr(profile, "hardened_class", None) if target == "hardened" else None
+        self.plugin_path = getattr(profile, "plugin_path", None) if target == "hardened" else None
         self.kv_port = free_tcp_port()
         self.ms_port = free_tcp_port()
         self.dist_ports = {"decode": free_tcp_port(), "prefill": free_tcp_port()}
@@ -46,7 +49,10 @@ class LayerwiseTopology(BaseTopology):
         t = self.topo
         return ["--impl", self.target, "--dist-port", str(self.dist_ports[role]),
                 "--recv-timeout", f"{t.recv_timeout:g}", "--meta-timeout", f"{t.meta_timeout:g}",
-                "--post-timeout", f"{t.post_timeout:g}", "--signal-timeout", f"{t.signal_timeout:g}"]
+                "--post-timeout", f"{t.post_timeout:g}", "--signal-timeout", f"{t.signal_timeout:g}",
+                "--policy", t.policy] \
+            + (["--hardened-class", self.hardened_class] if self.hardened_class else []) \
+            + (["--plugin-path", self.plugin_path] if self.plugin_path else [])
 
     def node_spec(self, role: str) -> NodeSpec:
         if role == "decode":
@@ -55,7 +61,8 @@ class LayerwiseTopology(BaseTopology):
             return NodeSpec("layerwise-decode", args, endpoints={"listener": self.decode_listener},
                             ready_timeout_s=READY_TIMEOUT_S)
         if role == "prefill":
-            args = self._connector_args(role) + ["--kv-port", str(free_tcp_port())]
+            args = self._connector_args(role) + ["--kv-port", str(free_tcp_port()), "--batch",
+                                                 str(self.topo.prefill_batch)]
             return NodeSpec("layerwise-prefill", args, ready_timeout_s=READY_TIMEOUT_S)
         if role == "metaserver":
             args = ["--port", str(self.ms_port), "--prefill-control", self.nodes["prefill"].control_ep or "",
@@ -71,7 +78,9 @@ class LayerwiseTopology(BaseTopology):
         if role not in POOLED:
             return None
         t = self.topo
-        return ("layerwise", role, self.target, t.recv_timeout, t.meta_timeout, t.post_timeout, t.signal_timeout)
+        return ("layerwise", role, self.target, self.hardened_class, self.plugin_path, t.recv_timeout,
+                t.meta_timeout, t.post_timeout, t.signal_timeout,
+                t.policy, t.prefill_batch if role == "prefill" else 1)
 
     def pool_extra(self, role: str) -> dict:
         return {"kv_port": self.kv_port, "ms_port": self.ms_port} if role == "decode" else {}
@@ -82,6 +91,8 @@ class LayerwiseTopology(BaseTopology):
         c = stats.get("counters") or {}
         if role == "decode" and c.get("waiting"):
             return f"{c['waiting']} requests still in WAITING_FOR_REMOTE_KVS"
+        if role == "decode" and c.get("blocks_initial") != c.get("free_blocks"):
+            return "its scheduler has not got back every KV block"
         if role == "prefill" and (c.get("queue") or c.get("send_queue")):
             return "requests still queued"
         return None

@@ -21,6 +21,7 @@ import argparse
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 from nodekit.control import ControlClient, process_stats
@@ -34,6 +35,9 @@ class Workload:
     def __init__(self, cfg: dict, journal: JournalWriter):
         self.cfg, self.journal = cfg, journal
         self._ids = iter(range(1, 1 << 30))
+        # a D reused from an earlier run remembers that run's ids (a repeat is refused as a duplicate):
+        # each workload's ids are its own, whatever the seed
+        self._run = uuid.uuid4().hex[:6]
         self._lock = threading.Lock()
         self.orphaned = threading.Event()
         self.tally = Tally("transfer")
@@ -44,7 +48,7 @@ class Workload:
 
     def call(self, worker: int, client: ControlClient) -> None:
         op_id = self.next_id()
-        req = f"lw-{self.cfg['seed']}-{op_id:05d}"
+        req = f"lw-{self.cfg['seed']}-{self._run}-{op_id:05d}"
         tokens = int(self.cfg["tokens"])
         t0 = time.monotonic()
         self.journal.write({"type": "op", "id": op_id, "process": worker, "f": "transfer", "phase": "invoke",

@@ -175,6 +175,9 @@ def test_metaserver_forwards_and_fails_per_mode(tmp_path):
         assert post(port, {"request_id": "r6"})[0] == 200
         assert [p["request_id"] for p in fake.got] == ["r1", "r6"]
         assert ms.counters["answered_500"] == 1 and ms.counters["hung"] == 2 and ms.counters["dropped"] == 1
+        assert ms.counters["repeat_posts"] == 0
+        assert post(port, {"request_id": "r4"})[0] == 200  # D POSTs r4 again: counted (post_once)
+        assert ms.counters["repeat_posts"] == 1 and ms.counters["posts"] == 7
     finally:
         ms.close()
         fake.server.close()
@@ -249,3 +252,75 @@ def test_metaserver_answers_a_failed_forward_502_by_default(tmp_path):
     finally:
         ms.close()
         fake.server.close()
+
+
+def _final(node: str, counters: dict) -> dict:
+    return {"type": "probe", "node": node, "when": "final", "t": T0 + 9, "pid": 1, "counters": counters}
+
+
+@pytest.mark.parametrize("counters, ok, says", [
+    ({"posts": 12, "repeat_posts": 0}, True, "none repeated"),
+    ({"posts": 13, "repeat_posts": 1}, False, "1 of 13 POSTs repeated"),
+    ({"posts": 12}, False, "no post counters"),
+    (None, False, "no final probe of the metaserver"),
+])
+def test_post_once_judges_the_metaservers_repeat_count(counters, ok, says):
+    r = run("post_once", op(1, 0.1) + ([_final("metaserver", counters)] if counters is not None else []))
+    assert r.ok is ok and says in r.message, r.message
+
+
+@pytest.mark.parametrize("counters, ok, says", [
+    ({"free_blocks": 31, "blocks_initial": 31, "blocks_live": 0}, True, "every block back"),
+    ({"free_blocks": 27, "blocks_initial": 31, "blocks_live": 4}, True, "every block back"),
+    ({"free_blocks": 27, "blocks_initial": 31, "blocks_live": 0, "blocks_held_finished": 4}, False,
+     "4 of 31 KV blocks"),
+    ({"free_blocks": 31}, False, "no block-pool counters"),
+])
+def test_blocks_returned_counts_blocks_neither_free_nor_held_by_a_live_request(counters, ok, says):
+    r = run("blocks_returned", op(1, 0.1) + [_final("decode", counters)])
+    assert r.ok is ok and says in r.message, r.message
+
+
+def test_the_launch_profile_takes_only_a_hardened_class_and_a_plugin_folder(tmp_path):
+    from harness.errors import UsageError
+
+    p = FAM.load_profile(None, [])
+    assert p.name == "cpu" and p.hardened_class is None and p.plugin_path is None
+    m = FAM.load_profile("cpu", ["hardened_class=pkg.mod:Cls", f"plugin_path={tmp_path}"])
+    assert (m.hardened_class, m.plugin_path) == ("pkg.mod:Cls", str(tmp_path))
+    for bad, what in ((["nosuch=1"], "takes KEY=VALUE"), (["hardened_class=nocolon"], "not module:Class"),
+                      (["plugin_path=relative"], "not an absolute path"),
+                      ([f"plugin_path={tmp_path / 'missing'}"], "not an absolute path")):
+        with pytest.raises(UsageError, match=what):
+            FAM.load_profile(None, bad)
+    with pytest.raises(UsageError, match="one launch profile, cpu"):
+        FAM.load_profile("ascend", [])
+
+
+def test_a_mutant_class_reaches_only_the_hardened_nodes_and_their_pool_key(tmp_path):
+    from harness.schema import load_all
+    from families.layerwise.topology import LayerwiseTopology
+
+    sc = load_all([str(ROOT / "scenarios" / "ascend-cpu" / "layerwise-baseline.yaml")])[0]
+    prof = FAM.load_profile(None, ["hardened_class=pkg.mod:Cls", f"plugin_path={tmp_path}"])
+    plain = LayerwiseTopology(sc, "hardened", tmp_path, lambda r: None, {})
+    mut = LayerwiseTopology(sc, "hardened", tmp_path, lambda r: None, {}, prof)
+    up = LayerwiseTopology(sc, "upstream", tmp_path, lambda r: None, {}, prof)
+    args = mut._connector_args("decode")
+    assert args[args.index("--hardened-class") + 1] == "pkg.mod:Cls" and str(tmp_path) in args
+    assert "--hardened-class" not in plain._connector_args("decode") + up._connector_args("prefill")
+    assert mut.pool_key("decode") != plain.pool_key("decode")  # a mutant node is never lent to a hardened run
+
+
+def test_a_builtin_profile_name_goes_to_the_families_that_have_it():
+    from harness.errors import UsageError
+    from harness.plan import choose_profiles
+    from harness.schema import load_all
+
+    scs = load_all([str(ROOT / "scenarios" / "ascend-cpu" / "layerwise-baseline.yaml"),
+                    str(ROOT / "scenarios" / "pd" / "baseline.yaml")])
+    chosen = choose_profiles(scs, "cpu-store", [])
+    assert set(chosen) == {"pd"} and chosen["pd"].name == "cpu-store"  # layerwise runs its default
+    assert set(choose_profiles(scs, "cpu", [])) == {"pd", "layerwise"}  # both have a "cpu"
+    with pytest.raises(UsageError, match="no such profile|one launch profile"):
+        choose_profiles(scs, "nosuch", [])

@@ -52,7 +52,9 @@ def split_plan(plan: list[tuple], profiles: dict[str, Any] | None = None) -> tup
 def choose_profiles(scenarios: list, spec: str | None, sets: list[str]) -> dict[str, Any]:
     """The launch profile of each selected family that has them (``--profile``/``--set``), by
     family name: data the runner hands to each topology; none when none is asked for (each family
-    then picks its default, per scenario: the pd family's KV-pool scenarios take cpu-store). An error when one was asked for and no selected family has profiles."""
+    then picks its default, per scenario: the pd family's KV-pool scenarios take cpu-store). A
+    built-in profile name goes to the families that have it, the others run their default. An
+    error when one was asked for and no selected family has profiles (or none has that name)."""
     families = list(dict.fromkeys(s.family for s in scenarios))
     with_profiles = [f for f in families if f.profile_names()]
     if (spec or sets) and not with_profiles:
@@ -60,4 +62,8 @@ def choose_profiles(scenarios: list, spec: str | None, sets: list[str]) -> dict[
                          f"(families: {', '.join(f.name for f in families)})")
     if not (spec or sets):
         return {}  # each family's default, which a family may choose per scenario (Family.topology & co.)
+    if spec and not spec.endswith((".yaml", ".yml")):
+        knowing = [f for f in with_profiles if spec in f.profile_names()]
+        if knowing:  # a built-in name: the families that have it (the others run their default)
+            with_profiles = knowing
     return {fam.name: fam.load_profile(spec, list(sets)) for fam in with_profiles}

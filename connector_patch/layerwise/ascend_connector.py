@@ -339,12 +339,12 @@ def _hardened_threads(worker: "HardenedLayerwiseWorker") -> Iterator[None]:
     (it names the classes through its module: the only way in without copying the method)."""
     with _SWAP_LOCK:
         saved = up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread
-        timeout = worker.recv_timeout_s
+        timeout, recv_cls = worker.recv_timeout_s, worker.RECV_THREAD
 
         def recv_thread(*args: Any, **kwargs: Any) -> HardenedRecvingLayerThread:
-            return HardenedRecvingLayerThread(*args, recv_timeout_s=timeout, **kwargs)
+            return recv_cls(*args, recv_timeout_s=timeout, **kwargs)
 
-        up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread = HardenedSendingLayerThread, recv_thread
+        up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread = worker.SEND_THREAD, recv_thread
         try:
             yield
         finally:
@@ -355,6 +355,9 @@ _SWAP_LOCK = threading.Lock()
 
 
 class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
+    SEND_THREAD: type = HardenedSendingLayerThread  # the thread classes register_kv_caches starts
+    RECV_THREAD: type = HardenedRecvingLayerThread
+
     def __init__(self, vllm_config: Any, kv_cache_config: Any, engine_id: str):
         super().__init__(vllm_config, kv_cache_config, engine_id)
         self.recv_timeout_s = option(vllm_config, RECV_TIMEOUT_KEY)

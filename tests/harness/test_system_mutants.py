@@ -98,3 +98,19 @@ def test_the_mutation_score_goes_into_the_run_report(tmp_path):
     assert "1/2 killed" in text and "survived: pd-b [NoLoadDeadline]" in text
     (tmp_path / "mutate.json").write_text("{not json")
     assert mutation_md(tmp_path) == []
+
+
+def test_the_layerwise_mutants_are_classes_of_the_site_and_claim_scenarios_that_exist():
+    lw = mutant_tables()["layerwise"]
+    classes = _classes(SITE / "pdchaos_mutants" / "layerwise.py")
+    scs = {sc.name: sc for sc in load_all([str(ROOT / "scenarios" / "ascend-cpu")])}
+    for name, guarantee, scenarios in lw.MUTANTS:
+        assert lw.PREFIX + name in classes, name
+        assert guarantee and scenarios
+        for s in scenarios:
+            assert s in scs and scs[s].family.name == "layerwise", f"{name}: no layerwise scenario {s}"
+            assert scs[s].model.expected(lw.TARGET) == "pass", f"{name}: {s} claims nothing of hardened"
+    one = system_mutants(list(scs.values()), "hardened", ["ResendPost"])
+    assert [sc.name for sc in one[0]["scenarios"]] == ["layerwise-metaserver-fail"]
+    prof = scs["layerwise-baseline"].family.load_profile(None, one[0]["sets"])  # the sets make a valid profile
+    assert prof.hardened_class.endswith(":HardenedMooncakeLayerwiseConnectorMutantResendPost")

@@ -3,7 +3,10 @@ mutation run (``pdchaos mutate scenarios/pd/``, see tests/mutants/system/pd.py).
 of ``connector_patch/`` and never on a node's path otherwise: the run puts this ``site/`` folder on
 the mutant nodes' ``PYTHONPATH`` (pd profile field ``plugin_paths``) and selects one mutant by its
 connector name (``connectors.hardened.name``). Each mutant is the hardened connector with exactly
-one guarantee of connector_patch/DESIGN.md switched off (pdchaos_mutants/connectors.py)."""
+one guarantee of connector_patch/DESIGN.md switched off (pdchaos_mutants/connectors.py).
+
+``pdchaos_mutants.layerwise``: the hardened layerwise connector's mutants (tests/mutants/system/
+layerwise.py), imported by a layerwise node given ``--hardened-class`` (never through this plugin)."""
 
 from __future__ import annotations
 

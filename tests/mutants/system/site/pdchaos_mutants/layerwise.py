@@ -1,0 +1,145 @@
+"""One mutant per guarantee of the hardened layerwise connector
+(connector_patch/layerwise/ascend_connector.py): that connector with the guarantee switched off and
+nothing else changed. A mutant swaps the class of the scheduler or worker side the hardened
+connector built (the subclasses add no state), or the thread classes the worker starts, or changes
+a setting on the built object. Runs inside a layerwise node (the conformance env) only: the node
+imports it with ``--hardened-class pdchaos_mutants.layerwise:NAME --plugin-path <site>``."""
+
+from __future__ import annotations
+
+import httpx
+from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up
+
+from connector_patch.layerwise import ascend_connector as ac
+
+FOREVER_S = 10.0 ** 6  # ~11.6 days: no deadline a run can reach (the setting has no "off")
+
+
+class _Mutant(ac.HardenedMooncakeLayerwiseConnector):
+    SCHEDULER: type | None = None
+    WORKER: type | None = None
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):  # noqa: ANN001
+        super().__init__(vllm_config, role, kv_cache_config)
+        if self.connector_scheduler is not None and self.SCHEDULER is not None:
+            self.connector_scheduler.__class__ = self.SCHEDULER
+            self.connector_scheduler.mutate()
+        if self.connector_worker is not None and self.WORKER is not None:
+            self.connector_worker.__class__ = self.WORKER
+            self.connector_worker.mutate()
+
+
+# -- D: a request that hears no DONE/FAILED is failed by D's deadline -------------------------
+
+class _ForeverWorker(ac.HardenedLayerwiseWorker):
+    def mutate(self) -> None:
+        self.recv_timeout_s = FOREVER_S  # read when register_kv_caches builds the listener
+
+
+class HardenedMooncakeLayerwiseConnectorMutantNoRecvDeadline(_Mutant):
+    WORKER = _ForeverWorker
+
+
+# -- D: the listener answers every message and survives it ------------------------------------
+
+class _UpstreamLoopRecv(ac.HardenedRecvingLayerThread):
+    run = up.KVCacheRecvingLayerThread.run  # upstream's loop: a malformed message ends the thread
+
+
+class _UpstreamLoopWorker(ac.HardenedLayerwiseWorker):
+    RECV_THREAD = _UpstreamLoopRecv
+
+    def mutate(self) -> None:
+        pass
+
+
+class HardenedMooncakeLayerwiseConnectorMutantListenerDies(_Mutant):
+    WORKER = _UpstreamLoopWorker
+
+
+# -- P: a failed write fails its requests (D told FAILED) -------------------------------------
+
+class _UpstreamSender(ac.HardenedSendingLayerThread):
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.engine = self.engine._inner  # no guard: a raised write escapes, a failed one is not tracked
+        self.failed_reqs = set()  # upstream's set: its stale add is kept
+
+    _handle_request = up.KVCacheSendingLayerThread._handle_request
+
+
+class _UpstreamSenderWorker(ac.HardenedLayerwiseWorker):
+    SEND_THREAD = _UpstreamSender
+
+    def mutate(self) -> None:
+        pass
+
+
+class HardenedMooncakeLayerwiseConnectorMutantUpstreamSender(_Mutant):
+    WORKER = _UpstreamSenderWorker
+
+
+# -- P: a request whose metadata query failed is skipped on every later layer ----------------
+
+class _CheckOnMissWorker(ac.HardenedLayerwiseWorker):
+    """The hardened fix before issue 21: the failed-request check ran only on a cache miss, so
+    once another request to the same D filled the cache, the failed request's later layers went
+    out and upstream's DONE raced the hardened FAILED."""
+
+    def mutate(self) -> None:
+        pass
+
+    def update_decoder_info(self, req_id, req_meta):  # noqa: ANN001, ANN201
+        engine, port = req_meta.remote_engine_id, req_meta.remote_port
+        hit = engine in self.remote_layer_metadata and port in self.remote_layer_metadata[engine]
+        if not (hit and req_id in self._meta_failed):
+            return super().update_decoder_info(req_id, req_meta)
+        t = self._meta_failed.pop(req_id)
+        try:
+            return super().update_decoder_info(req_id, req_meta)
+        finally:
+            self._meta_failed[req_id] = t
+
+
+class HardenedMooncakeLayerwiseConnectorMutantMetaCheckOnMiss(_Mutant):
+    WORKER = _CheckOnMissWorker
+
+
+# -- D: the metaserver POST is bounded, and never sent twice ----------------------------------
+
+class _NoPostDeadlineScheduler(ac.HardenedLayerwiseScheduler):
+    def mutate(self) -> None:
+        self.metaserver_client.close()
+        self.metaserver_client = httpx.Client(limits=httpx.Limits(max_connections=100000),
+                                              timeout=httpx.Timeout(None))
+
+
+class HardenedMooncakeLayerwiseConnectorMutantNoPostDeadline(_Mutant):
+    SCHEDULER = _NoPostDeadlineScheduler
+
+
+class _ResendScheduler(ac.HardenedLayerwiseScheduler):
+    """Tries the POST again after any failure, a timeout too (upstream's way: the metaserver may
+    already have the request, and the proxy then sends it to P twice)."""
+
+    def mutate(self) -> None:
+        pass
+
+    def _access_metaserver(self, url, message):  # noqa: ANN001, ANN202
+        self.counters["posts"] += 1
+        why = "not tried"
+        for _ in range(ac.POST_TRIES):
+            try:
+                resp = self.metaserver_client.post(url, json=message)
+                why = ac.post_failure(resp.status_code, None)
+            except Exception as exc:  # noqa: BLE001
+                why = ac.post_failure(None, type(exc).__name__)
+            if why is None:
+                return
+        self.counters["post_failures"] += 1
+        with self._posts_lock:
+            self._failed_posts.add(str(message.get("request_id", "")))
+
+
+class HardenedMooncakeLayerwiseConnectorMutantResendPost(_Mutant):
+    SCHEDULER = _ResendScheduler

@@ -8,6 +8,7 @@
   that request with layers never written (P's ``partial_sends``, final minus baseline probe).
 * ``listener_answers``: every malformed or unexpected message sent to D's listener
   (``listener_garbage``) was answered on its first try, within that try's timeout.
+* ``kv_content``: every request D completed from P's KV holds the bytes P wrote for it.
 * ``post_once``: D never POSTed one request to the metaserver twice (not idempotent).
 * ``blocks_returned``: D's scheduler (vLLM's real v1 Scheduler) got back every KV block its
   requests held (a failed request whose load never reports finished holds its blocks for ever).
@@ -127,3 +128,31 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{c['repeat_posts']} of {c['posts']} POSTs repeated a request D had POSTed already",
                   posts=c["posts"], repeat_posts=c["repeat_posts"])
     return _r(True, f"{c['posts']} POSTs, none repeated", posts=c["posts"], repeat_posts=0)
+
+
+def _delta(inp: CheckInput, node: str, key: str) -> int | None:
+    """Final minus baseline of a node's counter (a pooled node's counters span runs); None: missing."""
+    base = {p.get("pid"): p for p in inp.probes if p.get("node") == node and p.get("when") == "baseline"}
+    final = [p for p in inp.probes if p.get("node") == node and p.get("when") == "final"]
+    if not final or not isinstance((final[-1].get("counters") or {}).get(key), int):
+        return None
+    p = final[-1]
+    return int(p["counters"][key]) - int(((base.get(p.get("pid")) or {}).get("counters") or {}).get(key, 0))
+
+
+@check("kv_content")
+def kv_content(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every request D completed from P's KV holds what P computed for it: the transfer engine
+    copies the bytes into D's caches, and D compares each layer's K and V of a loaded request
+    (no block reported failed) with P's pattern before vLLM frees them (``content_bad``). A layer
+    never written, or another request's late write into blocks D gave back, shows here."""
+    checked, bad = _delta(inp, "decode", "content_checked"), _delta(inp, "decode", "content_bad")
+    if checked is None or bad is None:
+        return _r(False, "D's final probe has no content counters (content_checked, content_bad)")
+    loaded = sum(1 for o in inp.ops if o.get("phase") == "ok" and o.get("f") == "transfer")
+    if loaded and not checked:
+        return _r(False, f"{loaded} requests completed and D checked the content of none: cannot judge")
+    if bad:
+        return _r(False, f"{bad} of {checked} loaded requests hold KV that P did not write for them (a layer never "
+                         f"written or written over)", checked=checked, bad=bad)
+    return _r(True, f"{checked} loaded requests checked, all hold what P wrote", checked=checked, bad=0)

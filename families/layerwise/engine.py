@@ -79,12 +79,12 @@ class DecodeEngine:
     ``blocks_held_finished`` (held by finished requests the scheduler keeps) are the scheduler's
     own block pool: what a leak shows in."""
 
-    def __init__(self, worker: Any, cfg: Any, metaserver_url: str):
+    def __init__(self, worker: Any, cfg: Any, metaserver_url: str, caches: dict | None = None):
         from vllm.config import set_current_vllm_config
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
-        self.worker, self.url = worker, metaserver_url
+        self.worker, self.url, self.caches = worker, metaserver_url, caches
         with set_current_vllm_config(cfg):
             self.sched = Scheduler(vllm_config=cfg, kv_cache_config=stack.kv_cache_config(),
                                    structured_output_manager=StructuredOutputManager(cfg),
@@ -96,7 +96,8 @@ class DecodeEngine:
         self.by_internal: dict[str, str] = {}
         self._lock = threading.Lock()
         self.counters = {"admitted": 0, "done": 0, "failed": 0, "waiting": 0, "blocks_reported": 0,
-                         "refused": 0, "recomputed": 0, "steps": 0, "batched_max": 0}
+                         "refused": 0, "recomputed": 0, "steps": 0, "batched_max": 0, "content_checked": 0,
+                         "content_bad": 0}
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode-engine", daemon=True)
 
@@ -150,6 +151,7 @@ class DecodeEngine:
                 self.worker.clear_connector_metadata()
         sending, recving = self.worker.get_finished(set(so.finished_req_ids))
         invalid = set(self.worker.get_block_ids_with_load_errors() or ())
+        self._check_content(recving or (), invalid)
         ids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in ids:
@@ -188,6 +190,30 @@ class DecodeEngine:
                         self.counters["recomputed"] += 1  # recompute policy: its prompt computed here
                     r["t_end"] = now
                     self.counters[r["state"]] += 1
+
+    def _check_content(self, recving: Any, invalid: set) -> None:
+        """A request whose load finished with no block reported failed must hold what P wrote for
+        it, on every layer, K and V (``stack.kv_pattern``): a layer never written, or written over
+        by another request's late write, shows here (``content_bad``), before vLLM frees anything."""
+        if self.caches is None:
+            return
+        for internal in recving:
+            ext = self.by_internal.get(internal)
+            if ext is None or internal not in self.sched.requests:
+                continue
+            ids = list(self.sched.kv_cache_manager.get_block_ids(internal)[0])
+            if not ids or set(ids) & invalid:
+                continue
+            bad = 0
+            for layer, name in enumerate(stack.layer_names()):
+                for kv in (0, 1):
+                    if not bool((self.caches[name][kv][ids] == stack.kv_pattern(ext, layer, kv)).all()):
+                        bad += 1
+            self.counters["content_checked"] += 1
+            if bad:
+                self.counters["content_bad"] += 1
+                log.error("decode: a loaded request's KV differs from what P wrote in %d of %d layer halves",
+                          bad, 2 * stack.NUM_LAYERS)
 
     def _loop(self) -> None:
         while not self._stop.wait(STEP_S):
@@ -308,6 +334,7 @@ class PrefillEngine:
         result: dict[int, bool] = {}
         taken: list[list[int]] = []
         internals: list[str] = []
+        externals: list[str] = []
         for ticket, params in batch:
             remote = params.get("remote_block_ids") or [[]]
             n_blocks = len(remote[0])
@@ -324,6 +351,7 @@ class PrefillEngine:
                              local_computed_tokens=tokens, local_transed_tokens=0)
             taken.append(ids)
             internals.append(internal)
+            externals.append(str(params.get("request_id", "")))
             result[ticket] = True
         if not internals:
             return result
@@ -332,8 +360,11 @@ class PrefillEngine:
         self.worker.bind_connector_metadata(meta)
         try:
             self.worker.start_load_kv(None)
-            for name in stack.layer_names():
+            for layer, name in enumerate(stack.layer_names()):
                 time.sleep(LAYER_COMPUTE_S)
+                for ext, ids in zip(externals, taken):  # the layer's KV this request computed
+                    for kv in (0, 1):
+                        caches[name][kv][ids] = stack.kv_pattern(ext, layer, kv)
                 self.worker.save_kv_layer(name, caches[name], None)
         finally:
             self.worker.clear_connector_metadata()

@@ -100,8 +100,13 @@ def _app(args: argparse.Namespace):
 
     class App(NodeApp):
         def __init__(self) -> None:
-            self.engine = FakeTransferEngine(rpc_port=ENGINE_RPC_PORT[role])
+            # D's engine reports its listener port as its rpc port: unique per live D, so P's engine
+            # finds this D's memory map by it (fake_engine.py)
+            self.engine = FakeTransferEngine(rpc_port=args.kv_port if role == "kv_consumer"
+                                             else ENGINE_RPC_PORT[role])
             self.side = None
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+            self.shm_prefix = os.path.join(shm, f"pdchaos-lw-{os.getpid()}") if role == "kv_consumer" else ""
 
         def bind(self) -> None:
             folder = Path(tempfile.mkdtemp(prefix="pdc-lw-model-"))
@@ -115,13 +120,16 @@ def _app(args: argparse.Namespace):
                                                        self.engine, extra, args.policy,
                                                        scheduler_side=role != "kv_consumer",
                                                        hardened_class=args.hardened_class,
-                                                       plugin_path=args.plugin_path)
+                                                       plugin_path=args.plugin_path,
+                                                       shm_prefix=self.shm_prefix)
             except zmq.ZMQError:
                 raise
             except Exception as exc:  # a port taken (gloo's store), a config vLLM refuses: one line, no traceback
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
                 raise zmq.ZMQError(getattr(exc, "errno", None) or 22, f"{type(exc).__name__}: {first}") from None
-            self.side = (DecodeEngine(worker, cfg, args.metaserver) if role == "kv_consumer"
+            if role == "kv_consumer":
+                self.engine.publish_memory(stack.shm_files(caches))
+            self.side = (DecodeEngine(worker, cfg, args.metaserver, caches) if role == "kv_consumer"
                          else PrefillEngine(worker, caches, args.batch))
             self.side.start()
 
@@ -159,6 +167,15 @@ def _app(args: argparse.Namespace):
         def close(self) -> None:
             if self.side is not None:
                 self.side.stop()
+            self.engine.close()
+            if self.shm_prefix:
+                import glob
+
+                for path in glob.glob(self.shm_prefix + "-*"):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
 
         def ready_message(self) -> str:
             which = f"{args.impl} ({args.hardened_class})" if args.hardened_class else args.impl

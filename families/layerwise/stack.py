@@ -101,11 +101,33 @@ def kv_cache_config() -> Any:
                          kv_cache_groups=[KVCacheGroupSpec(names, spec)])
 
 
-def kv_caches() -> dict:
+def kv_caches(shm_prefix: str = "") -> dict:
+    """{layer name: (K, V)} CPU tensors; with ``shm_prefix``, each one backed by its own
+    shared-memory file ``<prefix>-<layer>-<k|v>`` (D's: what P's fake engine writes into)."""
     import torch
 
     shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_SIZE)
-    return {n: (torch.zeros(shape), torch.zeros(shape)) for n in layer_names()}
+    if not shm_prefix:
+        return {n: (torch.zeros(shape), torch.zeros(shape)) for n in layer_names()}
+    numel = NUM_BLOCKS * BLOCK_SIZE * KV_HEADS * HEAD_SIZE
+    return {n: tuple(torch.from_file(f"{shm_prefix}-{i}-{kv}", shared=True, size=numel,
+                                     dtype=torch.float32).view(shape) for kv in ("k", "v"))
+            for i, n in enumerate(layer_names())}
+
+
+def kv_pattern(external_id: str, layer: int, kv: int) -> float:
+    """The value P's stand-in forward writes into every element of a request's blocks for one
+    layer's K (``kv`` 0) or V (1), and D expects there once the load is done: one of its own per
+    request, layer and half (exact in float32)."""
+    import zlib
+
+    return float(zlib.crc32(external_id.encode()) % (1 << 20)) + 1.0 + layer * 0.25 + kv * 0.125
+
+
+def shm_files(caches: dict) -> list[tuple[int, int, str]]:
+    """(base address, size, file) of each tensor of ``kv_caches(shm_prefix)``, in its order."""
+    return [(t.data_ptr(), t.numel() * t.element_size(), t.untyped_storage().filename)
+            for pair in caches.values() for t in pair]
 
 
 def init_distributed(port: int) -> None:
@@ -148,7 +170,7 @@ def connector_class(impl: str, hardened_class: str = "", plugin_path: str = "") 
 
 def build(impl: str, kv_role: str, kv_port: int, engine_id: str, model_dir: Path, dist_port: int, engine: Any,
           extra: dict | None = None, policy: str = "fail", scheduler_side: bool = True, hardened_class: str = "",
-          plugin_path: str = "") -> tuple[Any, Any, Any, dict]:
+          plugin_path: str = "", shm_prefix: str = "") -> tuple[Any, Any, Any, dict]:
     """(vllm_config, worker connector, scheduler connector or None, KV caches) for ``kv_role``
     ("kv_consumer": D, with its scheduler side unless ``scheduler_side`` is False, when vLLM's
     Scheduler builds its own; "kv_producer": P). ``policy``: ``kv_load_failure_policy``."""
@@ -166,7 +188,7 @@ def build(impl: str, kv_role: str, kv_port: int, engine_id: str, model_dir: Path
         init_distributed(dist_port)
         kcc = kv_cache_config()
         worker = cls(cfg, KVConnectorRole.WORKER, kcc)
-        caches = kv_caches()
+        caches = kv_caches(shm_prefix)
         worker.register_kv_caches(caches)
         sched = cls(cfg, KVConnectorRole.SCHEDULER, kcc) if kv_role == "kv_consumer" and scheduler_side else None
     return cfg, worker, sched, caches

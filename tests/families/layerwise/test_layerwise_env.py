@@ -75,7 +75,8 @@ def test_listener_on_bad_messages(impl, tmp_path):
         import msgpack
 
         meta = ask(endpoint, [msgpack.packb((b"get_meta_msg", "x"), use_bin_type=True)], 2.0)
-        assert meta and msgpack.unpackb(meta, raw=False)["te_rpc_port"] == 17002
+        # D's engine reports its listener port as its rpc port (P's engine finds D's memory map by it)
+        assert meta and msgpack.unpackb(meta, raw=False)["te_rpc_port"] == int(endpoint.rpartition(":")[2])
         assert proc.alive
         log = (tmp_path / f"decode-{impl}.log").read_text()
         assert "Traceback" not in log

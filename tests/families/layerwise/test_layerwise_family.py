@@ -324,3 +324,31 @@ def test_a_builtin_profile_name_goes_to_the_families_that_have_it():
     assert set(choose_profiles(scs, "cpu", [])) == {"pd", "layerwise"}  # both have a "cpu"
     with pytest.raises(UsageError, match="no such profile|one launch profile"):
         choose_profiles(scs, "nosuch", [])
+
+
+def test_the_fake_engine_copies_a_write_into_the_file_d_published(tmp_path):
+    import ctypes
+
+    from families.layerwise.fake_engine import FakeTransferEngine
+
+    mem, shm = tmp_path / "mem", tmp_path / "d-0-k"
+    shm.write_bytes(bytes(64))
+    base = 0x7F00_0000_0000  # an address in D's process: only the map translates it
+    d = FakeTransferEngine(rpc_port=23456, memdir=str(mem))
+    d.publish_memory([(base, 64, str(shm))])
+    p = FakeTransferEngine(rpc_port=17001, memdir=str(mem))
+    src = ctypes.create_string_buffer(b"abcdefgh", 8)
+    addr = ctypes.addressof(src)
+    try:
+        assert p.batch_transfer_sync_write("127.0.0.1:23456", [addr], [base + 16], [8]) == 0
+        assert shm.read_bytes()[16:24] == b"abcdefgh" and p.counters["copied_bytes"] == 8
+        assert p.batch_transfer_sync_write("127.0.0.1:23456", [addr], [base + 60], [8]) == 0  # past the region
+        assert p.batch_transfer_sync_write("127.0.0.1:9", [addr], [base], [8]) == 0  # no D published port 9
+        assert p.counters["unmapped_writes"] == 2 and shm.read_bytes()[56:64] == bytes(8)
+        p.set("ret")
+        assert p.batch_transfer_sync_write("127.0.0.1:23456", [addr], [base], [8]) == -1
+        assert shm.read_bytes()[:8] == bytes(8)  # a failed write copies nothing
+    finally:
+        p.close()
+        d.close()
+    assert not (mem / "23456.json").exists()  # D's map goes with D

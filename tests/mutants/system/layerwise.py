@@ -22,7 +22,7 @@ MUTANTS = [
      ["layerwise-completion-lost"]),
     ("ListenerDies", "D's listener answers every message and survives it", ["layerwise-listener-garbage"]),
     ("UpstreamSender", "a failed write on P fails its requests (D told FAILED), never the sending thread",
-     ["layerwise-transfer-error"]),
+     ["layerwise-transfer-error", "layerwise-batched-transfer-error"]),
     ("MetaCheckOnMiss", "issue 21: a request whose metadata query failed is skipped on every later layer, also "
                         "once another request filled the cache (never DONE after a skipped layer)",
      ["layerwise-batched-meta-query-fail"]),

@@ -89,16 +89,21 @@ def layers_complete(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, "no request was signalled after a skipped layer", partial_sends=0)
 
 
+def _final_counters(inp: CheckInput, node: str) -> dict | None:
+    """The counters of ``node``'s last final probe; None: no final probe."""
+    final = [p for p in inp.probes if p.get("node") == node and p.get("when") == "final"]
+    return (final[-1].get("counters") or {}) if final else None
+
+
 @check("blocks_returned")
 def blocks_returned(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """D's scheduler got back every KV block its requests held: at D's final probe, the free
     blocks of vLLM's block pool plus those held by unfinished requests equal the pool at the start
     (a request finished without its blocks freed, e.g. FINISHED_ERROR while its load is never
     reported finished, holds them for ever: counted as leaked)."""
-    final = [p for p in inp.probes if p.get("node") == "decode" and p.get("when") == "final"]
-    if not final:
+    c = _final_counters(inp, "decode")
+    if c is None:
         return _r(False, "no final probe of D: its block pool cannot be judged")
-    c = final[-1].get("counters") or {}
     if not all(isinstance(c.get(k), int) for k in ("free_blocks", "blocks_live", "blocks_initial")):
         return _r(False, "D's final probe has no block-pool counters (free_blocks, blocks_live, blocks_initial)")
     leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
@@ -118,10 +123,9 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """D never POSTed one request's transfer params to the metaserver twice: the POST is not
     idempotent (a proxy that got the first one sends the request to P again, and P writes into D's
     blocks twice). Judged from the metaserver's ``repeat_posts`` (a request id it had seen)."""
-    final = [p for p in inp.probes if p.get("node") == "metaserver" and p.get("when") == "final"]
-    if not final:
+    c = _final_counters(inp, "metaserver")
+    if c is None:
         return _r(False, "no final probe of the metaserver: D's POSTs cannot be judged")
-    c = final[-1].get("counters") or {}
     if not isinstance(c.get("repeat_posts"), int) or not isinstance(c.get("posts"), int):
         return _r(False, "the metaserver's final probe has no post counters (posts, repeat_posts)")
     if c["repeat_posts"]:

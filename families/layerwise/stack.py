@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ NUM_BLOCKS = 32
 KV_HEADS = 2
 HEAD_SIZE = 32
 UPSTREAM_CLASS = "MooncakeLayerwiseConnector"
-HARDENED_CLASS = "HardenedMooncakeLayerwiseConnector"
 
 
 def import_stack() -> None:
@@ -119,8 +119,6 @@ def kv_pattern(external_id: str, layer: int, kv: int) -> float:
     """The value P's stand-in forward writes into every element of a request's blocks for one
     layer's K (``kv`` 0) or V (1), and D expects there once the load is done: one of its own per
     request, layer and half (exact in float32)."""
-    import zlib
-
     return float(zlib.crc32(external_id.encode()) % (1 << 20)) + 1.0 + layer * 0.25 + kv * 0.125
 
 

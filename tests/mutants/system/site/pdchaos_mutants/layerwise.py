@@ -21,12 +21,10 @@ class _Mutant(ac.HardenedMooncakeLayerwiseConnector):
 
     def __init__(self, vllm_config, role, kv_cache_config=None):  # noqa: ANN001
         super().__init__(vllm_config, role, kv_cache_config)
-        if self.connector_scheduler is not None and self.SCHEDULER is not None:
-            self.connector_scheduler.__class__ = self.SCHEDULER
-            self.connector_scheduler.mutate()
-        if self.connector_worker is not None and self.WORKER is not None:
-            self.connector_worker.__class__ = self.WORKER
-            self.connector_worker.mutate()
+        for side, cls in ((self.connector_scheduler, self.SCHEDULER), (self.connector_worker, self.WORKER)):
+            if side is not None and cls is not None:
+                side.__class__ = cls
+                getattr(side, "mutate", lambda: None)()  # a setting changed on the built object, if any
 
 
 # -- D: a request that hears no DONE/FAILED is failed by D's deadline -------------------------
@@ -49,9 +47,6 @@ class _UpstreamLoopRecv(ac.HardenedRecvingLayerThread):
 class _UpstreamLoopWorker(ac.HardenedLayerwiseWorker):
     RECV_THREAD = _UpstreamLoopRecv
 
-    def mutate(self) -> None:
-        pass
-
 
 class HardenedMooncakeLayerwiseConnectorMutantListenerDies(_Mutant):
     WORKER = _UpstreamLoopWorker
@@ -71,9 +66,6 @@ class _UpstreamSender(ac.HardenedSendingLayerThread):
 class _UpstreamSenderWorker(ac.HardenedLayerwiseWorker):
     SEND_THREAD = _UpstreamSender
 
-    def mutate(self) -> None:
-        pass
-
 
 class HardenedMooncakeLayerwiseConnectorMutantUpstreamSender(_Mutant):
     WORKER = _UpstreamSenderWorker
@@ -85,9 +77,6 @@ class _CheckOnMissWorker(ac.HardenedLayerwiseWorker):
     """The hardened fix before issue 21: the failed-request check ran only on a cache miss, so
     once another request to the same D filled the cache, the failed request's later layers went
     out and upstream's DONE raced the hardened FAILED."""
-
-    def mutate(self) -> None:
-        pass
 
     def update_decoder_info(self, req_id, req_meta):  # noqa: ANN001, ANN201
         engine, port = req_meta.remote_engine_id, req_meta.remote_port
@@ -121,9 +110,6 @@ class HardenedMooncakeLayerwiseConnectorMutantNoPostDeadline(_Mutant):
 class _ResendScheduler(ac.HardenedLayerwiseScheduler):
     """Tries the POST again after any failure, a timeout too (upstream's way: the metaserver may
     already have the request, and the proxy then sends it to P twice)."""
-
-    def mutate(self) -> None:
-        pass
 
     def _access_metaserver(self, url, message):  # noqa: ANN001, ANN202
         self.counters["posts"] += 1

@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r
+from harness.checks import CheckInput, CheckResult, _first, _r, undecided
 
 from .family import FAMILY
 
@@ -89,6 +89,11 @@ def layers_complete(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, "no request was signalled after a skipped layer", partial_sends=0)
 
 
+def _count(v: object) -> bool:
+    """A counter a node reports: a non-negative int (not a bool, float or text)."""
+    return type(v) is int and v >= 0
+
+
 def _final_counters(inp: CheckInput, node: str) -> dict | None:
     """The counters of ``node``'s last final probe; None: no final probe."""
     final = [p for p in inp.probes if p.get("node") == node and p.get("when") == "final"]
@@ -103,9 +108,10 @@ def blocks_returned(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     reported finished, holds them for ever: counted as leaked)."""
     c = _final_counters(inp, "decode")
     if c is None:
-        return _r(False, "no final probe of D: its block pool cannot be judged")
-    if not all(isinstance(c.get(k), int) for k in ("free_blocks", "blocks_live", "blocks_initial")):
-        return _r(False, "D's final probe has no block-pool counters (free_blocks, blocks_live, blocks_initial)")
+        return undecided("no final probe of D: its block pool cannot be judged")
+    if not all(_count(c.get(k)) for k in ("free_blocks", "blocks_live", "blocks_initial")) \
+            or not _count(c.get("blocks_held_finished", 0)):
+        return undecided("D's final probe has no block-pool counters (free_blocks, blocks_live, blocks_initial)")
     leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
     held = c.get("blocks_held_finished", 0)
     det = {"initial": c["blocks_initial"], "free": c["free_blocks"], "live": c["blocks_live"], "leaked": leaked,
@@ -125,9 +131,12 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     blocks twice). Judged from the metaserver's ``repeat_posts`` (a request id it had seen)."""
     c = _final_counters(inp, "metaserver")
     if c is None:
-        return _r(False, "no final probe of the metaserver: D's POSTs cannot be judged")
-    if not isinstance(c.get("repeat_posts"), int) or not isinstance(c.get("posts"), int):
-        return _r(False, "the metaserver's final probe has no post counters (posts, repeat_posts)")
+        return undecided("no final probe of the metaserver: D's POSTs cannot be judged")
+    if not (_count(c.get("repeat_posts")) and _count(c.get("posts")) and c["repeat_posts"] <= c["posts"]):
+        return undecided("the metaserver's final probe has no consistent post counters (posts, repeat_posts)")
+    asked = sum(1 for o in inp.ops if o.get("outcome") != "refused")
+    if asked and not c["posts"]:
+        return undecided(f"{asked} requests reached D and the metaserver counted no POST: cannot judge")
     if c["repeat_posts"]:
         return _r(False, f"{c['repeat_posts']} of {c['posts']} POSTs repeated a request D had POSTed already",
                   posts=c["posts"], repeat_posts=c["repeat_posts"])
@@ -135,13 +144,20 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 
 
 def _delta(inp: CheckInput, node: str, key: str) -> int | None:
-    """Final minus baseline of a node's counter (a pooled node's counters span runs); None: missing."""
-    base = {p.get("pid"): p for p in inp.probes if p.get("node") == node and p.get("when") == "baseline"}
+    """Final minus baseline of a node's counter, same pid (a pooled node's counters span runs);
+    None: a probe, the key or a valid count missing, or a baseline above the final."""
     final = [p for p in inp.probes if p.get("node") == node and p.get("when") == "final"]
-    if not final or not isinstance((final[-1].get("counters") or {}).get(key), int):
+    if not final:
         return None
     p = final[-1]
-    return int(p["counters"][key]) - int(((base.get(p.get("pid")) or {}).get("counters") or {}).get(key, 0))
+    base = [b for b in inp.probes if b.get("node") == node and b.get("when") == "baseline"
+            and b.get("pid") == p.get("pid")]
+    if len(base) != 1:
+        return None
+    a, b = (base[0].get("counters") or {}).get(key), (p.get("counters") or {}).get(key)
+    if not (_count(a) and _count(b)) or b < a:
+        return None
+    return b - a
 
 
 @check("kv_content")
@@ -152,10 +168,14 @@ def kv_content(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     never written, or another request's late write into blocks D gave back, shows here."""
     checked, bad = _delta(inp, "decode", "content_checked"), _delta(inp, "decode", "content_bad")
     if checked is None or bad is None:
-        return _r(False, "D's final probe has no content counters (content_checked, content_bad)")
-    loaded = sum(1 for o in inp.ops if o.get("phase") == "ok" and o.get("f") == "transfer")
-    if loaded and not checked:
-        return _r(False, f"{loaded} requests completed and D checked the content of none: cannot judge")
+        return undecided("D's content counters (content_checked, content_bad) are missing from its one baseline "
+                         "and final probe, or are not counts, or went down")
+    # completed from P's KV: no block of theirs reported failed (under recompute those D computed itself)
+    loaded = sum(1 for o in inp.ops if o.get("phase") == "ok" and o.get("f") == "transfer"
+                 and not o.get("blocks_reported"))
+    if checked < loaded:
+        return undecided(f"{loaded} requests completed from P's KV and D checked the content of {checked}: "
+                         f"cannot judge the others")
     if bad:
         return _r(False, f"{bad} of {checked} loaded requests hold KV that P did not write for them (a layer never "
                          f"written or written over)", checked=checked, bad=bad)

@@ -261,7 +261,7 @@ def _final(node: str, counters: dict) -> dict:
 @pytest.mark.parametrize("counters, ok, says", [
     ({"posts": 12, "repeat_posts": 0}, True, "none repeated"),
     ({"posts": 13, "repeat_posts": 1}, False, "1 of 13 POSTs repeated"),
-    ({"posts": 12}, False, "no post counters"),
+    ({"posts": 12}, False, "no consistent post counters"),
     (None, False, "no final probe of the metaserver"),
 ])
 def test_post_once_judges_the_metaservers_repeat_count(counters, ok, says):

@@ -105,6 +105,12 @@ class Fault(abc.ABC):
     # heal for good (a listener thread it killed) says so with LASTING.
     tail_s: ClassVar[float | None] = None
 
+    @classmethod
+    def heal_allowance(cls, spec: Any) -> float:
+        """``heal_allowance_s`` for one scheduled fault (``spec``: its YAML entry, params as
+        attributes): a fault whose heal depends on its parameters says so here."""
+        return float(cls.heal_allowance_s or 0.0)
+
     def __init__(self, params: FaultParams, ctx: FaultContext):
         self.params = params
         self.ctx = ctx

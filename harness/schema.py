@@ -220,7 +220,7 @@ def validate_recovery_gaps(scenario: Any, faults: list) -> None:
 
 def _heal_allowance(registry: dict, fault: Any) -> float:
     cls = registry.get(getattr(fault, "type", ""))
-    return float(getattr(cls, "heal_allowance_s", 0.0) or 0.0)
+    return float(cls.heal_allowance(fault)) if hasattr(cls, "heal_allowance") else 0.0
 
 
 _MODELS: dict[str, Any] = {}

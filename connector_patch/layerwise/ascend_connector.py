@@ -32,13 +32,22 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    WAITING_FOR_REMOTE_KVS through ``finished_recving`` with its blocks reported by
    ``get_block_ids_with_load_errors``; upstream reports the blocks but never the request. A late
    completion of a request D already failed is ignored.
-5. **The metaserver POST is bounded and checked.** D's scheduler posts with a timeout
+5. **D's blocks go back only once P cannot write them.** D's POST carries the request's write-by
+   time (``layerwise_write_by``: D's deadline, wall clock); P's sending thread never starts a write
+   past it (the request fails there: FAILED after the last layer). When D fails a request itself
+   (its deadline, or a POST that may have reached the proxy) it reports the blocks as failed loads
+   at once (under policy ``fail`` the client has its error then) but reports the load finished,
+   which frees the blocks, only on P's last word for it (a late DONE/FAILED) or at the write-by
+   time plus ``layerwise_write_grace_s`` (default 5 s: one write in flight and the hosts' clock
+   skew). Upstream has no deadline; a D that freed at its deadline would let P's late write land
+   in blocks another request owns by then. A POST that never connected holds nothing.
+6. **The metaserver POST is bounded and checked.** D's scheduler posts with a timeout
    (``metaserver_timeout_s``, default 5 s; tried again only when no connection was made: the
    POST is not idempotent) and treats a non-2xx answer as a failure;
    a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
    metaserver that never answers holds the thread forever), ignores the status, and only logs.
 
-6. **A thread that cannot start fails the start.** Upstream's listener thread dies on the bind
+7. **A thread that cannot start fails the start.** Upstream's listener thread dies on the bind
    error (and its sender on a failed device setup) and ``register_kv_caches`` waits for its ready
    event forever (the worker never starts and never says why; here it would also hold the swap
    lock). The hardened threads catch any exception before their ready event, set it, and
@@ -70,16 +79,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.utils.network_utils import make_zmq_path, make_zmq_socket
 from vllm_ascend.distributed.kv_transfer.kv_p2p import mooncake_layerwise_connector as up
 
-from connector_patch.layerwise.rules import (ACK, DONE, FAILED, GET_META, NACK_MALFORMED, Message, RecvDeadlines, classify,
-                                             post_failure)
+from connector_patch.layerwise.rules import (ACK, DONE, FAILED, GET_META, NACK_MALFORMED, WRITE_BY_KEY, Holds, Message,
+                                             RecvDeadlines, classify, past_write_by, post_failure)
 
 logger = logging.getLogger(__name__)
 
 NAME = "HardenedMooncakeLayerwiseConnector"
 RECV_TIMEOUT_KEY, META_TIMEOUT_KEY, POST_TIMEOUT_KEY = ("layerwise_recv_timeout_s", "layerwise_meta_timeout_s",
                                                         "metaserver_timeout_s")
-SIGNAL_TIMEOUT_KEY = "layerwise_signal_timeout_s"
-DEFAULTS = {RECV_TIMEOUT_KEY: 60.0, META_TIMEOUT_KEY: 2.0, POST_TIMEOUT_KEY: 5.0, SIGNAL_TIMEOUT_KEY: 2.0}
+SIGNAL_TIMEOUT_KEY, GRACE_KEY = "layerwise_signal_timeout_s", "layerwise_write_grace_s"
+DEFAULTS = {RECV_TIMEOUT_KEY: 60.0, META_TIMEOUT_KEY: 2.0, POST_TIMEOUT_KEY: 5.0, SIGNAL_TIMEOUT_KEY: 2.0,
+            GRACE_KEY: 5.0}
 SIGNAL_TRIES = 2
 POST_TRIES = 2
 POLL_MS = 100
@@ -102,9 +112,11 @@ def option(vllm_config: Any, key: str) -> float:
 class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
     """D's listener (ROUTER): answers every message, and knows which requests D waits for."""
 
-    def __init__(self, *args: Any, recv_timeout_s: float = DEFAULTS[RECV_TIMEOUT_KEY], **kwargs: Any):
+    def __init__(self, *args: Any, recv_timeout_s: float = DEFAULTS[RECV_TIMEOUT_KEY],
+                 grace_s: float = DEFAULTS[GRACE_KEY], **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.deadlines = RecvDeadlines(recv_timeout_s)
+        self.holds = Holds(grace_s)
         self.stop_event = threading.Event()
         self.bind_error: Exception | None = None
         self._early: dict[str, tuple[float, int, str]] = {}  # DONE before D started waiting
@@ -119,16 +131,21 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         if early is not None:
             self.update_done_task(req_id, early[1], early[2])
 
-    def fail(self, req_id: str) -> bool:
-        """D fails a request it waits for (a failed POST, a deadline); False: it was not waiting."""
+    def fail(self, req_id: str, hold: bool = False) -> bool:
+        """D fails a request it waits for (a failed POST); ``hold``: P may still write it (its
+        blocks stay D's, :class:`Holds`). False: D was not waiting for it."""
+        due = self.deadlines.due(req_id)
         if not self.deadlines.settle(req_id):
             return False
+        if hold:
+            self.holds.hold(req_id, due)
         up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
         return True
 
     def expire(self) -> int:
         gone = self.deadlines.expired()
-        for req_id in gone:
+        for req_id in gone:  # P may still write them: held until its last word or write-by + grace
+            self.holds.hold(req_id, None)
             up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
         if gone:
             self.counters["expired"] += len(gone)
@@ -141,6 +158,7 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         if not self.deadlines.waiting(req_id):
             if self.deadlines.gone(req_id):  # D already settled or failed it: never completes it again
                 self.counters["late"] += 1
+                self.holds.word(req_id, trans_count, side_channel_path)  # P's last word (from this sender): it writes no more
                 return
             now = time.monotonic()
             with self.lock:  # before the worker started waiting (kept for a deadline's length)
@@ -159,6 +177,7 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
     def update_failed_task(self, req_id: str) -> None:
         if not self.fail(req_id):
             self.counters["late"] += 1
+            self.holds.word(req_id, None)
 
     def answer(self, frames: list[bytes], decoder: Any, metadata: bytes) -> bytes:
         payload = [f for f in frames[1:] if f != b""]
@@ -275,7 +294,7 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
         self.engine = _GuardedEngine(self.engine, self)
         self.sessions: dict[str, list[str]] = {}
         self.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0,
-                         "stale_adds_dropped": 0}
+                         "stale_adds_dropped": 0, "past_write_by": 0}
         self.failed_reqs = _FailedRequests(self.counters)
         self._signalled: set[str] = set()
         inner = self.callback_func
@@ -303,31 +322,45 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
             self._handle_request(self.send_queue.get())
 
     def _handle_request(self, send_task: Any) -> None:
+        late = {r: m for r, m in send_task.send_request.items()
+                if past_write_by(getattr(m, "write_by", None), time.time())}
+        if late:  # D's deadline passed: D may free these blocks soon, never write them now
+            self.counters["past_write_by"] += len(late)
+            self.failed_reqs.update(late)
+            send_task.send_request = {r: m for r, m in send_task.send_request.items() if r not in late}
         self.sessions = {}
         for req_id, meta in send_task.send_request.items():
             self.sessions.setdefault(f"{meta.remote_host}:{meta.remote_te_rpc_port}", []).append(req_id)
         self._signalled = set()
         self.counters["layers"] += 1
         try:
-            self._transfer_kv_cache(send_task)
+            if send_task.send_request:
+                self._transfer_kv_cache(send_task)
         except Exception as exc:
             self.counters["task_errors"] += 1
             logger.error("layerwise send: layer %d failed (%s): its %d request(s) fail", send_task.layer_idx,
                          type(exc).__name__, len(send_task.send_request))
             self.failed_reqs.update(send_task.send_request)
-            if send_task.layer_idx != self.total_layers - 1:
-                return
-            try:
-                group = self.layer_metadata[send_task.layer_name].tensor_group_idx[0]
-            except Exception:
-                group = 0
-            for req_id, meta in send_task.send_request.items():
-                if meta.chunk_finish and req_id not in self._signalled:
-                    self.failed_reqs.discard(req_id)
-                    try:
-                        self.callback_func(req_id, meta, group, trans_flag=False)
-                    except Exception as sig_exc:
-                        logger.error("layerwise send: FAILED signal raised %s", type(sig_exc).__name__)
+            self._signal_failed(send_task, send_task.send_request)
+        if late:
+            self._signal_failed(send_task, late)
+
+    def _signal_failed(self, send_task: Any, requests: dict) -> None:
+        """After the last layer: FAILED to D for each of ``requests`` whose prefill is complete and
+        that heard nothing yet (upstream's sender signals only requests it wrote this layer)."""
+        if send_task.layer_idx != self.total_layers - 1:
+            return
+        try:
+            group = self.layer_metadata[send_task.layer_name].tensor_group_idx[0]
+        except Exception:
+            group = 0
+        for req_id, meta in requests.items():
+            if meta.chunk_finish and req_id not in self._signalled:
+                self.failed_reqs.discard(req_id)
+                try:
+                    self.callback_func(req_id, meta, group, trans_flag=False)
+                except Exception as sig_exc:
+                    logger.error("layerwise send: FAILED signal raised %s", type(sig_exc).__name__)
 
 
 # --------------------------------------------------------------------------- worker
@@ -339,10 +372,10 @@ def _hardened_threads(worker: "HardenedLayerwiseWorker") -> Iterator[None]:
     (it names the classes through its module: the only way in without copying the method)."""
     with _SWAP_LOCK:
         saved = up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread
-        timeout, recv_cls = worker.recv_timeout_s, worker.RECV_THREAD
+        timeout, grace, recv_cls = worker.recv_timeout_s, worker.grace_s, worker.RECV_THREAD
 
         def recv_thread(*args: Any, **kwargs: Any) -> HardenedRecvingLayerThread:
-            return recv_cls(*args, recv_timeout_s=timeout, **kwargs)
+            return recv_cls(*args, recv_timeout_s=timeout, grace_s=grace, **kwargs)
 
         up.KVCacheSendingLayerThread, up.KVCacheRecvingLayerThread = worker.SEND_THREAD, recv_thread
         try:
@@ -363,10 +396,11 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
         self.recv_timeout_s = option(vllm_config, RECV_TIMEOUT_KEY)
         self.meta_timeout_s = option(vllm_config, META_TIMEOUT_KEY)
         self.signal_timeout_s = option(vllm_config, SIGNAL_TIMEOUT_KEY)
+        self.grace_s = option(vllm_config, GRACE_KEY)
         self._meta_failed: dict[str, float] = {}
         self._signals = ThreadPoolExecutor(2, thread_name_prefix="layerwise-signal")
         self.counters = {"meta_queries": 0, "meta_failures": 0, "meta_skips": 0, "recv_failed": 0, "recv_done": 0,
-                         "signals": 0, "signal_failures": 0}
+                         "signals": 0, "signal_failures": 0, "recv_released": 0}
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         with _hardened_threads(self):
@@ -397,8 +431,8 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
         for req_id, meta in metadata.requests.items():
             if not meta.do_virtual:
                 thread.expect(up.get_external_request_id(req_id))
-        for external_id in getattr(metadata, "failed_posts", ()) or ():
-            thread.fail(external_id)
+        for external_id, sent in (getattr(metadata, "failed_posts", None) or {}).items():
+            thread.fail(external_id, hold=sent)  # a POST that may have reached the proxy: P may write
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         thread = self.kv_recv_layer_thread
@@ -412,19 +446,25 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
         done -= failed
         done |= self.virtual_request
         self.virtual_request = set()
-        for req_id in failed:
+        for req_id in failed:  # reported now: under policy fail the client has its error now
             meta = self._recving_metadata.get(req_id)
             if meta is not None:
                 self._invalid_block_ids.update(b for group in meta.local_block_ids for b in group)
-        for req_id in done | failed:
+        # a request D failed itself stays in the wait (its blocks D's) while P may still write it
+        held = {r for r in failed if thread.holds.holding(up.get_external_request_id(r))}
+        released = {self.request_map[s] for s in thread.holds.take_released() if s in self.request_map}
+        finished = done | (failed - held) | released
+        for req_id in finished:
             self.request_map.pop(up.get_external_request_id(req_id), None)
             self._recving_metadata.pop(req_id, None)
         self.counters["recv_done"] += len(done)
         self.counters["recv_failed"] += len(failed)
+        self.counters["recv_released"] += len(released)
         if failed:
-            logger.warning("layerwise recv: %d request(s) finished as failed loads", len(failed))
-        # a failed request leaves WAITING_FOR_REMOTE_KVS too: its blocks are the load errors
-        return set(), done | failed
+            logger.warning("layerwise recv: %d request(s) failed (%d held until P cannot write them)", len(failed),
+                           len(held))
+        # a failed request leaves WAITING_FOR_REMOTE_KVS through finished_recving too, which frees its blocks
+        return set(), finished
 
     # -- P
     def update_decoder_info(self, req_id: str, req_meta: Any) -> Any:
@@ -546,26 +586,51 @@ class HardenedLayerwiseWorker(up.MooncakeLayerwiseConnectorWorker):
 # --------------------------------------------------------------------------- scheduler (D's POST)
 
 
+def tag_write_by(meta: Any, params: dict[str, Any]) -> None:
+    """P's scheduler side: carry each request's write-by time from its transfer params (what D
+    POSTed) into its ``ReqMeta`` (upstream's dataclass drops keys it does not know), where P's
+    sending thread reads it. ``params``: request id -> kv_transfer_params."""
+    for req_id, req_meta in meta.requests.items():
+        req_meta.write_by = (params.get(req_id) or {}).get(WRITE_BY_KEY)
+
+
 class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
     def __init__(self, vllm_config: Any, kv_cache_config: Any, engine_id: str):
         super().__init__(vllm_config, kv_cache_config, engine_id)
         self.post_timeout_s = option(vllm_config, POST_TIMEOUT_KEY)
+        self.recv_timeout_s = option(vllm_config, RECV_TIMEOUT_KEY)
         self.metaserver_client.close()
         kwargs: dict[str, Any] = {"limits": httpx.Limits(max_connections=100000),
                                   "timeout": httpx.Timeout(self.post_timeout_s)}
         if self.ssl_enable:
             kwargs.update(cert=self.cert_path, verify=self.ca_path)
         self.metaserver_client = httpx.Client(**kwargs)
-        self._failed_posts: set[str] = set()
+        self._failed_posts: dict[str, bool] = {}  # external id -> the metaserver may have it
         self._posts_lock = threading.Lock()
+        self._alloc_time: dict[str, float] = {}
         self.counters = {"posts": 0, "post_failures": 0}
 
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        # D's worker starts the request's deadline after this (its next start_load_kv): a write-by
+        # time counted from here is never later than D's deadline
+        with self._posts_lock:
+            self._alloc_time[up.get_external_request_id(request.request_id)] = time.time()
+            while len(self._alloc_time) > 4096:
+                self._alloc_time.pop(next(iter(self._alloc_time)))
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
     def _access_metaserver(self, url: Any, message: dict) -> None:
-        """One POST, bounded. Tried again only when the connection was never made (then the
-        metaserver cannot have the request): the POST is not idempotent, and a retry after a
-        timeout or an answer could have the proxy send the request to P twice."""
+        """One POST, bounded, carrying the request's write-by time. Tried again only when the
+        connection was never made (then the metaserver cannot have the request): the POST is not
+        idempotent, and a retry after a timeout or an answer could have the proxy send the request
+        to P twice."""
         self.counters["posts"] += 1
-        why = "not tried"
+        rid = str(message.get("request_id", ""))
+        with self._posts_lock:
+            t0 = self._alloc_time.pop(rid, None)
+        message = dict(message)
+        message[WRITE_BY_KEY] = (t0 if t0 is not None else time.time()) + self.recv_timeout_s
+        why, unsent = "not tried", True
         for attempt in range(1, POST_TRIES + 1):
             unsent = False
             try:
@@ -582,13 +647,16 @@ class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
                 break  # the metaserver may have it: never sent twice
         self.counters["post_failures"] += 1
         with self._posts_lock:
-            self._failed_posts.add(str(message.get("request_id", "")))
+            self._failed_posts[rid] = not unsent
         logger.error("layerwise metaserver: POST failed (%s): the request fails", why)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
+        params = {r: info.request.kv_transfer_params for r, info in self._reqs_need_send_layerwise.items()}
         meta = super().build_connector_meta(scheduler_output)
+        if not self.vllm_config.kv_transfer_config.is_kv_consumer:
+            tag_write_by(meta, params)
         with self._posts_lock:
-            meta.failed_posts, self._failed_posts = self._failed_posts, set()
+            meta.failed_posts, self._failed_posts = self._failed_posts, {}
         return meta
 
 

@@ -6,6 +6,10 @@
   heard neither by its deadline is failed by D itself (it then leaves WAITING_FOR_REMOTE_KVS through
   ``finished_recving``, its blocks reported as failed loads). A completion that arrives for a
   request D no longer waits for is ignored (never completes a request D already failed).
+* :class:`Holds`: the blocks of a request D failed by itself (its deadline, a POST that may have
+  reached the proxy) stay D's until P cannot write them any more: P's last word for the request
+  (a late DONE from every sender, or FAILED), or the request's write-by time plus a grace. P never
+  starts a write past the write-by time D sent it (:data:`WRITE_BY_KEY`, :func:`past_write_by`).
 * :func:`post_failure`: whether D's metaserver POST failed, from its outcome.
 """
 
@@ -26,6 +30,17 @@ NACK_UNKNOWN = b"NACK_UNKNOWN_MSG"  # a tuple whose first item names no known me
 NACK_FIELDS = b"NACK_BAD_FIELDS"  # a known message with missing or mistyped fields
 
 NACKS = (NACK_MALFORMED, NACK_UNKNOWN, NACK_FIELDS)
+
+# D's transfer params carry the wall-clock time (seconds since the epoch) after which P must not
+# start a write into D's blocks: D's own deadline for the request. Hosts' clocks are assumed
+# synchronised to well within D's grace (``layerwise_write_grace_s``).
+WRITE_BY_KEY = "layerwise_write_by"
+
+
+def past_write_by(write_by: Any, now: float) -> bool:
+    """Whether P must not start a write for a request whose params said ``write_by`` (a number of
+    seconds since the epoch; anything else, e.g. upstream's D that sends none: no limit)."""
+    return isinstance(write_by, (int, float)) and not isinstance(write_by, bool) and now > float(write_by)
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,11 @@ class RecvDeadlines:
             self._gone.pop(req_id, None)
             self._due[req_id] = self._clock() + self.timeout_s
 
+    def due(self, req_id: str) -> float | None:
+        """When this request's deadline passes (None: D does not wait for it)."""
+        with self._lock:
+            return self._due.get(req_id)
+
     def waiting(self, req_id: str) -> bool:
         with self._lock:
             return req_id in self._due
@@ -123,6 +143,70 @@ class RecvDeadlines:
         self._gone[req_id] = None
         while len(self._gone) > self._remember:
             self._gone.pop(next(iter(self._gone)))
+
+
+class Holds:
+    """Requests D failed by itself whose blocks stay D's until P cannot write them; thread-safe.
+
+    ``hold(req, due)`` when D fails a request P may still write (its deadline passed, or a POST
+    that may have reached the proxy); ``due`` is D's deadline for it (the write-by time D sent P,
+    on D's clock): the hold ends at ``due + grace`` at the latest. ``word(req, count)`` when P's
+    last word for it arrives late: FAILED (``count`` None), or DONE from ``count`` distinct senders
+    (the hold ends once all of them said it): P writes nothing after it. ``take_released`` takes the
+    requests whose hold ended (each once)."""
+
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic):
+        if grace_s <= 0:
+            raise ValueError("grace_s must be positive")
+        self.grace_s = float(grace_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}
+        self._words: dict[str, set[str]] = {}
+        self._released: list[str] = []
+        self.counters = {"held": 0, "released_by_word": 0, "released_by_time": 0}
+
+    def hold(self, req_id: str, due: float | None) -> None:
+        now = self._clock()
+        with self._lock:
+            self._until[req_id] = max(now, due if due is not None else now) + self.grace_s
+            self._words.pop(req_id, None)
+            self.counters["held"] += 1
+
+    def word(self, req_id: str, count: int | None, sender: str = "") -> bool:
+        """P's late DONE from ``sender``, one of ``count`` senders, or FAILED (``count`` None);
+        True: it ended a hold."""
+        with self._lock:
+            if req_id not in self._until:
+                return False
+            senders = self._words.setdefault(req_id, set())
+            senders.add(sender)
+            if count is not None and len(senders) < count:
+                return False
+            del self._until[req_id]
+            self._words.pop(req_id, None)
+            self._released.append(req_id)
+            self.counters["released_by_word"] += 1
+            return True
+
+    def take_released(self) -> list[str]:
+        now = self._clock()
+        with self._lock:
+            out, self._released = self._released, []
+            for r in [r for r, t in self._until.items() if t <= now]:
+                del self._until[r]
+                self._words.pop(r, None)
+                out.append(r)
+                self.counters["released_by_time"] += 1
+            return out
+
+    def held(self) -> int:
+        with self._lock:
+            return len(self._until)
+
+    def holding(self, req_id: str) -> bool:
+        with self._lock:
+            return req_id in self._until
 
 
 def post_failure(status: int | None, error: str | None) -> str | None:

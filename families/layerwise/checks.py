@@ -10,6 +10,8 @@
   (``listener_garbage``) was answered on its first try, within that try's timeout.
 * ``kv_content``: every request D completed from P's KV holds the bytes P wrote for it.
 * ``post_once``: D never POSTed one request to the metaserver twice (not idempotent).
+* ``no_write_after_free``: P never wrote a failed request's KV into D's blocks after D gave them
+  back (the blocks of another request by then).
 * ``blocks_returned``: D's scheduler (vLLM's real v1 Scheduler) got back every KV block its
   requests held (a failed request whose load never reports finished holds its blocks for ever).
 """
@@ -180,3 +182,22 @@ def kv_content(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{bad} of {checked} loaded requests hold KV that P did not write for them (a layer never "
                          f"written or written over)", checked=checked, bad=bad)
     return _r(True, f"{checked} loaded requests checked, all hold what P wrote", checked=checked, bad=0)
+
+
+@check("no_write_after_free")
+def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """P never wrote into D's blocks after D's scheduler freed them: when vLLM frees the blocks of
+    a request whose load failed, D fills them with a value no request's pattern has and watches
+    them (20 s) for that request's pattern (``writes_after_free``; ``freed_after_failure``: how
+    many it watched). Such a write lands in another request's KV once the blocks are reused."""
+    writes, freed = _delta(inp, "decode", "writes_after_free"), _delta(inp, "decode", "freed_after_failure")
+    if writes is None or freed is None:
+        return undecided("D's counters (writes_after_free, freed_after_failure) are missing from its one baseline "
+                         "and final probe, or are not counts, or went down")
+    if writes > freed:
+        return undecided(f"D counted {writes} writes after a free of {freed} watched requests: inconsistent")
+    if writes:
+        return _r(False, f"P wrote {writes} of {freed} failed requests' KV into D's blocks after D freed them",
+                  freed=freed, writes_after_free=writes)
+    return _r(True, f"{freed} failed requests' freed blocks watched: P wrote none of them afterwards", freed=freed,
+              writes_after_free=0)

@@ -33,6 +33,8 @@ from . import stack
 log = logging.getLogger(__name__)
 STEP_S = 0.02
 LAYER_COMPUTE_S = 0.01  # what one layer of the forward pass costs before its KV is saved
+FREED = -1.0  # what D writes into a failed request's freed blocks (every request's pattern is >= 1)
+WATCH_S = 20.0  # how long D watches a failed request's freed blocks for a late write of P
 
 
 def _suffix() -> str:
@@ -97,7 +99,9 @@ class DecodeEngine:
         self._lock = threading.Lock()
         self.counters = {"admitted": 0, "done": 0, "failed": 0, "waiting": 0, "blocks_reported": 0,
                          "refused": 0, "recomputed": 0, "steps": 0, "batched_max": 0, "content_checked": 0,
-                         "content_bad": 0}
+                         "content_bad": 0, "freed_after_failure": 0, "writes_after_free": 0}
+        self._unfreed: set[str] = set()  # failed (or with blocks reported) and their blocks not freed yet
+        self._watch: dict[str, tuple[list[int], float]] = {}  # freed after a failure: ids, when
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode-engine", daemon=True)
 
@@ -173,9 +177,10 @@ class DecodeEngine:
         with self._lock:
             if invalid:
                 self.counters["blocks_reported"] += len(invalid)
-                for r in self.reqs.values():
-                    if r["state"] == "waiting":
+                for ext, r in self.reqs.items():
+                    if r["state"] == "waiting" and r["ids"] & invalid:
                         r["blocks_reported"] += len(r["ids"] & invalid)
+                        self._unfreed.add(ext)
             for eco in outputs.values():
                 for o in eco.outputs:
                     if o.finish_reason is None:
@@ -190,6 +195,38 @@ class DecodeEngine:
                         self.counters["recomputed"] += 1  # recompute policy: its prompt computed here
                     r["t_end"] = now
                     self.counters[r["state"]] += 1
+                    if failed:
+                        self._unfreed.add(ext)
+        self._watch_freed(now)
+
+    def _watch_freed(self, now: float) -> None:
+        """P must not write a request's blocks once D gave them back. When vLLM frees the blocks of
+        a request whose load failed, they are filled with a value no request's pattern has; from
+        then on (``WATCH_S``) D looks for that request's pattern there every step: finding it is a
+        write by P after the free (``writes_after_free``, once per request), which would land in
+        another request's KV once the blocks are reused."""
+        if self.caches is None:
+            return
+        names = stack.layer_names()
+        for ext in [e for e in self._unfreed if self.reqs[e]["internal"] not in self.sched.requests]:
+            self._unfreed.discard(ext)
+            ids = sorted(self.reqs[ext]["ids"])
+            if not ids:
+                continue
+            for name in names:
+                for kv in (0, 1):
+                    self.caches[name][kv][ids] = FREED
+            self._watch[ext] = (ids, now)
+            self.counters["freed_after_failure"] += 1
+        for ext, (ids, t) in list(self._watch.items()):
+            hit = any(bool((self.caches[name][kv][ids] == stack.kv_pattern(ext, layer, kv)).any())
+                      for layer, name in enumerate(names) for kv in (0, 1))
+            if hit:
+                self.counters["writes_after_free"] += 1
+                log.error("decode: P wrote a failed request's KV after its blocks were freed (%.2f s after)",
+                          now - t)
+            if hit or now - t > WATCH_S:
+                del self._watch[ext]
 
     def _check_content(self, recving: Any, invalid: set) -> None:
         """A request whose load finished with no block reported failed must hold what P wrote for
@@ -249,6 +286,10 @@ class DecodeEngine:
                    blocks_held_finished=held, scheduler_requests=len(self.sched.requests))
         for k, v in (getattr(t, "counters", None) or {}).items():
             out[f"listener_{k}"] = v
+        holds = getattr(t, "holds", None)  # hardened: requests D failed whose blocks it still holds
+        if holds is not None:
+            out["listener_held_now"] = holds.held()
+            out.update({f"listener_{k}": v for k, v in holds.counters.items()})
         return out
 
     def alive(self) -> bool:
@@ -260,9 +301,11 @@ class PrefillEngine:
     """P: requests forwarded by the metaserver, run ``batch`` at a time (those that arrive within
     ``gather_s`` of the first join its forward pass)."""
 
-    def __init__(self, worker: Any, caches: dict, batch: int = 1, gather_s: float = 0.05):
-        self.worker, self.caches = worker, caches
+    def __init__(self, worker: Any, caches: dict, batch: int = 1, gather_s: float = 0.05, tag: Any = None):
+        self.worker, self.caches, self.tag = worker, caches, tag
         self.batch, self.gather_s = max(1, int(batch)), gather_s
+        self.layer_delay_s = 0.0  # added to every layer of a forward pass (fault prefill_slow)
+        self.slow_forwards = 0  # forward passes running with that delay now
         self.blocks = _Blocks(stack.NUM_BLOCKS)
         self.q: "queue.Queue[dict]" = queue.Queue(maxsize=256)
         self.counters = {"received": 0, "forwards": 0, "forward_ms_max": 0.0, "forward_errors": 0,
@@ -349,6 +392,8 @@ class PrefillEngine:
             meta.add_new_req(request_id=internal, local_block_ids=[ids], kv_transfer_params=kv, token_ids=[],
                              chunk_finish=True, prompt_len=tokens, remote_cache_tokens=0,
                              local_computed_tokens=tokens, local_transed_tokens=0)
+            if self.tag is not None:  # what P's scheduler side adds from the request's params
+                self.tag(meta, {internal: kv})
             taken.append(ids)
             internals.append(internal)
             externals.append(str(params.get("request_id", "")))
@@ -357,11 +402,14 @@ class PrefillEngine:
             return result
         caches = self.caches
         t0 = time.monotonic()
+        delay = self.layer_delay_s
+        if delay:
+            self.slow_forwards += 1
         self.worker.bind_connector_metadata(meta)
         try:
             self.worker.start_load_kv(None)
             for layer, name in enumerate(stack.layer_names()):
-                time.sleep(LAYER_COMPUTE_S)
+                time.sleep(LAYER_COMPUTE_S + delay)
                 for ext, ids in zip(externals, taken):  # the layer's KV this request computed
                     for kv in (0, 1):
                         caches[name][kv][ids] = stack.kv_pattern(ext, layer, kv)
@@ -370,6 +418,8 @@ class PrefillEngine:
             self.worker.clear_connector_metadata()
             for ids in taken:
                 self.blocks.give(ids)
+            if delay:
+                self.slow_forwards -= 1
         for internal in internals:
             layers = self._layers.pop(internal, set())
             if stack.NUM_LAYERS - 1 in layers and len(layers) < stack.NUM_LAYERS:

@@ -38,6 +38,7 @@ class FakeTransferEngine:
         self._lock = threading.Lock()
         self.mode = "ok"
         self.delay_ms = 0
+        self.delayed_in_flight = 0  # writes sleeping out a delay right now
         self.rpc_port = rpc_port
         self.memdir = memdir
         self._published: str | None = None
@@ -131,7 +132,13 @@ class FakeTransferEngine:
             mode, delay = self.mode, self.delay_ms
             self.counters["writes"] += 1
         if delay:
-            time.sleep(delay / 1000.0)
+            with self._lock:
+                self.delayed_in_flight += 1
+            try:
+                time.sleep(delay / 1000.0)
+            finally:
+                with self._lock:
+                    self.delayed_in_flight -= 1
         if mode == "ok":
             with self._lock:
                 self.counters["write_bytes"] += int(sum(length))

@@ -7,6 +7,10 @@ Toxiproxy ones (``down``, ``timeout``) with ``topology.link: toxiproxy``.
   how many tries and how long. Never logs frames.
 * ``transfer_error``: P's transfer engine fails every write while the window lasts (``raise``: the
   binding raises; ``ret``: it returns -1).
+* ``transfer_slow``: every write of P's transfer engine takes ``delay`` longer while the window
+  lasts (a congested or degraded link: the write succeeds, late).
+* ``prefill_slow``: every layer of P's forward passes begun in the window takes ``delay``
+  longer (a slow prefill: under the example proxy, D's POST waits for all of it).
 * ``metaserver_fault``: the proxy's metaserver answers 500 (``error``), never answers (``hang``)
   or closes the connection unanswered (``drop``), or its forwards to P fail (``forward_fails``) while
   the window lasts.
@@ -99,6 +103,68 @@ class TransferError(Fault):
 
     def stop(self) -> None:
         self.ctx.control("prefill", "engine_fault", mode="ok")
+
+
+@register
+class TransferSlow(Fault):
+    """Every write of P's transfer engine started in the window takes ``delay`` longer (it
+    succeeds): P's layers reach D late, past D's deadline when ``delay`` exceeds it."""
+
+    family = "layerwise"
+    name = "transfer_slow"
+    may_cause = ("failed_load",)
+    heal_allowance_s = 10.0  # the heal waits out the slow writes in flight: at most ``delay`` (<= 10 s)
+
+    @classmethod
+    def heal_allowance(cls, spec) -> float:  # noqa: ANN001
+        return float(getattr(spec, "delay", cls.heal_allowance_s)) + 0.5
+
+    class Params(FaultParams):
+        delay: Duration = Field(2.0, gt=0, le=10.0, description="added to every write (milliseconds resolution)")
+
+    def start(self) -> None:
+        self.ctx.control("prefill", "engine_fault", mode="ok", delay_ms=int(float(self.params.delay) * 1000))
+
+    def stop(self) -> None:
+        """Healed once no slow write is in flight any more (the last one started in the window
+        ends up to ``delay`` after it)."""
+        bound = time.monotonic() + float(self.params.delay) + 2.0
+        while True:
+            left = self.ctx.control("prefill", "engine_fault", mode="ok").get("delayed_in_flight", 0)
+            if not left or time.monotonic() > bound:
+                break
+            time.sleep(0.05)
+
+
+@register
+class PrefillSlow(Fault):
+    """P's forward passes begun in the window take ``delay`` longer per layer (its KV still
+    correct): a prefill longer than D's POST bound under the example proxy, which answers D's
+    POST only once P completed."""
+
+    family = "layerwise"
+    name = "prefill_slow"
+    may_cause = ("failed_load",)
+    heal_allowance_s = 10.0  # the heal waits out a slow forward pass in flight (layers x delay)
+
+    @classmethod
+    def heal_allowance(cls, spec) -> float:  # noqa: ANN001
+        return 2 * float(getattr(spec, "delay", 5.0)) + 0.5
+
+    class Params(FaultParams):
+        delay: Duration = Field(0.5, gt=0, le=5.0, description="added to every layer of a forward pass")
+
+    def start(self) -> None:
+        self.ctx.control("prefill", "prefill_delay", layer_s=float(self.params.delay))
+
+    def stop(self) -> None:
+        """Healed once no slow forward pass runs any more."""
+        bound = time.monotonic() + 2 * float(self.params.delay) + 2.0
+        while True:
+            left = self.ctx.control("prefill", "prefill_delay", layer_s=0.0).get("slow_forwards", 0)
+            if not left or time.monotonic() > bound:
+                break
+            time.sleep(0.05)
 
 
 @register

@@ -45,6 +45,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--meta-timeout", type=float, default=2.0, help="hardened: layerwise_meta_timeout_s")
     p.add_argument("--post-timeout", type=float, default=5.0, help="hardened: metaserver_timeout_s")
     p.add_argument("--signal-timeout", type=float, default=2.0, help="hardened: layerwise_signal_timeout_s")
+    p.add_argument("--write-grace", type=float, default=5.0, help="hardened: layerwise_write_grace_s")
     p.add_argument("--batch", type=int, default=1, help="P: requests per forward pass (at most)")
     p.add_argument("--policy", default="fail", choices=("fail", "recompute"),
                    help="kv_load_failure_policy of D's scheduler (vLLM's default: fail)")
@@ -60,7 +61,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out = [args.kind, "--impl", args.impl, "--kv-port", str(args.kv_port), "--dist-port", str(args.dist_port),
            "--engine-id", args.engine_id, "--metaserver", args.metaserver, "--recv-timeout", str(args.recv_timeout),
            "--meta-timeout", str(args.meta_timeout), "--post-timeout", str(args.post_timeout),
-           "--signal-timeout", str(args.signal_timeout), "--policy", args.policy,
+           "--signal-timeout", str(args.signal_timeout), "--write-grace", str(args.write_grace),
+           "--policy", args.policy,
            "--batch", str(args.batch), "--log-level", args.log_level, "--hardened-class", args.hardened_class,
            "--plugin-path", args.plugin_path]
     return out + (["--control", args.control] if args.control else [])
@@ -111,7 +113,8 @@ def _app(args: argparse.Namespace):
         def bind(self) -> None:
             folder = Path(tempfile.mkdtemp(prefix="pdc-lw-model-"))
             extra = {"layerwise_recv_timeout_s": args.recv_timeout, "layerwise_meta_timeout_s": args.meta_timeout,
-                     "metaserver_timeout_s": args.post_timeout, "layerwise_signal_timeout_s": args.signal_timeout}
+                     "metaserver_timeout_s": args.post_timeout, "layerwise_signal_timeout_s": args.signal_timeout,
+                     "layerwise_write_grace_s": args.write_grace}
             import zmq
 
             try:
@@ -130,7 +133,7 @@ def _app(args: argparse.Namespace):
             if role == "kv_consumer":
                 self.engine.publish_memory(stack.shm_files(caches))
             self.side = (DecodeEngine(worker, cfg, args.metaserver, caches) if role == "kv_consumer"
-                         else PrefillEngine(worker, caches, args.batch))
+                         else PrefillEngine(worker, caches, args.batch, tag=stack.send_meta_tagger(args.impl)))
             self.side.start()
 
         def stats(self) -> dict:
@@ -160,9 +163,14 @@ def _app(args: argparse.Namespace):
 
             def engine_fault(m: dict) -> dict:
                 self.engine.set(str(m.get("mode", "ok")), int(m.get("delay_ms", 0)))
-                return {"mode": self.engine.mode}
+                return {"mode": self.engine.mode, "delayed_in_flight": self.engine.delayed_in_flight}
 
-            return {"submit": submit, "forwarded": forwarded, "engine_fault": engine_fault}
+            def prefill_delay(m: dict) -> dict:
+                side.layer_delay_s = max(0.0, float(m.get("layer_s", 0.0)))
+                return {"layer_s": side.layer_delay_s, "slow_forwards": side.slow_forwards}
+
+            return {"submit": submit, "forwarded": forwarded, "engine_fault": engine_fault,
+                    "prefill_delay": prefill_delay}
 
         def close(self) -> None:
             if self.side is not None:

@@ -20,6 +20,9 @@ class LayerwiseTopologySpec(Spec):
                                                     "(layerwise_meta_timeout_s)")
     signal_timeout: Duration = Field(1.0, description="hardened: P's bound on one DONE/FAILED signal "
                                                       "(layerwise_signal_timeout_s)")
+    write_grace: Duration = Field(3.0, description="hardened: how long after a request's write-by time D still "
+                                                   "holds the blocks of a request it failed itself, unless P's last "
+                                                   "word came first (layerwise_write_grace_s)")
     post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
                                                     "(metaserver_timeout_s)")
     prefill_batch: int = Field(1, ge=1, le=16, description="P: requests per forward pass at most (those that "

@@ -166,6 +166,17 @@ def connector_class(impl: str, hardened_class: str = "", plugin_path: str = "") 
     return MooncakeLayerwiseConnector
 
 
+def send_meta_tagger(impl: str) -> Any:
+    """What P's scheduler side of ``impl`` adds to the connector metadata it builds from requests'
+    transfer params (the stand-in P engine builds that metadata: it calls this as the scheduler
+    would): the hardened one carries D's write-by time; upstream's adds nothing (None)."""
+    if impl != "hardened":
+        return None
+    from connector_patch.layerwise.ascend_connector import tag_write_by
+
+    return tag_write_by
+
+
 def build(impl: str, kv_role: str, kv_port: int, engine_id: str, model_dir: Path, dist_port: int, engine: Any,
           extra: dict | None = None, policy: str = "fail", scheduler_side: bool = True, hardened_class: str = "",
           plugin_path: str = "", shm_prefix: str = "") -> tuple[Any, Any, Any, dict]:

@@ -15,6 +15,7 @@ per run.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,7 +51,7 @@ class LayerwiseTopology(BaseTopology):
         return ["--impl", self.target, "--dist-port", str(self.dist_ports[role]),
                 "--recv-timeout", f"{t.recv_timeout:g}", "--meta-timeout", f"{t.meta_timeout:g}",
                 "--post-timeout", f"{t.post_timeout:g}", "--signal-timeout", f"{t.signal_timeout:g}",
-                "--policy", t.policy] \
+                "--write-grace", f"{t.write_grace:g}", "--policy", t.policy] \
             + (["--hardened-class", self.hardened_class] if self.hardened_class else []) \
             + (["--plugin-path", self.plugin_path] if self.plugin_path else [])
 
@@ -80,7 +81,7 @@ class LayerwiseTopology(BaseTopology):
         t = self.topo
         return ("layerwise", role, self.target, self.hardened_class, self.plugin_path, t.recv_timeout,
                 t.meta_timeout, t.post_timeout, t.signal_timeout,
-                t.policy, t.prefill_batch if role == "prefill" else 1)
+                t.write_grace, t.policy, t.prefill_batch if role == "prefill" else 1)
 
     def pool_extra(self, role: str) -> dict:
         return {"kv_port": self.kv_port, "ms_port": self.ms_port} if role == "decode" else {}
@@ -115,6 +116,25 @@ class LayerwiseTopology(BaseTopology):
         if self.topo.link == "toxiproxy":
             self.decode_via = self.toxiproxy_link("layerwise", f"127.0.0.1:{self.kv_port}")
         self.start_node("metaserver")
+
+    def final_probe(self, timeout_s: float = 1.0) -> None:
+        """Before the final probes: a hardened D may still hold the blocks of requests it failed
+        itself, until P's last word or their write-by time plus the grace (at most the receive
+        deadline plus the grace from now). Waits that long at most for D to hold none, so the
+        block pool is judged once D could have given everything back; recorded as an event."""
+        if "decode" in self.nodes:
+            t0 = time.monotonic()
+            bound = t0 + float(self.topo.recv_timeout) + float(self.topo.write_grace) + 1.0
+            held = None
+            while time.monotonic() < bound:
+                stats = self.node_stats("decode")
+                held = ((stats or {}).get("counters") or {}).get("listener_held_now")
+                if not held:
+                    break
+                time.sleep(0.1)
+            if held is not None:
+                self.event("decode_holds_drained", held=held, waited_ms=round((time.monotonic() - t0) * 1000, 1))
+        super().final_probe(timeout_s)
 
     def workload_config(self) -> dict:
         m, w = self.scenario, self.scenario.workload

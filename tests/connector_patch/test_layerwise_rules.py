@@ -116,3 +116,34 @@ def test_deadlines_know_what_is_gone():
     assert d.gone("a")
     d.expect("a")  # expected again (a retried request): no longer gone
     assert not d.gone("a") and d.waiting("a")
+
+
+def test_a_hold_ends_at_ps_last_word_or_at_the_write_by_time_plus_the_grace():
+    """Issue 21: the blocks of a request D failed itself stay D's until P cannot write them."""
+    from connector_patch.layerwise.rules import Holds
+
+    now = [100.0]
+    h = Holds(3.0, clock=lambda: now[0])
+    h.hold("a", 101.0)  # its deadline ahead (a failed POST): held until 104
+    h.hold("b", None)  # its deadline passed now: held until 103
+    h.hold("c", 100.0)
+    assert h.held() == 3 and h.take_released() == []
+    assert h.word("c", 2, "p1:1") is False and h.word("c", 2, "p1:1") is False  # the same sender twice
+    assert h.word("c", 2, "p2:1") is True and h.take_released() == ["c"]  # every sender said DONE
+    assert h.word("x", None) is False  # not held: nothing to end
+    now[0] = 103.0
+    assert h.take_released() == ["b"] and h.holding("a")
+    assert h.word("a", None) is True and h.take_released() == ["a"] and h.held() == 0  # FAILED
+    assert h.take_released() == [] and h.counters == {"held": 3, "released_by_word": 2, "released_by_time": 1}
+    with pytest.raises(ValueError):
+        Holds(0)
+
+
+@pytest.mark.parametrize("write_by, now, past", [
+    (100.0, 100.5, True), (100.0, 99.5, False), (100, 100.0, False), (None, 1e12, False), ("100", 1e12, False),
+    (True, 1e12, False),
+])
+def test_past_write_by(write_by, now, past):
+    from connector_patch.layerwise.rules import past_write_by
+
+    assert past_write_by(write_by, now) is past

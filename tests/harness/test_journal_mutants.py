@@ -473,6 +473,13 @@ LAYERWISE_MUTANTS = [
       lambda r: final(r, "decode")["counters"].update(content_bad=1), "deviation", ("kv_content",)),
     M("layerwise_decode_content_unchecked", "layerwise",
       lambda r: final(r, "decode")["counters"].update(content_checked=40), "error", ("kv_content",)),
+    M("layerwise_prefill_wrote_after_free", "layerwise",
+      lambda r: final(r, "decode")["counters"].update(writes_after_free=1), "deviation", ("no_write_after_free",)),
+    M("layerwise_decode_no_free_watch_counters", "layerwise",
+      lambda r: [p["counters"].pop("writes_after_free") for p in r.records if p.get("type") == "probe"
+                 and p.get("node") == "decode"], "error", ("no_write_after_free",)),
+    M("layerwise_decode_more_writes_than_watched", "layerwise",
+      lambda r: final(r, "decode")["counters"].update(writes_after_free=3), "error", ("no_write_after_free",)),
     M("layerwise_decode_posted_twice", "layerwise",
       lambda r: final(r, "metaserver")["counters"].update(posts=13, repeat_posts=1), "deviation", ("post_once",)),
     M("layerwise_metaserver_no_post_counters", "layerwise",

@@ -56,7 +56,7 @@ out["send_error"] = type(getattr(snd, "start_error", None)).__name__
 
 def worker(consumer: bool, producer: bool):
     w = object.__new__(H.HardenedLayerwiseWorker)
-    w.recv_timeout_s = 5.0
+    w.recv_timeout_s, w.grace_s = 5.0, 3.0
     w.handshake_port = 1
     w.vllm_config = types.SimpleNamespace(kv_transfer_config=types.SimpleNamespace(
         is_kv_consumer=consumer, is_kv_producer=producer))
@@ -138,18 +138,23 @@ import httpx  # noqa: E402
 
 def post_with(*outcomes):
     sch = object.__new__(H.HardenedLayerwiseScheduler)
-    sch.counters, sch._failed_posts, sch._posts_lock = {"posts": 0, "post_failures": 0}, set(), threading.Lock()
+    sch.counters, sch._failed_posts, sch._posts_lock = {"posts": 0, "post_failures": 0}, {}, threading.Lock()
+    sch.recv_timeout_s, sch._alloc_time = 30.0, {"r1": 1000.0}
     calls = []
 
     def post(url, json):
         calls.append(url)
+        sent.append(json)
         o = outcomes[min(len(calls), len(outcomes)) - 1]
         if isinstance(o, Exception):
             raise o
         return ns(status_code=o)
     sch.metaserver_client = ns(post=post)
     sch._access_metaserver("http://ms/v1/metaserver", {"request_id": "r1"})
-    return [len(calls), sorted(sch._failed_posts)]
+    return [len(calls), sorted(sch._failed_posts.items())]
+
+
+sent: list = []
 
 
 req = httpx.Request("POST", "http://ms/v1/metaserver")
@@ -157,6 +162,35 @@ out["post_timeout"] = post_with(httpx.ReadTimeout("slow", request=req), 200)
 out["post_refused_then_ok"] = post_with(httpx.ConnectError("refused", request=req), 200)
 out["post_500"] = post_with(500, 200)
 out["post_refused_twice"] = post_with(httpx.ConnectError("refused", request=req))
+out["post_write_by"] = sorted({m.get(H.WRITE_BY_KEY) for m in sent})  # alloc time 1000 + recv timeout 30
+# 8. P's sending thread, upstream's _transfer_kv_cache run for real, last layer: a request past the
+#    write-by time D sent is never written and told FAILED; one before it is written and told DONE
+s8 = object.__new__(H.HardenedSendingLayerThread)
+s8.counters = dict(s6.counters, past_write_by=0)
+s8.failed_reqs = H._FailedRequests(s8.counters)
+s8.sessions, s8._signalled, s8.total_layers, s8.pd_head_ratio = {}, set(), 1, 1
+s8.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
+s8.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
+signals8: list = []
+s8.callback_func = lambda rid, meta, group, trans_flag=True: signals8.append((rid, trans_flag))
+written: list = []
+s8.engine = H._GuardedEngine(ns(batch_transfer_sync_write=lambda sid, src, *a: written.append(len(src)) or 0), s8)
+now = time.time()
+task8 = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_cache=None,
+           wait_event=ns(synchronize=lambda: None),
+           send_request={"late": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True, write_by=now - 1),
+                         "in-time": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True, write_by=now + 60),
+                         "no-limit": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True)})
+s8._handle_request(task8)
+out["write_by_signals"] = sorted(signals8)
+out["write_by_written"] = written  # one write of the two requests' ranges
+out["past_write_by"] = s8.counters["past_write_by"]
+# 9. P's scheduler side carries the write-by time from the transfer params into the ReqMeta
+m9 = up.MooncakeLayerwiseConnectorMetadata()
+m9.add_new_req(request_id="r9", local_block_ids=[[1]], kv_transfer_params={H.WRITE_BY_KEY: 123.5})
+m9.add_new_req(request_id="r10", local_block_ids=[[2]], kv_transfer_params={})
+H.tag_write_by(m9, {"r9": {H.WRITE_BY_KEY: 123.5}, "r10": {}})
+out["tagged"] = [m9.requests["r9"].write_by, m9.requests["r10"].write_by]
 out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
 out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
                          and up.KVCacheRecvingLayerThread.__module__ == up.__name__)

@@ -537,13 +537,13 @@ def layerwise_run() -> Run:
         pid = LAYERWISE_PIDS[role]
         c = {"partial_sends": 0, "sends": 0} if role == "prefill" else \
             {"free_blocks": 31, "blocks_initial": 31, "blocks_live": 0, "blocks_held_finished": 0,
-             "content_checked": 40, "content_bad": 0} \
+             "content_checked": 40, "content_bad": 0, "freed_after_failure": 3, "writes_after_free": 0} \
             if role == "decode" else {"posts": 12, "forwarded": 12, "repeat_posts": 0}
         recs += [event("process_start", -3.0 + i, kind=kind, pid=pid),
                  probe(role, kind, "baseline", -2.9 + i, pid, th, fds, c),
                  probe(role, kind, "final", 6.9, pid, th, fds,
                        {**c, **({"sends": 12} if role == "prefill" else
-                                {"content_checked": 52} if role == "decode" else {})})]
+                                {"content_checked": 52, "freed_after_failure": 5} if role == "decode" else {})})]
     recs += [probe("client", None, "baseline", -0.2, LAYERWISE_PIDS["client"], 3, 8, {}, alive=None), *ops,
              *fault_records(0, "listener_garbage", 1.0, 4.5, {"tries": 3, "try_timeout": 1.0}, None, required[0]),
              *[event("listener_probe", 1.01 + 0.001 * k, probe=p, answered=True, reply="NACK bad_message", tries=1,

@@ -30,6 +30,11 @@ MUTANTS = [
      ["layerwise-metaserver-fail"]),
     ("ResendPost", "issue 21: D never sends one metaserver POST twice (not idempotent: P could get the request "
                    "twice)", ["layerwise-metaserver-fail"]),
+    ("FreeAtDeadline", "issue 21: a request D failed itself keeps its blocks until P cannot write them (P's last word, "
+                       "or its write-by time plus the grace)",
+     ["layerwise-slow-write", "layerwise-slow-prefill-upstream-proxy"]),
+    ("WritePastWriteBy", "issue 21: P never starts a write past the write-by time D sent (D may free the blocks "
+                         "after it plus the grace)", ["layerwise-slow-write"]),
 ]
 
 

@@ -129,3 +129,41 @@ class _ResendScheduler(ac.HardenedLayerwiseScheduler):
 
 class HardenedMooncakeLayerwiseConnectorMutantResendPost(_Mutant):
     SCHEDULER = _ResendScheduler
+
+
+# -- D: a request D failed itself keeps its blocks until P cannot write them -----------------
+
+class _NoHolds(ac.Holds):
+    def hold(self, req_id, due):  # noqa: ANN001, ANN201
+        """Never holds: the blocks go back at D's deadline (the fix before issue 21)."""
+
+
+class _FreeAtDeadlineRecv(ac.HardenedRecvingLayerThread):
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.holds = _NoHolds(self.holds.grace_s)
+
+
+class _FreeAtDeadlineWorker(ac.HardenedLayerwiseWorker):
+    RECV_THREAD = _FreeAtDeadlineRecv
+
+
+class HardenedMooncakeLayerwiseConnectorMutantFreeAtDeadline(_Mutant):
+    WORKER = _FreeAtDeadlineWorker
+
+
+# -- P: never starts a write past the write-by time D sent ----------------------------------
+
+class _WritePastWriteBySender(ac.HardenedSendingLayerThread):
+    def _handle_request(self, send_task):  # noqa: ANN001, ANN202
+        for meta in send_task.send_request.values():
+            meta.write_by = None  # as if D had sent none: every layer is written, however late
+        super()._handle_request(send_task)
+
+
+class _WritePastWriteByWorker(ac.HardenedLayerwiseWorker):
+    SEND_THREAD = _WritePastWriteBySender
+
+
+class HardenedMooncakeLayerwiseConnectorMutantWritePastWriteBy(_Mutant):
+    WORKER = _WritePastWriteByWorker

@@ -12,6 +12,9 @@
 * ``post_once``: D never POSTed one request to the metaserver twice (not idempotent).
 * ``no_write_after_free``: P never wrote a failed request's KV into D's blocks after D gave them
   back (the blocks of another request by then).
+* ``failed_where_faulted``: a fault that fails one D's writes only (``transfer_error`` with
+  ``decode``) fails requests of that D only: never a request of another D (written fine, told
+  FAILED: upstream's leftover loop variable when one send task holds several D sessions).
 * ``blocks_returned``: D's scheduler (vLLM's real v1 Scheduler) got back every KV block its
   requests held (a failed request whose load never reports finished holds its blocks for ever).
 """
@@ -102,28 +105,41 @@ def _final_counters(inp: CheckInput, node: str) -> dict | None:
     return (final[-1].get("counters") or {}) if final else None
 
 
+def _decodes(inp: CheckInput) -> list[str]:
+    """The D roles of the history (decode, decode2), from its probes."""
+    roles = {p.get("node") for p in inp.probes if str(p.get("node", "")).startswith("decode")}
+    roles |= {o.get("decode") for o in inp.ops if o.get("decode")}  # a D the ops used must have been probed
+    return sorted(roles) or ["decode"]
+
+
 @check("blocks_returned")
 def blocks_returned(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
-    """D's scheduler got back every KV block its requests held: at D's final probe, the free
-    blocks of vLLM's block pool plus those held by unfinished requests equal the pool at the start
-    (a request finished without its blocks freed, e.g. FINISHED_ERROR while its load is never
-    reported finished, holds them for ever: counted as leaked)."""
-    c = _final_counters(inp, "decode")
-    if c is None:
-        return undecided("no final probe of D: its block pool cannot be judged")
-    if not all(_count(c.get(k)) for k in ("free_blocks", "blocks_live", "blocks_initial")) \
-            or not _count(c.get("blocks_held_finished", 0)):
-        return undecided("D's final probe has no block-pool counters (free_blocks, blocks_live, blocks_initial)")
-    leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
-    held = c.get("blocks_held_finished", 0)
-    det = {"initial": c["blocks_initial"], "free": c["free_blocks"], "live": c["blocks_live"], "leaked": leaked,
-           "held_by_finished": held}
-    if leaked:
-        return _r(False, f"{leaked} of {c['blocks_initial']} KV blocks of D's scheduler were never returned "
-                         f"({c['free_blocks']} free, {c['blocks_live']} held by unfinished requests; {held} held "
-                         f"by requests that finished)", **det)
-    return _r(True, f"every block back: {c['free_blocks']} free, {c['blocks_live']} held by live requests, of "
-                    f"{c['blocks_initial']}", **det)
+    """Every D's scheduler got back every KV block its requests held: at D's final probe, the
+    free blocks of vLLM's block pool plus those held by unfinished requests equal the pool at the
+    start (a request finished without its blocks freed, e.g. FINISHED_ERROR while its load is
+    never reported finished, holds them for ever: counted as leaked)."""
+    det: dict = {}
+    leaks = []
+    for role in _decodes(inp):
+        c = _final_counters(inp, role)
+        if c is None:
+            return undecided(f"no final probe of {role}: its block pool cannot be judged")
+        if not all(_count(c.get(k)) for k in ("free_blocks", "blocks_live", "blocks_initial")) \
+                or not _count(c.get("blocks_held_finished", 0)):
+            return undecided(f"{role}'s final probe has no block-pool counters (free_blocks, blocks_live, "
+                             "blocks_initial)")
+        leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
+        held = c.get("blocks_held_finished", 0)
+        det[role] = {"initial": c["blocks_initial"], "free": c["free_blocks"], "live": c["blocks_live"],
+                     "leaked": leaked, "held_by_finished": held}
+        if leaked:
+            leaks.append(f"{role}: {leaked} of {c['blocks_initial']} KV blocks never returned ({c['free_blocks']} "
+                         f"free, {c['blocks_live']} held by unfinished requests; {held} held by requests that "
+                         f"finished)")
+    if leaks:
+        return _r(False, "; ".join(leaks), **det)
+    return _r(True, "every block back: " + "; ".join(f"{r} {d['free']} free, {d['live']} held by live requests, of "
+                                                      f"{d['initial']}" for r, d in det.items()), **det)
 
 
 @check("post_once")
@@ -162,13 +178,24 @@ def _delta(inp: CheckInput, node: str, key: str) -> int | None:
     return b - a
 
 
+def _delta_decodes(inp: CheckInput, key: str) -> int | None:
+    """``_delta`` of every D, summed; None when any D's cannot be read."""
+    total = 0
+    for role in _decodes(inp):
+        d = _delta(inp, role, key)
+        if d is None:
+            return None
+        total += d
+    return total
+
+
 @check("kv_content")
 def kv_content(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """Every request D completed from P's KV holds what P computed for it: the transfer engine
     copies the bytes into D's caches, and D compares each layer's K and V of a loaded request
     (no block reported failed) with P's pattern before vLLM frees them (``content_bad``). A layer
     never written, or another request's late write into blocks D gave back, shows here."""
-    checked, bad = _delta(inp, "decode", "content_checked"), _delta(inp, "decode", "content_bad")
+    checked, bad = _delta_decodes(inp, "content_checked"), _delta_decodes(inp, "content_bad")
     if checked is None or bad is None:
         return undecided("D's content counters (content_checked, content_bad) are missing from its one baseline "
                          "and final probe, or are not counts, or went down")
@@ -190,7 +217,7 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
     a request whose load failed, D fills them with a value no request's pattern has and watches
     them (20 s) for that request's pattern (``writes_after_free``; ``freed_after_failure``: how
     many it watched). Such a write lands in another request's KV once the blocks are reused."""
-    writes, freed = _delta(inp, "decode", "writes_after_free"), _delta(inp, "decode", "freed_after_failure")
+    writes, freed = _delta_decodes(inp, "writes_after_free"), _delta_decodes(inp, "freed_after_failure")
     if writes is None or freed is None:
         return undecided("D's counters (writes_after_free, freed_after_failure) are missing from its one baseline "
                          "and final probe, or are not counts, or went down")
@@ -201,3 +228,42 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
                   freed=freed, writes_after_free=writes)
     return _r(True, f"{freed} failed requests' freed blocks watched: P wrote none of them afterwards", freed=freed,
               writes_after_free=0)
+
+
+@check("failed_where_faulted")
+def failed_where_faulted(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """A request that failed while only faults aimed at another D were active is a wrong failure:
+    its KV was written, and P told its D FAILED for another D's failed write. Judged for ops whose
+    span overlaps a window (plus tail) of a fault with a ``decode`` target; an op also overlapping
+    a fault aimed at its own D, or at every D, is that fault's doing."""
+    faults = {f.get("id"): f for f in inp.meta.get("faults") or []}
+
+    def target(f: dict) -> str:
+        return str((f.get("params") or {}).get("decode") or "all")
+
+    aimed = [w for w in inp.windows if w.get("start") is not None and target(faults.get(w.get("id"), {})) != "all"]
+    if not aimed:
+        return undecided("no fault aimed at one D ran: nothing to judge (set the check only where one does)")
+    end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
+    wrong, judged = [], 0
+    for o in inp.ops:
+        if o.get("phase") == "ok" or not o.get("decode"):
+            continue
+        a, b = o.get("t_invoke"), o.get("t_complete")
+        b = end if b is None else b
+        if a is None:
+            continue
+        hits = [faults.get(w.get("id"), {}) for w in inp.windows if w.get("start") is not None
+                and a <= float(w["stop"]) + float(faults.get(w.get("id"), {}).get("tail_s") or 0.0)
+                and b >= w["start"]]
+        if not hits:
+            continue  # failures_explained judges a failure outside every window
+        judged += 1
+        if all(target(f) not in ("all", o["decode"]) for f in hits):
+            wrong.append(o)
+    det = {"judged": judged, "wrong": _first([o["id"] for o in wrong])}
+    if wrong:
+        o = wrong[0]
+        return _r(False, f"{len(wrong)} request(s) failed on a D no active fault was aimed at (first: op {o['id']} "
+                         f"on {o['decode']}, {o.get('outcome')})", **det)
+    return _r(True, f"{judged} failed requests in fault windows, each on the D its fault was aimed at", **det)

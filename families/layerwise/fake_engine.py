@@ -38,6 +38,7 @@ class FakeTransferEngine:
         self._lock = threading.Lock()
         self.mode = "ok"
         self.delay_ms = 0
+        self.port = 0  # the mode's D (rpc port); 0: every D
         self.delayed_in_flight = 0  # writes sleeping out a delay right now
         self.rpc_port = rpc_port
         self.memdir = memdir
@@ -109,11 +110,12 @@ class FakeTransferEngine:
             else:
                 self.counters["unmapped_writes"] += 1
 
-    def set(self, mode: str, delay_ms: int = 0) -> None:
+    def set(self, mode: str, delay_ms: int = 0, port: int = 0) -> None:
+        """``port``: the mode applies to writes to that D's session only (its rpc port); 0: all."""
         if mode not in MODES:
             raise ValueError(f"engine mode {mode!r}; known: {', '.join(MODES)}")
         with self._lock:
-            self.mode, self.delay_ms = mode, max(0, int(delay_ms))
+            self.mode, self.delay_ms, self.port = mode, max(0, int(delay_ms)), int(port)
 
     # --- what vllm-ascend calls
     def initialize(self, *args, **kwargs) -> int:  # noqa: ARG002
@@ -130,6 +132,8 @@ class FakeTransferEngine:
     def batch_transfer_sync_write(self, session_id: str, src: list, dst: list, length: list) -> int:
         with self._lock:
             mode, delay = self.mode, self.delay_ms
+            if self.port and session_id.rpartition(":")[2] != str(self.port):
+                mode, delay = "ok", 0  # another D's session: not faulted
             self.counters["writes"] += 1
         if delay:
             with self._lock:

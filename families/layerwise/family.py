@@ -53,13 +53,15 @@ class LayerwiseFamily(Family):
         return ascend_steps()
 
     def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
-        return ["decode", "prefill", "metaserver"]
+        return ["decode", "prefill", "metaserver"] + (["decode2"] if scenario.topology.decodes > 1 else [])
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:  # noqa: ARG002
         out = {"no_leaks": "vLLM's own threads grow on demand here (the scheduler's POST executor, up to 32; "
                            "a socket per metadata query upstream): thread and fd counts measure no leak"}
         if not any(f.type == "listener_garbage" for f in scenario.faults):
             out["listener_answers"] = "no listener_garbage fault is scheduled"
+        if not any(getattr(f, "decode", "all") not in (None, "all") for f in scenario.faults):
+            out["failed_where_faulted"] = "no fault is aimed at one D (transfer_error with decode)"
         return out
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],

@@ -97,9 +97,14 @@ class TransferError(Fault):
 
     class Params(FaultParams):
         mode: Literal["raise", "ret"] = Field("raise", description="raise: the engine raises; ret: it returns -1")
+        decode: Literal["all", "decode", "decode2"] = Field(
+            "all", description="whose writes fail: every D's, or one D's session only (decodes: 2)")
 
     def start(self) -> None:
-        self.ctx.control("prefill", "engine_fault", mode=self.params.mode)
+        port = 0
+        if self.params.decode != "all":
+            port = int(self.ctx.node(self.params.decode).endpoints["listener"].rpartition(":")[2])
+        self.ctx.control("prefill", "engine_fault", mode=self.params.mode, port=port)
 
     def stop(self) -> None:
         self.ctx.control("prefill", "engine_fault", mode="ok")

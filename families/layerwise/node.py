@@ -162,7 +162,7 @@ def _app(args: argparse.Namespace):
                 return side.forwarded(int(m["ticket"]))
 
             def engine_fault(m: dict) -> dict:
-                self.engine.set(str(m.get("mode", "ok")), int(m.get("delay_ms", 0)))
+                self.engine.set(str(m.get("mode", "ok")), int(m.get("delay_ms", 0)), int(m.get("port", 0)))
                 return {"mode": self.engine.mode, "delayed_in_flight": self.engine.delayed_in_flight}
 
             def prefill_delay(m: dict) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from faults.base import Duration
 from harness.family import Spec, WorkloadSpec
@@ -25,6 +25,9 @@ class LayerwiseTopologySpec(Spec):
                                                    "word came first (layerwise_write_grace_s)")
     post_timeout: Duration = Field(1.0, description="hardened: D's bound on one metaserver POST "
                                                     "(metaserver_timeout_s)")
+    decodes: int = Field(1, ge=1, le=2, description="D nodes (roles decode, decode2), each with its own listener and "
+                                                    "KV memory, served by the one P: with prefill_batch > 1 one "
+                                                    "forward pass (one send task) holds several D sessions")
     prefill_batch: int = Field(1, ge=1, le=16, description="P: requests per forward pass at most (those that "
                                                             "arrive within 50 ms of the first run together)")
     policy: Literal["fail", "recompute"] = Field(
@@ -34,6 +37,12 @@ class LayerwiseTopologySpec(Spec):
         "pdchaos", description="how the proxy's metaserver answers D's POST: pdchaos (200 once P queued the "
                                "request, 502 when the forward failed) or upstream-example (vllm-ascend's example "
                                "proxy: waits for P's completion, re-sends a failed forward, always 200)")
+
+    @model_validator(mode="after")
+    def _one_link(self) -> "LayerwiseTopologySpec":
+        if self.decodes > 1 and self.link != "direct":
+            raise ValueError("decodes: 2 needs link: direct (the Toxiproxy link stands before the first D only)")
+        return self
 
 
 class LayerwiseWorkloadSpec(WorkloadSpec):

@@ -42,7 +42,8 @@ class LayerwiseTopology(BaseTopology):
         self.plugin_path = getattr(profile, "plugin_path", None) if target == "hardened" else None
         self.kv_port = free_tcp_port()
         self.ms_port = free_tcp_port()
-        self.dist_ports = {"decode": free_tcp_port(), "prefill": free_tcp_port()}
+        self.dist_ports = {"decode": free_tcp_port(), "prefill": free_tcp_port(), "decode2": free_tcp_port()}
+        self.kv_port2 = free_tcp_port()  # the second D's listener (decodes: 2; never pooled)
         self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
         self.decode_via = ""
 
@@ -60,6 +61,11 @@ class LayerwiseTopology(BaseTopology):
             args = self._connector_args(role) + ["--kv-port", str(self.kv_port), "--metaserver",
                                                  f"http://127.0.0.1:{self.ms_port}{METASERVER_PATH}"]
             return NodeSpec("layerwise-decode", args, endpoints={"listener": self.decode_listener},
+                            ready_timeout_s=READY_TIMEOUT_S)
+        if role == "decode2":  # started after the pooled D: it POSTs to the same metaserver port
+            args = self._connector_args(role) + ["--kv-port", str(self.kv_port2), "--engine-id", "decode2-0",
+                                                 "--metaserver", f"http://127.0.0.1:{self.ms_port}{METASERVER_PATH}"]
+            return NodeSpec("layerwise-decode", args, endpoints={"listener": f"tcp://127.0.0.1:{self.kv_port2}"},
                             ready_timeout_s=READY_TIMEOUT_S)
         if role == "prefill":
             args = self._connector_args(role) + ["--kv-port", str(free_tcp_port()), "--batch",
@@ -112,6 +118,8 @@ class LayerwiseTopology(BaseTopology):
                     self.kv_port, self.ms_port = free_tcp_port(), free_tcp_port()
                     self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
             fresh.append(role)
+        if self.topo.decodes > 1:
+            fresh.append("decode2")
         self.start_nodes(fresh)
         if self.topo.link == "toxiproxy":
             self.decode_via = self.toxiproxy_link("layerwise", f"127.0.0.1:{self.kv_port}")
@@ -122,22 +130,24 @@ class LayerwiseTopology(BaseTopology):
         itself, until P's last word or their write-by time plus the grace (at most the receive
         deadline plus the grace from now). Waits that long at most for D to hold none, so the
         block pool is judged once D could have given everything back; recorded as an event."""
-        if "decode" in self.nodes:
-            t0 = time.monotonic()
-            bound = t0 + float(self.topo.recv_timeout) + float(self.topo.write_grace) + 1.0
+        t0 = time.monotonic()
+        bound = t0 + float(self.topo.recv_timeout) + float(self.topo.write_grace) + 1.0
+        for role in [r for r in ("decode", "decode2") if r in self.nodes]:
             held = None
             while time.monotonic() < bound:
-                stats = self.node_stats("decode")
+                stats = self.node_stats(role)
                 held = ((stats or {}).get("counters") or {}).get("listener_held_now")
                 if not held:
                     break
                 time.sleep(0.1)
             if held is not None:
-                self.event("decode_holds_drained", held=held, waited_ms=round((time.monotonic() - t0) * 1000, 1))
+                self.event("decode_holds_drained", role=role, held=held,
+                           waited_ms=round((time.monotonic() - t0) * 1000, 1))
         super().final_probe(timeout_s)
 
     def workload_config(self) -> dict:
         m, w = self.scenario, self.scenario.workload
-        return {"decode_control": self.nodes["decode"].control_ep, "target": self.target, "seed": m.seed,
+        return {"decode_controls": [self.nodes[r].control_ep for r in ("decode", "decode2") if r in self.nodes],
+                "target": self.target, "seed": m.seed,
                 "concurrency": w.concurrency, "rate": w.rate, "duration_s": w.duration, "tokens": w.tokens,
                 "wait_s": w.wait, "grace_s": w.wait + GRACE_S, "start_s": w.start}

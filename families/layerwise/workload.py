@@ -1,6 +1,7 @@
 """Node kind ``layerwise-workload``: requests through D, each until it leaves WAITING_FOR_REMOTE_KVS.
 
-Plays vLLM's API front end on D: each op admits one request with ``do_remote_prefill`` (D's
+Plays vLLM's API front end on D (with two Ds, worker i on D number i mod 2; the op names it,
+``decode``): each op admits one request with ``do_remote_prefill`` (D's
 ``admit`` control command: the real scheduler side allocates its blocks and POSTs to the
 metaserver, which forwards it to P), then watches D's engine (``status``, every ``POLL_S``) until
 the request left the wait through ``finished_recving``:
@@ -46,14 +47,14 @@ class Workload:
         with self._lock:
             return next(self._ids)
 
-    def call(self, worker: int, client: ControlClient) -> None:
+    def call(self, worker: int, client: ControlClient, decode: str = "decode") -> None:
         op_id = self.next_id()
         req = f"lw-{self.cfg['seed']}-{self._run}-{op_id:05d}"
         tokens = int(self.cfg["tokens"])
         t0 = time.monotonic()
         self.journal.write({"type": "op", "id": op_id, "process": worker, "f": "transfer", "phase": "invoke",
-                            "t": t0, "expected": "done", "tokens": tokens})
-        done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": "transfer"}
+                            "t": t0, "expected": "done", "tokens": tokens, "decode": decode})
+        done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": "transfer", "decode": decode}
         bound = t0 + float(self.cfg["wait_s"])
         try:
             adm = client.call("admit", timeout_ms=2000, req=req, tokens=tokens)
@@ -85,7 +86,10 @@ class Workload:
         self.journal.write({"type": "probe", "node": "client", "when": "baseline", "t": time.monotonic(),
                             **process_stats(), "counters": {}})
         n = int(cfg["concurrency"])
-        clients = [ControlClient(cfg["decode_control"]) for _ in range(n)]
+        # worker i drives D number i mod the number of Ds (roles decode, decode2)
+        controls = list(cfg["decode_controls"])
+        roles = ["decode" if k == 0 else f"decode{k + 1}" for k in range(len(controls))]
+        clients = [ControlClient(controls[i % len(controls)]) for i in range(n)]
         print("READY", flush=True)
         if signal.sigtimedwait({signal.SIGUSR1}, float(cfg.get("go_timeout_s", 60.0))) is None:
             for c in clients:
@@ -98,7 +102,7 @@ class Workload:
 
         def work(i: int, first_at: float) -> None:
             for _ in paced(first_at, t_end, interval, self.orphaned):
-                self.call(i, clients[i])
+                self.call(i, clients[i], roles[i % len(roles)])
 
         stuck, crashed = run_workers(self.journal, "workload", n, work, t_start=t_start, t_end=t_end,
                                      interval=interval, grace=float(cfg["grace_s"]))

@@ -88,3 +88,16 @@ def test_the_post_carries_the_write_by_time_and_p_never_writes_past_it(result):
     assert result["write_by_signals"] == [["in-time", True], ["late", False], ["no-limit", True]]
     assert result["write_by_written"] == [2] and result["past_write_by"] == 1
     assert result["tagged"] == [123.5, None]
+
+
+@pytest.mark.timeout(300)
+def test_the_start_up_mutants_are_killed_by_these_cases(result):
+    """Issue 21's start-up fixes cannot be judged by a scenario (a node that cannot start is a
+    harness error there, never a verdict): their mutants (tests/mutants/system/site/
+    pdchaos_mutants/layerwise.py, STARTUP_MUTANTS) run here against the cases the fixes pass. A
+    listener that catches only a bind error never sets its ready event for another exception
+    (register_kv_caches would wait for ever); without the swap assertion a swap that did not take
+    effect starts upstream's threads silently."""
+    assert result["mutant_bind_error_only_ready"] is False  # killed: the fix sets ready at once (case 1)
+    assert result["mutant_no_swap_check"] == "ok"  # killed: the fix raises (test_a_swap_that_did_not_take_effect)
+    assert result["not_swapped"].startswith("RuntimeError")

@@ -191,6 +191,25 @@ m9.add_new_req(request_id="r9", local_block_ids=[[1]], kv_transfer_params={H.WRI
 m9.add_new_req(request_id="r10", local_block_ids=[[2]], kv_transfer_params={})
 H.tag_write_by(m9, {"r9": {H.WRITE_BY_KEY: 123.5}, "r10": {}})
 out["tagged"] = [m9.requests["r9"].write_by, m9.requests["r10"].write_by]
+# 10. the start-up mutants (tests/mutants/system/site): each must fail the case its fix passes
+sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[1]) / "tests" / "mutants" / "system" / "site"))
+from pdchaos_mutants import layerwise as M  # noqa: E402
+
+ev10 = threading.Event()
+t10 = M.StartupMutantBindErrorOnly(0, 1, 1, 1, "engine", object(), ev10, recv_timeout_s=5.0)
+t10.daemon = True
+t10.start()
+out["mutant_bind_error_only_ready"] = ev10.wait(3)  # the fix: ready at once; the mutant: never
+orig10 = up.MooncakeLayerwiseConnectorWorker.register_kv_caches
+try:
+    def builds_upstream10(self, kv_caches):
+        self.kv_recv_layer_thread = object.__new__(UP_RECV)
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = builds_upstream10
+    w10 = worker(True, False)
+    w10.__class__ = M.StartupMutantNoSwapCheck
+    out["mutant_no_swap_check"] = outcome(w10)  # the fix: RuntimeError; the mutant: "ok"
+finally:
+    up.MooncakeLayerwiseConnectorWorker.register_kv_caches = orig10
 out["swap_lock_free"] = H._SWAP_LOCK.acquire(timeout=1)
 out["names_restored"] = (up.KVCacheSendingLayerThread.__module__ == up.__name__
                          and up.KVCacheRecvingLayerThread.__module__ == up.__name__)

@@ -352,3 +352,47 @@ def test_the_fake_engine_copies_a_write_into_the_file_d_published(tmp_path):
         p.close()
         d.close()
     assert not (mem / "23456.json").exists()  # D's map goes with D
+
+
+def _aimed(decode: str = "decode2") -> list:
+    m = dict(meta(), faults=[{"id": 0, "type": "transfer_error", "params": {"mode": "ret", "decode": decode},
+                              "explains": ["failed_load"], "tail_s": 1.0}])
+    return [m, {"type": "fault", "id": 0, "name": "transfer_error", "phase": "start", "t": T0 + 1.0},
+            {"type": "fault", "id": 0, "name": "transfer_error", "phase": "stop", "t": T0 + 2.0}]
+
+
+def _on(records: list, decode: str) -> list:
+    for r in records:
+        r["decode"] = decode
+    return records
+
+
+def test_failed_where_faulted_refuses_a_failure_on_a_d_the_fault_was_not_aimed_at():
+    """Issue 21: upstream's sender told another D's request FAILED (a leftover loop variable)."""
+    check = CHECKS["failed_where_faulted"]
+    fail = dict(phase="fail", value="failed", outcome="failed_load", reported=4)
+    good = _aimed() + _on(op(1, 1.2, **fail), "decode2") + _on(op(2, 1.3), "decode") + _on(op(3, 5.0), "decode")
+    r = check(C.CheckInput(good), {})
+    assert r.ok is True and "1 failed requests" in r.message, r.message
+    wrong = _aimed() + _on(op(1, 1.2, **fail), "decode2") + _on(op(2, 1.3, **fail), "decode")
+    r = check(C.CheckInput(wrong), {})
+    assert r.ok is False and "op 2 on decode" in r.message, r.message
+    r = check(C.CheckInput(_aimed("all") + _on(op(2, 1.3, **fail), "decode")), {})
+    assert r.ok is False and r.message.startswith(C.UNDECIDED), r.message  # nothing aimed: cannot judge
+
+
+def test_the_d_checks_read_every_d_and_refuse_a_d_without_probes():
+    def probes(node: str, base: dict, final: dict) -> list:
+        return [{"type": "probe", "node": node, "when": w, "t": T0 + t, "pid": 7, "counters": c}
+                for w, t, c in (("baseline", -1, base), ("final", 9, final))]
+    ok_c = {"free_blocks": 31, "blocks_initial": 31, "blocks_live": 0, "content_checked": 1, "content_bad": 0}
+    leak = dict(ok_c, free_blocks=27, blocks_held_finished=4)
+    recs = op(1, 0.1) + probes("decode", ok_c, ok_c) + probes("decode2", ok_c, leak)
+    r = run("blocks_returned", recs)
+    assert r.ok is False and "decode2: 4 of 31" in r.message, r.message
+    bad = dict(ok_c, content_checked=2, content_bad=1)
+    r = run("kv_content", op(1, 0.1) + probes("decode", ok_c, ok_c) + probes("decode2", ok_c, bad))
+    assert r.ok is False and "1 of 1" in r.message, r.message
+    # a D the ops used but never probed: its block pool cannot be judged
+    r = run("blocks_returned", op(1, 0.1) + _on(op(2, 0.2), "decode2") + probes("decode", ok_c, ok_c))
+    assert r.ok is False and r.message.startswith(C.UNDECIDED) and "decode2" in r.message, r.message

@@ -35,6 +35,9 @@ MUTANTS = [
      ["layerwise-slow-write", "layerwise-slow-prefill-upstream-proxy"]),
     ("WritePastWriteBy", "issue 21: P never starts a write past the write-by time D sent (D may free the blocks "
                          "after it plus the grace)", ["layerwise-slow-write"]),
+    ("StaleFailedAdd", "issue 21: a failed write fails the requests of its own D session only (upstream's sender "
+                       "also marks the loop variable left over: another D's request)",
+     ["layerwise-two-decodes-transfer-error"]),
 ]
 
 

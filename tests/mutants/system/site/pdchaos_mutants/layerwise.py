@@ -167,3 +167,48 @@ class _WritePastWriteByWorker(ac.HardenedLayerwiseWorker):
 
 class HardenedMooncakeLayerwiseConnectorMutantWritePastWriteBy(_Mutant):
     WORKER = _WritePastWriteByWorker
+
+
+# -- P: a failed write fails the requests of its own D session only --------------------------
+
+class _StaleAddSender(ac.HardenedSendingLayerThread):
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.failed_reqs = set()  # upstream's set: its add of the leftover loop variable is kept
+
+
+class _StaleAddWorker(ac.HardenedLayerwiseWorker):
+    SEND_THREAD = _StaleAddSender
+
+
+class HardenedMooncakeLayerwiseConnectorMutantStaleFailedAdd(_Mutant):
+    WORKER = _StaleAddWorker
+
+
+# -- start-up fixes, judged in process (tests/connector_patch/test_layerwise_worker.py): a node
+#    that cannot start is a harness error in a scenario run, never a verdict, so no scenario can
+#    kill these; the in-process test runs each against the case it must fail.
+
+class StartupMutantBindErrorOnly(ac.HardenedRecvingLayerThread):
+    """The listener-start fix before issue 21: only a bind error (ZMQError) before the ready event
+    is caught; any other exception ends the thread with the ready event never set."""
+
+    def run(self) -> None:
+        import msgspec
+
+        # what the fix's guarded start does first (metadata it cannot encode raises here); the
+        # bind error is still caught by the guarded start below, any other exception escapes
+        msgspec.msgpack.Encoder().encode(self.metadata)
+        ac.HardenedRecvingLayerThread.run(self)
+
+
+class StartupMutantNoSwapCheck(ac.HardenedLayerwiseWorker):
+    """register_kv_caches without the assertion that the threads running are the hardened ones:
+    if upstream stopped looking the classes up at call time, the swap would silently do nothing."""
+
+    def register_kv_caches(self, kv_caches):  # noqa: ANN001, ANN201
+        with ac._hardened_threads(self):
+            ac.up.MooncakeLayerwiseConnectorWorker.register_kv_caches(self, kv_caches)
+
+
+STARTUP_MUTANTS = ("StartupMutantBindErrorOnly", "StartupMutantNoSwapCheck")

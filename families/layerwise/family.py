@@ -52,6 +52,11 @@ class LayerwiseFamily(Family):
 
         return ascend_steps()
 
+    def reuse_group(self, scenario: Any) -> Any:
+        t = scenario.topology  # the settings of LayerwiseTopology.pool_key, but ports
+        return (t.policy, t.prefill_batch, float(t.recv_timeout), float(t.meta_timeout), float(t.post_timeout),
+                float(t.signal_timeout), float(t.write_grace))
+
     def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
         return ["decode", "prefill", "metaserver"] + (["decode2"] if scenario.topology.decodes > 1 else [])
 

@@ -445,7 +445,23 @@ def lw_op(op_id: int, **done) -> Callable[[Run], None]:
     return lambda r: r.completion(op_id).update(**done)
 
 
+def lw_failed_on_decode(aimed: str) -> Callable[[Run], None]:
+    """The base's fault (1-4.5 s) aimed at the D ``aimed`` only, and op 6 (invoked at 2.55 s, on
+    the base's one D, ``decode``) failed."""
+    def mutate(r: Run) -> None:
+        r.meta.setdefault("not_applicable", {}).pop("failed_where_faulted", None)
+        for f in r.meta.get("faults") or []:
+            f.setdefault("params", {})["decode"] = aimed
+        for o in r.records:
+            if o.get("type") == "op":
+                o["decode"] = "decode"
+        r.completion(6).update(phase="fail", value="failed", outcome="failed_load", blocks_reported=4)
+    return mutate
+
+
 LAYERWISE_MUTANTS = [
+    M("layerwise_request_failed_on_a_d_the_fault_spared", "layerwise", lw_failed_on_decode("decode2"), "deviation",
+      ("failed_where_faulted",)),
     M("layerwise_request_left_waiting", "layerwise",
       lw_op(5, phase="info", value="waiting", outcome="stalled", code="still_waiting"), "deviation",
       ("left_waiting",)),
@@ -578,6 +594,8 @@ def test_every_check_has_a_mutant_that_kills_it(family: str) -> None:
 
 
 CONTROLS = [
+    M("layerwise_request_failed_on_the_d_the_fault_was_aimed_at", "layerwise", lw_failed_on_decode("decode"), "as_expected",
+      ()),
     M("pd_expected_fail_no_busy_wait_and_only_it_fails", "pd", both(set_expect("fail[no_busy_wait]"), pd_burn),
       "as_expected", ("no_busy_wait",)),
     M("pd_recompute_http_502_before_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "bootstrap"),

@@ -106,10 +106,44 @@ def _final_counters(inp: CheckInput, node: str) -> dict | None:
 
 
 def _decodes(inp: CheckInput) -> list[str]:
-    """The D roles of the history (decode, decode2), from its probes."""
-    roles = {p.get("node") for p in inp.probes if str(p.get("node", "")).startswith("decode")}
-    roles |= {o.get("decode") for o in inp.ops if o.get("decode")}  # a D the ops used must have been probed
-    return sorted(roles) or ["decode"]
+    """The D roles the run's topology had (``decode``, and ``decode2`` with ``decodes: 2``)."""
+    n = (inp.meta.get("topology") or {}).get("decodes", 1)
+    return ["decode", "decode2"][:n] if n in (1, 2) else []
+
+
+def _op_decode(o: dict, roles: list[str]) -> str | None:
+    """The D an op ran on: its ``decode``; with one D, ``decode`` when it names none; None: unknown."""
+    d = o.get("decode")
+    if d is None and roles == ["decode"]:
+        return "decode"
+    return d if d in roles else None
+
+
+def _d_probes(inp: CheckInput) -> dict[str, tuple[dict, dict]] | str:
+    """Every D of the topology -> (baseline counters, final counters) of its one process, or why
+    the Ds' probes cannot be judged: a D without exactly one baseline and one final, probes of one
+    D from two processes (a restarted D: its first process's counts would be lost), a D the
+    topology does not have, or an op on an unknown D."""
+    roles = _decodes(inp)
+    if not roles:
+        return "the topology's number of Ds is not 1 or 2"
+    extra = {p.get("node") for p in inp.probes if str(p.get("node", "")).startswith("decode")} - set(roles)
+    if extra:
+        return f"probes of {', '.join(sorted(map(str, extra)))}, not a D of this topology ({', '.join(roles)})"
+    unknown = [o["id"] for o in inp.ops if _op_decode(o, roles) is None]
+    if unknown:
+        return f"{len(unknown)} op(s) on no D of this topology (first: op {unknown[0]})"
+    out = {}
+    for role in roles:
+        mine = [p for p in inp.probes if p.get("node") == role]
+        base = [p for p in mine if p.get("when") == "baseline"]
+        final = [p for p in mine if p.get("when") == "final"]
+        if len(base) != 1 or len(final) != 1:
+            return f"{role} has {len(base)} baseline and {len(final)} final probes (one each needed)"
+        if len({p.get("pid") for p in mine}) != 1:
+            return f"{role}'s probes come from more than one process: a restarted D's first counts are lost"
+        out[role] = (base[0].get("counters") or {}, final[0].get("counters") or {})
+    return out
 
 
 @check("blocks_returned")
@@ -118,17 +152,23 @@ def blocks_returned(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     free blocks of vLLM's block pool plus those held by unfinished requests equal the pool at the
     start (a request finished without its blocks freed, e.g. FINISHED_ERROR while its load is
     never reported finished, holds them for ever: counted as leaked)."""
+    probes = _d_probes(inp)
+    if isinstance(probes, str):
+        return undecided(f"D's block pools cannot be judged: {probes}")
     det: dict = {}
     leaks = []
-    for role in _decodes(inp):
-        c = _final_counters(inp, role)
-        if c is None:
-            return undecided(f"no final probe of {role}: its block pool cannot be judged")
+    for role, (b, c) in probes.items():
         if not all(_count(c.get(k)) for k in ("free_blocks", "blocks_live", "blocks_initial")) \
                 or not _count(c.get("blocks_held_finished", 0)):
             return undecided(f"{role}'s final probe has no block-pool counters (free_blocks, blocks_live, "
                              "blocks_initial)")
+        if b.get("blocks_initial") != c["blocks_initial"]:
+            return undecided(f"{role}'s pool was {b.get('blocks_initial')!r} blocks at its baseline and "
+                             f"{c['blocks_initial']} at the end")
         leaked = c["blocks_initial"] - c["free_blocks"] - c["blocks_live"]
+        if leaked < 0:
+            return undecided(f"{role} counts more blocks free or live ({c['free_blocks']} + {c['blocks_live']}) "
+                             f"than its pool has ({c['blocks_initial']})")
         held = c.get("blocks_held_finished", 0)
         det[role] = {"initial": c["blocks_initial"], "free": c["free_blocks"], "live": c["blocks_live"],
                      "leaked": leaked, "held_by_finished": held}
@@ -161,32 +201,20 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"{c['posts']} POSTs, none repeated", posts=c["posts"], repeat_posts=0)
 
 
-def _delta(inp: CheckInput, node: str, key: str) -> int | None:
-    """Final minus baseline of a node's counter, same pid (a pooled node's counters span runs);
-    None: a probe, the key or a valid count missing, or a baseline above the final."""
-    final = [p for p in inp.probes if p.get("node") == node and p.get("when") == "final"]
-    if not final:
-        return None
-    p = final[-1]
-    base = [b for b in inp.probes if b.get("node") == node and b.get("when") == "baseline"
-            and b.get("pid") == p.get("pid")]
-    if len(base) != 1:
-        return None
-    a, b = (base[0].get("counters") or {}).get(key), (p.get("counters") or {}).get(key)
-    if not (_count(a) and _count(b)) or b < a:
-        return None
-    return b - a
-
-
-def _delta_decodes(inp: CheckInput, key: str) -> int | None:
-    """``_delta`` of every D, summed; None when any D's cannot be read."""
-    total = 0
-    for role in _decodes(inp):
-        d = _delta(inp, role, key)
-        if d is None:
-            return None
-        total += d
-    return total
+def _d_deltas(inp: CheckInput, *keys: str) -> dict[str, dict[str, int]] | str:
+    """Every D -> {key: final minus baseline} of its one process, or why not: a key missing, not a
+    count, or going down."""
+    probes = _d_probes(inp)
+    if isinstance(probes, str):
+        return probes
+    out: dict[str, dict[str, int]] = {}
+    for role, (b, c) in probes.items():
+        for key in keys:
+            x, y = b.get(key), c.get(key)
+            if not (_count(x) and _count(y)) or y < x:
+                return f"{role}'s {key} is missing from its baseline or final probe, is not a count, or went down"
+            out.setdefault(role, {})[key] = y - x
+    return out
 
 
 @check("kv_content")
@@ -195,19 +223,25 @@ def kv_content(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     copies the bytes into D's caches, and D compares each layer's K and V of a loaded request
     (no block reported failed) with P's pattern before vLLM frees them (``content_bad``). A layer
     never written, or another request's late write into blocks D gave back, shows here."""
-    checked, bad = _delta_decodes(inp, "content_checked"), _delta_decodes(inp, "content_bad")
-    if checked is None or bad is None:
-        return undecided("D's content counters (content_checked, content_bad) are missing from its one baseline "
-                         "and final probe, or are not counts, or went down")
-    # completed from P's KV: no block of theirs reported failed (under recompute those D computed itself)
-    loaded = sum(1 for o in inp.ops if o.get("phase") == "ok" and o.get("f") == "transfer"
-                 and not o.get("blocks_reported"))
-    if checked < loaded:
-        return undecided(f"{loaded} requests completed from P's KV and D checked the content of {checked}: "
-                         f"cannot judge the others")
+    d = _d_deltas(inp, "content_checked", "content_bad")
+    if isinstance(d, str):
+        return undecided(f"D's content counters cannot be read: {d}")
+    roles = list(d)
+    for role, c in d.items():
+        # completed from P's KV: no block of theirs reported failed (under recompute those D computed itself)
+        loaded = sum(1 for o in inp.ops if o.get("phase") == "ok" and o.get("f") == "transfer"
+                     and not o.get("blocks_reported") and _op_decode(o, roles) == role)
+        if c["content_checked"] < loaded:
+            return undecided(f"{loaded} requests completed from P's KV on {role} and it checked the content of "
+                             f"{c['content_checked']}: cannot judge the others")
+        if c["content_bad"] > c["content_checked"]:
+            return undecided(f"{role} counts {c['content_bad']} bad of {c['content_checked']} checked: inconsistent")
+    checked = sum(c["content_checked"] for c in d.values())
+    bad = sum(c["content_bad"] for c in d.values())
     if bad:
         return _r(False, f"{bad} of {checked} loaded requests hold KV that P did not write for them (a layer never "
-                         f"written or written over)", checked=checked, bad=bad)
+                         f"written or written over)", checked=checked, bad=bad,
+                  by_d={r: c["content_bad"] for r, c in d.items()})
     return _r(True, f"{checked} loaded requests checked, all hold what P wrote", checked=checked, bad=0)
 
 
@@ -217,12 +251,25 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
     a request whose load failed, D fills them with a value no request's pattern has and watches
     them (20 s) for that request's pattern (``writes_after_free``; ``freed_after_failure``: how
     many it watched). Such a write lands in another request's KV once the blocks are reused."""
-    writes, freed = _delta_decodes(inp, "writes_after_free"), _delta_decodes(inp, "freed_after_failure")
-    if writes is None or freed is None:
-        return undecided("D's counters (writes_after_free, freed_after_failure) are missing from its one baseline "
-                         "and final probe, or are not counts, or went down")
-    if writes > freed:
-        return undecided(f"D counted {writes} writes after a free of {freed} watched requests: inconsistent")
+    d = _d_deltas(inp, "writes_after_free", "freed_after_failure")
+    if isinstance(d, str):
+        return undecided(f"D's write-after-free counters cannot be read: {d}")
+    probes = _d_probes(inp)
+    roles = list(d)
+    for role, c in d.items():
+        if c["writes_after_free"] > c["freed_after_failure"]:
+            return undecided(f"{role} counted {c['writes_after_free']} writes after a free of "
+                             f"{c['freed_after_failure']} watched requests: inconsistent")
+        final = probes[role][1] if isinstance(probes, dict) else {}
+        failed = sum(1 for o in inp.ops if o.get("outcome") == "failed_load" and _op_decode(o, roles) == role)
+        every_block_back = final.get("blocks_held_finished", 0) == 0 \
+            and final.get("free_blocks") == final.get("blocks_initial") is not None
+        if every_block_back and c["freed_after_failure"] < failed:
+            # every block came back, so every failed request's blocks were freed: each must have been watched
+            return undecided(f"{failed} requests failed on {role} and got their blocks back, and it watched "
+                             f"{c['freed_after_failure']} of them after the free: cannot judge the others")
+    writes = sum(c["writes_after_free"] for c in d.values())
+    freed = sum(c["freed_after_failure"] for c in d.values())
     if writes:
         return _r(False, f"P wrote {writes} of {freed} failed requests' KV into D's blocks after D freed them",
                   freed=freed, writes_after_free=writes)
@@ -237,33 +284,53 @@ def failed_where_faulted(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: A
     span overlaps a window (plus tail) of a fault with a ``decode`` target; an op also overlapping
     a fault aimed at its own D, or at every D, is that fault's doing."""
     faults = {f.get("id"): f for f in inp.meta.get("faults") or []}
+    roles = _decodes(inp)
 
     def target(f: dict) -> str:
         return str((f.get("params") or {}).get("decode") or "all")
 
-    aimed = [w for w in inp.windows if w.get("start") is not None and target(faults.get(w.get("id"), {})) != "all"]
+    started = [w for w in inp.windows if w.get("start") is not None]
+    stray = [w for w in started if w.get("id") not in faults]
+    if stray:
+        return undecided(f"a fault window (id {stray[0].get('id')}) of no fault the run scheduled")
+    aimed = [w for w in started if target(faults[w["id"]]) != "all"]
     if not aimed:
         return undecided("no fault aimed at one D ran: nothing to judge (set the check only where one does)")
     end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
-    wrong, judged = [], 0
-    for o in inp.ops:
-        if o.get("phase") == "ok" or not o.get("decode"):
-            continue
+
+    def hits(o: dict) -> list[dict]:
         a, b = o.get("t_invoke"), o.get("t_complete")
         b = end if b is None else b
-        if a is None:
+        return [faults[w["id"]] for w in started
+                if a <= float(w["stop"]) + float(faults[w["id"]].get("tail_s") or 0.0) and b >= w["start"]]
+
+    wrong, judged, spared_seen, aimed_failed = [], 0, 0, 0
+    for o in inp.ops:
+        d = _op_decode(o, roles)
+        if d is None:
+            return undecided(f"op {o['id']} ran on no D of this topology: cannot judge where it failed")
+        if o.get("t_invoke") is None:
+            if o.get("phase") != "ok":
+                return undecided(f"op {o['id']} failed with no invoke record: its span is unknown")
             continue
-        hits = [faults.get(w.get("id"), {}) for w in inp.windows if w.get("start") is not None
-                and a <= float(w["stop"]) + float(faults.get(w.get("id"), {}).get("tail_s") or 0.0)
-                and b >= w["start"]]
-        if not hits:
+        fs = hits(o)
+        if any(target(f) not in ("all", d) for f in fs):
+            spared_seen += 1  # an op of a D some fault spared, during that fault
+        if o.get("phase") == "ok" or not fs:
             continue  # failures_explained judges a failure outside every window
         judged += 1
-        if all(target(f) not in ("all", o["decode"]) for f in hits):
+        if any(target(f) == d for f in fs):
+            aimed_failed += 1
+        if all(target(f) not in ("all", d) for f in fs):
             wrong.append(o)
-    det = {"judged": judged, "wrong": _first([o["id"] for o in wrong])}
+    det = {"judged": judged, "wrong": _first([o["id"] for o in wrong]), "spared_ops": spared_seen,
+           "aimed_failures": aimed_failed}
     if wrong:
         o = wrong[0]
         return _r(False, f"{len(wrong)} request(s) failed on a D no active fault was aimed at (first: op {o['id']} "
-                         f"on {o['decode']}, {o.get('outcome')})", **det)
-    return _r(True, f"{judged} failed requests in fault windows, each on the D its fault was aimed at", **det)
+                         f"on {_op_decode(o, roles)}, {o.get('outcome')})", **det)
+    if not spared_seen or not aimed_failed:
+        return undecided(f"the aimed fault shows nothing to judge: {spared_seen} ops of a spared D ran during it, "
+                         f"{aimed_failed} requests of its own D failed")
+    return _r(True, f"{judged} failed requests in fault windows, each on the D its fault was aimed at "
+                    f"({spared_seen} ops of the spared D ran meanwhile)", **det)

@@ -594,8 +594,6 @@ def test_every_check_has_a_mutant_that_kills_it(family: str) -> None:
 
 
 CONTROLS = [
-    M("layerwise_request_failed_on_the_d_the_fault_was_aimed_at", "layerwise", lw_failed_on_decode("decode"), "as_expected",
-      ()),
     M("pd_expected_fail_no_busy_wait_and_only_it_fails", "pd", both(set_expect("fail[no_busy_wait]"), pd_burn),
       "as_expected", ("no_busy_wait",)),
     M("pd_recompute_http_502_before_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "bootstrap"),

@@ -277,7 +277,8 @@ def test_post_once_judges_the_metaservers_repeat_count(counters, ok, says):
     ({"free_blocks": 31}, False, "no block-pool counters"),
 ])
 def test_blocks_returned_counts_blocks_neither_free_nor_held_by_a_live_request(counters, ok, says):
-    r = run("blocks_returned", op(1, 0.1) + [_final("decode", counters)])
+    base = dict(_final("decode", {"blocks_initial": 31, "free_blocks": 31, "blocks_live": 0}), when="baseline", t=T0)
+    r = run("blocks_returned", op(1, 0.1) + [base, _final("decode", counters)])
     assert r.ok is ok and says in r.message, r.message
 
 
@@ -355,7 +356,7 @@ def test_the_fake_engine_copies_a_write_into_the_file_d_published(tmp_path):
 
 
 def _aimed(decode: str = "decode2") -> list:
-    m = dict(meta(), faults=[{"id": 0, "type": "transfer_error", "params": {"mode": "ret", "decode": decode},
+    m = dict(meta(), topology={"decodes": 2}, faults=[{"id": 0, "type": "transfer_error", "params": {"mode": "ret", "decode": decode},
                               "explains": ["failed_load"], "tail_s": 1.0}])
     return [m, {"type": "fault", "id": 0, "name": "transfer_error", "phase": "start", "t": T0 + 1.0},
             {"type": "fault", "id": 0, "name": "transfer_error", "phase": "stop", "t": T0 + 2.0}]
@@ -379,20 +380,61 @@ def test_failed_where_faulted_refuses_a_failure_on_a_d_the_fault_was_not_aimed_a
     assert r.ok is False and "op 2 on decode" in r.message, r.message
     r = check(C.CheckInput(_aimed("all") + _on(op(2, 1.3, **fail), "decode")), {})
     assert r.ok is False and r.message.startswith(C.UNDECIDED), r.message  # nothing aimed: cannot judge
+    # an aimed fault that showed nothing: no op of the spared D ran during it, or none of its own D failed
+    for recs in (_aimed() + _on(op(1, 1.2, **fail), "decode2"), _aimed() + _on(op(2, 1.3), "decode")):
+        r = check(C.CheckInput(recs), {})
+        assert r.ok is False and r.message.startswith(C.UNDECIDED) and "nothing to judge" in r.message, r.message
+    # a failed op on no known D, or a window of no scheduled fault
+    r = check(C.CheckInput(_aimed() + op(1, 1.2, **fail) + _on(op(2, 1.3), "decode")), {})
+    assert r.message.startswith(C.UNDECIDED) and "no D of this topology" in r.message, r.message
+    stray = [{"type": "fault", "id": 7, "name": "x", "phase": p, "t": T0 + t} for p, t in (("start", 1.0), ("stop", 2.0))]
+    r = check(C.CheckInput(good + stray), {})
+    assert r.message.startswith(C.UNDECIDED) and "no fault the run scheduled" in r.message, r.message
 
 
-def test_the_d_checks_read_every_d_and_refuse_a_d_without_probes():
-    def probes(node: str, base: dict, final: dict) -> list:
-        return [{"type": "probe", "node": node, "when": w, "t": T0 + t, "pid": 7, "counters": c}
+def test_the_d_checks_read_every_d_and_refuse_what_they_cannot_judge():
+    two = dict(meta(), topology={"decodes": 2})
+
+    def probes(node: str, base: dict, final: dict, pid: int = 7) -> list:
+        return [{"type": "probe", "node": node, "when": w, "t": T0 + t, "pid": pid, "counters": c}
                 for w, t, c in (("baseline", -1, base), ("final", 9, final))]
-    ok_c = {"free_blocks": 31, "blocks_initial": 31, "blocks_live": 0, "content_checked": 1, "content_bad": 0}
-    leak = dict(ok_c, free_blocks=27, blocks_held_finished=4)
-    recs = op(1, 0.1) + probes("decode", ok_c, ok_c) + probes("decode2", ok_c, leak)
-    r = run("blocks_returned", recs)
+
+    def judge(name: str, records: list, m: dict = two) -> C.CheckResult:
+        return CHECKS[name](C.CheckInput([m] + records), {})
+
+    ok_c = {"free_blocks": 31, "blocks_initial": 31, "blocks_live": 0, "content_checked": 1, "content_bad": 0,
+            "freed_after_failure": 0, "writes_after_free": 0}
+    on1, on2 = _on(op(1, 0.1), "decode"), _on(op(2, 0.2), "decode2")
+    both = on1 + on2 + probes("decode", ok_c, dict(ok_c, content_checked=2))
+    leak = dict(ok_c, free_blocks=27, blocks_held_finished=4, content_checked=2)
+    r = judge("blocks_returned", both + probes("decode2", ok_c, leak))
     assert r.ok is False and "decode2: 4 of 31" in r.message, r.message
     bad = dict(ok_c, content_checked=2, content_bad=1)
-    r = run("kv_content", op(1, 0.1) + probes("decode", ok_c, ok_c) + probes("decode2", ok_c, bad))
-    assert r.ok is False and "1 of 1" in r.message, r.message
-    # a D the ops used but never probed: its block pool cannot be judged
-    r = run("blocks_returned", op(1, 0.1) + _on(op(2, 0.2), "decode2") + probes("decode", ok_c, ok_c))
+    r = judge("kv_content", both + probes("decode2", ok_c, bad))
+    assert r.ok is False and "1 of 2" in r.message, r.message
+    refused = {
+        "a D of the topology never probed": both,
+        "probes of one D from two processes": both + probes("decode2", ok_c, ok_c) + probes("decode2", ok_c, ok_c, 8),
+        "a D the topology does not have": (on1 + probes("decode", ok_c, dict(ok_c, content_checked=2))
+                                           + probes("decode2", ok_c, ok_c)),
+        "a pool that changed size": both + probes("decode2", ok_c, dict(ok_c, blocks_initial=20, free_blocks=20)),
+        "more blocks free than the pool has": both + probes("decode2", ok_c, dict(ok_c, free_blocks=40)),
+    }
+    for why, recs in refused.items():
+        m = dict(meta(), topology={"decodes": 1}) if "does not have" in why else two
+        for name in ("blocks_returned", "kv_content", "no_write_after_free"):
+            r = judge(name, recs, m)
+            if name == "blocks_returned" or "pool" not in why and "free than" not in why:
+                assert r.ok is False and r.message.startswith(C.UNDECIDED), (why, name, r.message)
+    # per D: one D's checks cannot be made up by another's
+    r = judge("kv_content", on1 + on2 + probes("decode", ok_c, dict(ok_c, content_checked=3)) + probes("decode2", ok_c, ok_c))
     assert r.ok is False and r.message.startswith(C.UNDECIDED) and "decode2" in r.message, r.message
+    r = judge("kv_content", both + probes("decode2", ok_c, dict(ok_c, content_checked=2, content_bad=5)))
+    assert r.message.startswith(C.UNDECIDED), r.message
+    r = judge("no_write_after_free", both + probes("decode2", ok_c, dict(ok_c, content_checked=2, writes_after_free=1)))
+    assert r.message.startswith(C.UNDECIDED) and "inconsistent" in r.message, r.message
+    # a failed request whose blocks came back must have been watched after the free
+    failed = on1 + _on(op(2, 0.2, phase="fail", value="failed", outcome="failed_load", reported=4), "decode2")
+    recs = failed + probes("decode", ok_c, dict(ok_c, content_checked=2)) + probes("decode2", ok_c, ok_c)
+    r = judge("no_write_after_free", recs)
+    assert r.message.startswith(C.UNDECIDED) and "watched 0 of them" in r.message, r.message

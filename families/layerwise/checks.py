@@ -252,7 +252,7 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
     them (20 s) for that request's pattern (``writes_after_free``; ``freed_after_failure``: how
     many it watched). Such a write lands in another request's KV once the blocks are reused.
     Judged up to D's final probe: a write landing after it is not seen (the holds drain first,
-    but a request freed in the last seconds is watched only that long).
+    but a request freed in the last seconds is watched only that long)."""
     d = _d_deltas(inp, "writes_after_free", "freed_after_failure")
     if isinstance(d, str):
         return undecided(f"D's write-after-free counters cannot be read: {d}")

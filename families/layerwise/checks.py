@@ -201,10 +201,10 @@ def post_once(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"{c['posts']} POSTs, none repeated", posts=c["posts"], repeat_posts=0)
 
 
-def _d_deltas(inp: CheckInput, *keys: str) -> dict[str, dict[str, int]] | str:
-    """Every D -> {key: final minus baseline} of its one process, or why not: a key missing, not a
-    count, or going down."""
-    probes = _d_probes(inp)
+def _d_deltas(inp: CheckInput, *keys: str, probes: dict | str | None = None) -> dict[str, dict[str, int]] | str:
+    """Every D -> {key: final minus baseline} of its one process (``probes``: ``_d_probes``'s, if
+    read already), or why not: a key missing, not a count, or going down."""
+    probes = _d_probes(inp) if probes is None else probes
     if isinstance(probes, str):
         return probes
     out: dict[str, dict[str, int]] = {}
@@ -253,16 +253,16 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
     many it watched). Such a write lands in another request's KV once the blocks are reused.
     Judged up to D's final probe: a write landing after it is not seen (the holds drain first,
     but a request freed in the last seconds is watched only that long)."""
-    d = _d_deltas(inp, "writes_after_free", "freed_after_failure")
-    if isinstance(d, str):
-        return undecided(f"D's write-after-free counters cannot be read: {d}")
     probes = _d_probes(inp)
+    d = _d_deltas(inp, "writes_after_free", "freed_after_failure", probes=probes)
+    if isinstance(d, str) or isinstance(probes, str):
+        return undecided(f"D's write-after-free counters cannot be read: {d}")
     roles = list(d)
     for role, c in d.items():
         if c["writes_after_free"] > c["freed_after_failure"]:
             return undecided(f"{role} counted {c['writes_after_free']} writes after a free of "
                              f"{c['freed_after_failure']} watched requests: inconsistent")
-        final = probes[role][1] if isinstance(probes, dict) else {}
+        final = probes[role][1]
         failed = sum(1 for o in inp.ops if o.get("outcome") == "failed_load" and _op_decode(o, roles) == role)
         every_block_back = final.get("blocks_held_finished", 0) == 0 \
             and final.get("free_blocks") == final.get("blocks_initial") is not None

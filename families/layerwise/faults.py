@@ -110,6 +110,14 @@ class TransferError(Fault):
         self.ctx.control("prefill", "engine_fault", mode="ok")
 
 
+def _heal_when_idle(ctx, bound_s: float, cmd: str, busy: str, **fields) -> None:  # noqa: ANN001
+    """Send P the healing ``cmd`` until its answer says no slowed work (``busy``) is left in
+    flight, for ``bound_s`` at most."""
+    bound = time.monotonic() + bound_s
+    while ctx.control("prefill", cmd, **fields).get(busy, 0) and time.monotonic() < bound:
+        time.sleep(0.05)
+
+
 @register
 class TransferSlow(Fault):
     """Every write of P's transfer engine started in the window takes ``delay`` longer (it
@@ -133,12 +141,7 @@ class TransferSlow(Fault):
     def stop(self) -> None:
         """Healed once no slow write is in flight any more (the last one started in the window
         ends up to ``delay`` after it)."""
-        bound = time.monotonic() + float(self.params.delay) + 2.0
-        while True:
-            left = self.ctx.control("prefill", "engine_fault", mode="ok").get("delayed_in_flight", 0)
-            if not left or time.monotonic() > bound:
-                break
-            time.sleep(0.05)
+        _heal_when_idle(self.ctx, float(self.params.delay) + 2.0, "engine_fault", "delayed_in_flight", mode="ok")
 
 
 @register
@@ -164,12 +167,7 @@ class PrefillSlow(Fault):
 
     def stop(self) -> None:
         """Healed once no slow forward pass runs any more."""
-        bound = time.monotonic() + 2 * float(self.params.delay) + 2.0
-        while True:
-            left = self.ctx.control("prefill", "prefill_delay", layer_s=0.0).get("slow_forwards", 0)
-            if not left or time.monotonic() > bound:
-                break
-            time.sleep(0.05)
+        _heal_when_idle(self.ctx, 2 * float(self.params.delay) + 2.0, "prefill_delay", "slow_forwards", layer_s=0.0)
 
 
 @register

@@ -114,16 +114,26 @@ out["meta_skips"] = p.counters["meta_skips"]
 #    first session's write fails. Upstream marks a leftover loop variable failed (the second
 #    session's request, whose write succeeded); here exactly the failed session's request fails.
 ns = types.SimpleNamespace
-s6 = object.__new__(H.HardenedSendingLayerThread)
-s6.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0, "stale_adds_dropped": 0}
-s6.failed_reqs = H._FailedRequests(s6.counters)
-s6.sessions, s6._signalled, s6.total_layers, s6.pd_head_ratio = {}, set(), 1, 1
-s6.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
-s6.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
+
+
+def sender(write, signals: list):
+    """The hardened sending thread without its thread: one layer, ``write`` as the engine's write,
+    the DONE/FAILED signals it sends appended to ``signals``."""
+    s = object.__new__(H.HardenedSendingLayerThread)
+    s.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0,
+                  "stale_adds_dropped": 0, "past_write_by": 0}
+    s.failed_reqs = H._FailedRequests(s.counters)
+    s.sessions, s._signalled, s.total_layers, s.pd_head_ratio = {}, set(), 1, 1
+    s.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
+    s.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
+    s.callback_func = lambda rid, meta, group, trans_flag=True: signals.append((rid, trans_flag))
+    s.engine = H._GuardedEngine(ns(batch_transfer_sync_write=write), s)
+    return s
+
+
 signals: list = []
-s6.callback_func = lambda rid, meta, group, trans_flag=True: signals.append((rid, trans_flag))
 writes = {"h1:1": -1, "h2:2": 0}
-s6.engine = H._GuardedEngine(ns(batch_transfer_sync_write=lambda sid, *a: writes[sid]), s6)
+s6 = sender(lambda sid, *a: writes[sid], signals)
 task = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_cache=None,
           wait_event=ns(synchronize=lambda: None),
           send_request={"req-a": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True),
@@ -165,16 +175,9 @@ out["post_refused_twice"] = post_with(httpx.ConnectError("refused", request=req)
 out["post_write_by"] = sorted({m.get(H.WRITE_BY_KEY) for m in sent})  # alloc time 1000 + recv timeout 30
 # 8. P's sending thread, upstream's _transfer_kv_cache run for real, last layer: a request past the
 #    write-by time D sent is never written and told FAILED; one before it is written and told DONE
-s8 = object.__new__(H.HardenedSendingLayerThread)
-s8.counters = dict(s6.counters, past_write_by=0)
-s8.failed_reqs = H._FailedRequests(s8.counters)
-s8.sessions, s8._signalled, s8.total_layers, s8.pd_head_ratio = {}, set(), 1, 1
-s8.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
-s8.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
 signals8: list = []
-s8.callback_func = lambda rid, meta, group, trans_flag=True: signals8.append((rid, trans_flag))
 written: list = []
-s8.engine = H._GuardedEngine(ns(batch_transfer_sync_write=lambda sid, src, *a: written.append(len(src)) or 0), s8)
+s8 = sender(lambda sid, src, *a: written.append(len(src)) or 0, signals8)
 now = time.time()
 task8 = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_cache=None,
            wait_event=ns(synchronize=lambda: None),

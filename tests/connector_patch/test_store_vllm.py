@@ -44,6 +44,14 @@ def test_upstream_reports_a_reset_that_removed_nothing_as_success(result) -> Non
     assert result["upstream_same_path_two_engines"] is True
 
 
+def test_the_workloads_upstream_client_closes_with_no_thread_left(result) -> None:
+    """The final probe is written right after close(): the executor thread the lookup started must
+    be gone by then, or no_leaks reads a thread the system under test never leaked."""
+    assert result["workload_upstream_lookup"] == 16
+    assert result["workload_upstream_threads_while_open"] == 1
+    assert result["workload_upstream_threads_after_close"] == 0
+
+
 def test_hardened_answers_every_message_and_keeps_serving(result) -> None:
     assert result["hardened_good_hit"] == 16
     assert result["hardened_replies_to_malformed"] == 5

@@ -108,6 +108,23 @@ out["upstream_keys_left_after_that_reset"] = len(w2.store.keys)
 out["upstream_same_path_two_engines"] = up.get_zmq_rpc_path_lookup(config("x", 0)) == \
     up.get_zmq_rpc_path_lookup(config("y", 0))
 
+# --- the store workload's upstream client (families/lookup/store_workload.py): after a lookup its
+# executor thread exists; close() must leave the process with the threads it had before the client
+# (the workload's final probe counts them at once)
+from families.lookup.store_workload import _Client  # noqa: E402
+
+threads_before = threading.active_count()
+wclient = _Client("upstream", cfg2)
+out["workload_upstream_lookup"] = wclient.lookup(64, [b"k" * 32])
+out["workload_upstream_threads_while_open"] = threading.active_count() - threads_before
+# a thread slow to end (as on a busy 2-core host, where the probe once ran before it ended): the
+# executor is busy for 0.3 s more when close() is called
+busy = wclient.client.executor.submit(time.sleep, 0.3)
+while not busy.running() and not busy.done():
+    time.sleep(0.005)
+wclient.close()
+out["workload_upstream_threads_after_close"] = threading.active_count() - threads_before
+
 # --- hardened: answers everything, the thread survives, the reset tells the truth
 hw = StoreWorker()
 hcfg = config("engine-c", 7003, lookup_rpc_timeout_ms=500)

@@ -80,10 +80,17 @@ def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(p
     fault.inject()
     t.join(5)
     assert got == [3]  # identity + 2 frames: what vLLM's listener cannot unpack
-    assert ctx.tainted == ["prefill:0"]
+    assert ctx.tainted == ([] if answer else ["prefill:0"])  # no answer: its listener may be gone
     what, fields = ctx.events[-1]
     assert what == "side_channel_garbage" and fields["frames"] == 3
     assert fields["answered"] is answer and (fields["reply_bytes"] == 4) is answer
+
+
+def test_a_bootstrap_that_fails_taints_p() -> None:
+    ctx = Ctx("http://127.0.0.1:9")  # nothing listens: the fault cannot send, P is not lent on
+    with pytest.raises(Exception):
+        SideChannelGarbage(SideGarbageParams(frames=3), ctx).inject()
+    assert ctx.tainted == ["prefill:0"]
 
 
 def test_frames_must_be_at_least_two() -> None:

@@ -1,7 +1,7 @@
 """The system mutants' wiring (tests/mutants/system/): every mutant of a table exists in its plugin
 site, is registered by the site's plugin, claims scenarios that exist and expect something of the
 target, and reaches the nodes through the profile (the real-node run is ``pdchaos mutate
-scenarios/pd/``: see docs/verdicts.md for its last score)."""
+scenarios/pd/ scenarios/pd-long/prefill-down-same-engine.yaml``: see docs/verdicts.md for its last score)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from harness.errors import UsageError
 from harness.schema import load_all
 
 ROOT = Path(__file__).resolve().parents[2]
+# where the P/D mutants' scenarios live: the CI suite, and the long set's one (NoForgetPeer's)
+PD_SCENARIOS = [str(ROOT / "scenarios" / "pd"), str(ROOT / "scenarios" / "pd-long" / "prefill-down-same-engine.yaml")]
 SITE = ROOT / "tests" / "mutants" / "system" / "site"
 
 
@@ -53,7 +55,7 @@ def test_mutant_names_select_the_hardened_paths_of_the_node():
 
 def test_every_mutant_claims_scenarios_that_exist_and_judge_the_target():
     pd = mutant_tables()["pd"]
-    scs = {sc.name: sc for sc in load_all([str(ROOT / "scenarios" / "pd")])}
+    scs = {sc.name: sc for sc in load_all(PD_SCENARIOS)}
     for name, _, scenarios in pd.MUTANTS:
         for s in scenarios:
             assert s in scs, f"{name}: no scenario {s}"
@@ -61,9 +63,12 @@ def test_every_mutant_claims_scenarios_that_exist_and_judge_the_target():
 
 
 def test_system_mutants_pick_the_given_scenarios_and_refuse_unknown_names():
-    scs = load_all([str(ROOT / "scenarios" / "pd")])
+    scs = load_all(PD_SCENARIOS)
     every = system_mutants(scs, "hardened", [])
     assert {m["name"] for m in every} == {m[0] for m in mutant_tables()["pd"].MUTANTS}
+    # the CI suite's folder alone leaves out the mutant whose scenario is in the long set
+    ci_only = system_mutants(load_all([PD_SCENARIOS[0]]), "hardened", [])
+    assert {m[0] for m in mutant_tables()["pd"].MUTANTS} - {m["name"] for m in ci_only} == {"NoForgetPeer"}
     one = system_mutants(scs, "hardened", ["NoParamsCheck"])
     assert [m["name"] for m in one] == ["NoParamsCheck"]
     assert [sc.name for sc in one[0]["scenarios"]] == ["pd-bad-transfer-params"]

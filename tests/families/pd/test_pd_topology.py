@@ -64,7 +64,7 @@ def test_netns_link_puts_p_alone_in_namespace_b(tmp_path: Path) -> None:
 def test_pool_keys_follow_every_start_setting(tmp_path: Path) -> None:
     base = topology(tmp_path / "a", "baseline.yaml").pool_key("prefill:0")
     same = topology(tmp_path / "b", "stop-prefill.yaml").pool_key("prefill:0")
-    fixed = topology(tmp_path / "c", "prefill-down-same-engine.yaml")
+    fixed = topology(tmp_path / "c", "../pd-long/prefill-down-same-engine.yaml")
     recompute = topology(tmp_path / "d", "../pd-long/kill-prefill-recompute.yaml").pool_key("prefill:0")
     assert base == same and base is not None
     assert fixed.pool_key("prefill:0") != base and recompute != base

@@ -1,7 +1,8 @@
 """The P/D family's system mutants: for each guarantee of the hardened connector
 (connector_patch/DESIGN.md, "Hardened Mooncake P/D connector"), the hardened connector with that
 guarantee switched off (site/pdchaos_mutants/connectors.py) and the scenarios that claim it.
-``pdchaos mutate scenarios/pd/`` runs each mutant as the ``hardened`` target of its scenarios, on
+``pdchaos mutate scenarios/pd/ scenarios/pd-long/prefill-down-same-engine.yaml`` (NoForgetPeer's scenario is in
+the nightly's long set) runs each mutant as the ``hardened`` target of its scenarios, on
 real nodes, and judges it against hardened's expectations: a deviation kills it.
 
 Pure data (no vLLM): the harness reads it; only the mutant nodes import the site."""

@@ -516,6 +516,23 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"{judged} fault windows showed their effect{note}", judged=judged, unmeasured=len(unmeasured))
 
 
+def history_end(inp: CheckInput) -> float:
+    """The time of the history's last record: where the span of an op that never completed ends."""
+    return max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
+
+
+def op_span(o: dict, end: float) -> tuple[Any, Any]:
+    """An op's span (invoke, complete), ``end`` for an op that never completed; a side is None or
+    not finite when the journal lacks it (check with :func:`finite`)."""
+    b = o.get("t_complete")
+    return o.get("t_invoke"), end if b is None else b
+
+
+def in_window(a: float, b: float, w: dict, tail_s: float) -> bool:
+    """The span [a, b] overlaps fault window ``w`` (its start to its heal) plus ``tail_s``."""
+    return a <= float(w["stop"]) + tail_s and b >= w["start"]
+
+
 def op_categories(o: dict) -> set[str]:
     """The categories a failed op is known by: its ``outcome`` (``http_502``, ``timeout``,
     ``stalled``) and, when the client learnt where it failed, ``outcome@error_phase``."""
@@ -545,15 +562,14 @@ def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
     allow = set(opts.get("allow") or ())
     tail_opt = opts.get("tail_ms")  # the scenario's own tail for every fault (damage it measured to last)
     faults = {f.get("id"): f for f in inp.meta.get("faults") or []}
-    end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
+    end = history_end(inp)
     failed = [o for o in inp.all_ops if o.get("phase") != "ok"]
     unexplained, by = [], {}
     for o in failed:
         cats = op_categories(o)
         if cats & allow:
             continue
-        a, b = o.get("t_invoke"), o.get("t_complete")
-        b = end if b is None else b
+        a, b = op_span(o, end)
         ok = False
         if not finite(a) or not finite(b):  # no invoke record: its span is unknown, so nothing explains it
             unexplained.append(o)
@@ -567,7 +583,7 @@ def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
             if w.get("start") is None or not (explains & cats):
                 continue
             tail = float(tail_opt) / 1000.0 if tail_opt is not None else float(f.get("tail_s") or 0.0)
-            if a <= float(w["stop"]) + tail and b >= w["start"]:
+            if in_window(a, b, w, tail):
                 ok = True
                 break
         if not ok:

@@ -21,9 +21,10 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r, undecided
+from harness.checks import CheckInput, CheckResult, _first, _r, history_end, in_window, op_span, undecided
 
 from .family import FAMILY
+from .spec import decode_roles
 
 check = FAMILY.checks.check
 
@@ -108,7 +109,7 @@ def _final_counters(inp: CheckInput, node: str) -> dict | None:
 def _decodes(inp: CheckInput) -> list[str]:
     """The D roles the run's topology had (``decode``, and ``decode2`` with ``decodes: 2``)."""
     n = (inp.meta.get("topology") or {}).get("decodes", 1)
-    return ["decode", "decode2"][:n] if n in (1, 2) else []
+    return decode_roles(n) if isinstance(n, int) else []
 
 
 def _op_decode(o: dict, roles: list[str]) -> str | None:
@@ -298,13 +299,11 @@ def failed_where_faulted(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: A
     aimed = [w for w in started if target(faults[w["id"]]) != "all"]
     if not aimed:
         return undecided("no fault aimed at one D ran: nothing to judge (set the check only where one does)")
-    end = max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
+    end = history_end(inp)
 
     def hits(o: dict) -> list[dict]:
-        a, b = o.get("t_invoke"), o.get("t_complete")
-        b = end if b is None else b
-        return [faults[w["id"]] for w in started
-                if a <= float(w["stop"]) + float(faults[w["id"]].get("tail_s") or 0.0) and b >= w["start"]]
+        a, b = op_span(o, end)
+        return [faults[w["id"]] for w in started if in_window(a, b, w, float(faults[w["id"]].get("tail_s") or 0.0))]
 
     wrong, judged, spared_seen, aimed_failed = [], 0, 0, 0
     for o in inp.ops:

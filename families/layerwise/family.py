@@ -8,7 +8,7 @@ from typing import Any, Callable
 from harness.family import Family
 
 from .nodes import NODE_KINDS
-from .spec import LayerwiseTopologySpec, LayerwiseWorkloadSpec
+from .spec import LayerwiseTopologySpec, LayerwiseWorkloadSpec, decode_roles
 
 PKG = __name__.rsplit(".", 1)[0]
 
@@ -58,7 +58,8 @@ class LayerwiseFamily(Family):
                 float(t.signal_timeout), float(t.write_grace))
 
     def roles(self, scenario: Any, profile: Any = None) -> list[str]:  # noqa: ARG002
-        return ["decode", "prefill", "metaserver"] + (["decode2"] if scenario.topology.decodes > 1 else [])
+        decodes = decode_roles(scenario.topology.decodes)
+        return decodes[:1] + ["prefill", "metaserver"] + decodes[1:]
 
     def not_applicable(self, scenario: Any, target: str) -> dict[str, str]:  # noqa: ARG002
         out = {"no_leaks": "vLLM's own threads grow on demand here (the scheduler's POST executor, up to 32; "

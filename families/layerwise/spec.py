@@ -10,6 +10,14 @@ from faults.base import Duration
 from harness.family import Spec, WorkloadSpec
 
 
+DECODE_ROLES = ("decode", "decode2")  # the D roles of ``decodes: 1`` and ``decodes: 2``, in order
+
+
+def decode_roles(decodes: int) -> list[str]:
+    """The D roles of a topology with ``decodes`` Ds (none for a count the spec does not allow)."""
+    return list(DECODE_ROLES[:decodes]) if 1 <= decodes <= len(DECODE_ROLES) else []
+
+
 class LayerwiseTopologySpec(Spec):
     link: Literal["direct", "toxiproxy"] = Field(
         "direct", description="how P reaches D's listener (metadata query, DONE/FAILED): directly or through a "

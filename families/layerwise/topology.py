@@ -22,6 +22,7 @@ from typing import Any, Callable
 from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
 from .node import READY_TIMEOUT_S
+from .spec import decode_roles
 
 METASERVER_PATH = "/v1/metaserver"
 POOLED = ("decode", "prefill")
@@ -118,8 +119,7 @@ class LayerwiseTopology(BaseTopology):
                     self.kv_port, self.ms_port = free_tcp_port(), free_tcp_port()
                     self.decode_listener = f"tcp://127.0.0.1:{self.kv_port}"
             fresh.append(role)
-        if self.topo.decodes > 1:
-            fresh.append("decode2")
+        fresh += decode_roles(self.topo.decodes)[1:]  # a second D is never pooled
         self.start_nodes(fresh)
         if self.topo.link == "toxiproxy":
             self.decode_via = self.toxiproxy_link("layerwise", f"127.0.0.1:{self.kv_port}")
@@ -132,7 +132,7 @@ class LayerwiseTopology(BaseTopology):
         block pool is judged once D could have given everything back; recorded as an event."""
         t0 = time.monotonic()
         bound = t0 + float(self.topo.recv_timeout) + float(self.topo.write_grace) + 1.0
-        for role in [r for r in ("decode", "decode2") if r in self.nodes]:
+        for role in [r for r in decode_roles(self.topo.decodes) if r in self.nodes]:
             held = None
             while time.monotonic() < bound:
                 stats = self.node_stats(role)
@@ -147,7 +147,7 @@ class LayerwiseTopology(BaseTopology):
 
     def workload_config(self) -> dict:
         m, w = self.scenario, self.scenario.workload
-        return {"decode_controls": [self.nodes[r].control_ep for r in ("decode", "decode2") if r in self.nodes],
+        return {"decode_controls": {r: self.nodes[r].control_ep for r in decode_roles(self.topo.decodes) if r in self.nodes},
                 "target": self.target, "seed": m.seed,
                 "concurrency": w.concurrency, "rate": w.rate, "duration_s": w.duration, "tokens": w.tokens,
                 "wait_s": w.wait, "grace_s": w.wait + GRACE_S, "start_s": w.start}

@@ -86,10 +86,10 @@ class Workload:
         self.journal.write({"type": "probe", "node": "client", "when": "baseline", "t": time.monotonic(),
                             **process_stats(), "counters": {}})
         n = int(cfg["concurrency"])
-        # worker i drives D number i mod the number of Ds (roles decode, decode2)
-        controls = list(cfg["decode_controls"])
-        roles = ["decode" if k == 0 else f"decode{k + 1}" for k in range(len(controls))]
-        clients = [ControlClient(controls[i % len(controls)]) for i in range(n)]
+        # worker i drives D number i mod the number of Ds (the topology's D roles, in order)
+        controls = dict(cfg["decode_controls"])
+        roles = list(controls)
+        clients = [ControlClient(controls[roles[i % len(roles)]]) for i in range(n)]
         print("READY", flush=True)
         if signal.sigtimedwait({signal.SIGUSR1}, float(cfg.get("go_timeout_s", 60.0))) is None:
             for c in clients:

@@ -146,6 +146,13 @@ class Fault(abc.ABC):
         this fault cannot count what it did (a toxic). Counts, codes and phases only: no ids."""
         return None
 
+    def tail_after_heal(self) -> float | None:
+        """A shorter tail (s) than the declared one when what the window did shows its damage
+        cannot outlast the heal (a listener that answered the message meant to kill it): written
+        into the window's stop record, and failures_explained takes the shorter of the two. None:
+        the declared tail (``tail_s``, or the family's default) stands."""
+        return None
+
     def required_effect(self) -> dict[str, float]:
         """The least each count of :meth:`effect` must reach for the window to have done what its
         kind must do (``fault_effect`` fails the run as a harness error otherwise: a fault that

@@ -253,7 +253,7 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     process stopped, killed or swapped out during the run is not compared (its clients were still
     connected when it went, and the OS reclaims whatever it held)."""
     slack = int(opts.get("slack", 0))
-    retired = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
+    retired = retired_pids(inp)
     problems, compared = [], []
     for e in inp.events:
         if e.get("what") == "probe_silent" and e.get("when") in ("baseline", "final"):
@@ -289,7 +289,7 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
 
 def _count_value(v: Any) -> bool:
     """A usable count: a non-negative number (probes say -1 where /proc could not be read)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 SLICE = 24
@@ -397,12 +397,22 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
             if key in seen:
                 return _r(False, f"two {key[0]} records for id {key[1]} ({key[2]}): the history is not one run's")
             seen.add(key)
-    invoked = {r.get("id"): r.get("t") for r in inp.records if r.get("type") == "op" and r.get("phase") == "invoke"}
+    invoked = {r.get("id"): r for r in inp.records if r.get("type") == "op" and r.get("phase") == "invoke"}
     for r in inp.records:
-        if r.get("type") == "op" and r.get("phase") != "invoke" and r.get("id") in invoked:
-            t0, t1 = invoked[r.get("id")], r.get("t")
+        if r.get("type") != "op":
+            continue
+        if {"t_invoke", "t_complete"} & set(r):
+            return _r(False, f"op {r.get('id')}'s {r.get('phase')} record carries its own t_invoke or t_complete: "
+                             f"the history contradicts its record times")
+        if r.get("phase") != "invoke" and r.get("id") in invoked:
+            inv = invoked[r.get("id")]
+            t0, t1 = inv.get("t"), r.get("t")
             if isinstance(t0, (int, float)) and isinstance(t1, (int, float)) and t1 < t0:
                 return _r(False, f"op {r.get('id')} completed before it was invoked: the history is not one run's")
+            clash = sorted(k for k in r.keys() & inv.keys() - {"type", "phase", "t"} if r[k] != inv[k])
+            if clash:
+                return _r(False, f"op {r.get('id')}'s completion says another {', '.join(clash)} than its invoke: "
+                                 f"the history contradicts itself")
     started = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "start"}
     stopped = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "stop"}
     if started - stopped and not bad:  # a heal that failed is a fault_error event, reported below
@@ -410,6 +420,11 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     finals = [p.get("pid") for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
     if len(finals) != len(set(finals)):
         return _r(False, "two final probes of one process: the history is not one run's")
+    kinds = inp.meta.get("op_kinds")
+    alien = [o for o in inp.all_ops if kinds is not None and o.get("f") not in kinds]
+    if alien:
+        return _r(False, f"op {alien[0]['id']} is a {alien[0].get('f')!r} op, a kind this family's workload never "
+                         f"writes ({', '.join(map(str, kinds))}): the history is not one run's")
     odd = [o for o in inp.all_ops if (o.get("phase") == "ok") != (o.get("outcome") == "ok")]
     if odd:
         o = odd[0]
@@ -435,7 +450,7 @@ def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     final = [p for p in inp.probes if p.get("when") == "final"]
     silent = [e for e in inp.events if e.get("what") == "probe_silent" and e.get("when") == "final"]
     dead = [p for p in final if not p.get("alive")]
-    gone = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
+    gone = retired_pids(inp)
     seen = {p.get("pid") for p in final} | {e.get("pid") for e in silent} | gone
     unknown = [p for p in inp.probes if p.get("when") == "baseline" and p.get("pid") not in seen]
     if unknown:
@@ -516,6 +531,16 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"{judged} fault windows showed their effect{note}", judged=judged, unmeasured=len(unmeasured))
 
 
+def retired_pids(inp: CheckInput, how: tuple[str, ...] = ("process_kill", "process_stop")) -> set:
+    """Pids of node processes a fault stopped or killed (``how``: the events that count): the
+    harness's kill/stop event of that pid inside a window of a fault that ran (its start record
+    is written before the fault acts, its stop record after the heal). A kill or stop event at any
+    other time retires nothing: no process may be excused from its final probe by an event alone."""
+    spans = [(w["start"], w["stop"]) for w in inp.windows if finite(w.get("start")) and finite(w.get("stop"))]
+    return {e.get("pid") for e in inp.events if e.get("what") in how and finite(e.get("t"))
+            and any(a <= e["t"] <= b for a, b in spans)}
+
+
 def history_end(inp: CheckInput) -> float:
     """The time of the history's last record: where the span of an op that never completed ends."""
     return max((r.get("t", 0.0) for r in inp.records if "t" in r), default=0.0)
@@ -526,6 +551,14 @@ def op_span(o: dict, end: float) -> tuple[Any, Any]:
     not finite when the journal lacks it (check with :func:`finite`)."""
     b = o.get("t_complete")
     return o.get("t_invoke"), end if b is None else b
+
+
+def window_tail_s(w: dict, fault: dict) -> float:
+    """How long after window ``w`` a failure may still be its fault's doing: the tail the journal's
+    fault list declares, or the shorter one its stop record gives (``Fault.tail_after_heal``)."""
+    declared = float(fault.get("tail_s") or 0.0)
+    own = w.get("tail_s")
+    return min(declared, float(own)) if finite(own) and own >= 0 else declared
 
 
 def in_window(a: float, b: float, w: dict, tail_s: float) -> bool:
@@ -582,7 +615,7 @@ def failures_explained(inp: CheckInput, opts: dict) -> CheckResult:
                 explains.add("stalled")
             if w.get("start") is None or not (explains & cats):
                 continue
-            tail = float(tail_opt) / 1000.0 if tail_opt is not None else float(f.get("tail_s") or 0.0)
+            tail = float(tail_opt) / 1000.0 if tail_opt is not None else window_tail_s(w, f)
             if in_window(a, b, w, tail):
                 ok = True
                 break

@@ -91,6 +91,9 @@ class Family:
     # op ``f`` values that are the workload's main operation (recovery and bounded_return look at
     # these; other ops, e.g. admin calls, are still checked for stalls)
     primary_ops: ClassVar[tuple[str, ...]] = ()
+    # every op ``f`` its workload writes (main and others); empty: ``primary_ops``. An op of another
+    # kind in a history is one no workload of the family wrote (harness_integrity refuses it)
+    op_kinds: ClassVar[tuple[str, ...]] = ()
     # ``pdchaos node KIND``: kind -> (module with add_node_arguments/run_node, help); also in the
     # family's light ``nodes`` module as NODE_KINDS, which node processes read (harness/cli/node.py)
     node_kinds: ClassVar[dict[str, tuple[str, str]]] = {}

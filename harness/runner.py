@@ -125,7 +125,8 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
             "checks": Runner._check_config(sc), "not_applicable": na, "expect": m.expected(target),
             "targets": list(m.targets), "baseline_target": fam.baseline_target,
             "gauges": [list(g) for g in getattr(fam, "gauges", ())],  # what reports plot (no family import)
-            "primary_ops": list(fam.primary_ops), "planned_ops": m.workload.planned_ops(),
+            "primary_ops": list(fam.primary_ops), "op_kinds": list(fam.op_kinds or fam.primary_ops),
+            "planned_ops": m.workload.planned_ops(),
             "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
             "t0": None}
 
@@ -416,8 +417,9 @@ class _ScenarioRun:
         except Exception as exc:  # noqa: BLE001
             self.topo.event("fault_error", fault=fault.name, phase="stop", error=f"{type(exc).__name__}: {exc}")
             return False
+        tail = fault.tail_after_heal()
         self.jw.write({"type": "fault", "id": fid, "name": fault.name, "phase": "stop", "t": time.monotonic(),
-                       "healed_by": by})
+                       "healed_by": by, **({} if tail is None else {"tail_s": float(tail)})})
         self._record_effect(fault, fid)
         return True
 

@@ -107,18 +107,25 @@ def meta(records: list[dict]) -> dict:
 def ops(records: list[dict]) -> list[dict]:
     """Completed operations, invoke and completion merged into one dict per op id:
     ``{id, process, f, kind, expected, t_invoke, t_complete, phase, value, outcome, code, elapsed_ms, ...}``.
-    An op with no completion record is returned with phase "info" and outcome "stalled"."""
-    merged: dict[int, dict] = {}
+    An op with no completion record is returned with phase "info" and outcome "stalled". What the
+    invoke says of the op (its ``f``, ``process``, ...) is never overwritten by its completion, and
+    ``t_invoke``/``t_complete`` come only from the records' own times (a completion that says
+    otherwise contradicts its invoke: ``harness_integrity`` refuses such a history)."""
+    invokes: dict[int, dict] = {}
+    completions: dict[int, dict] = {}
     for r in records:
-        if r.get("type") != "op":
-            continue
-        op = merged.setdefault(r["id"], {"id": r["id"]})
-        if r["phase"] == "invoke":
-            op.update({k: v for k, v in r.items() if k not in ("type", "phase", "t")})
-            op["t_invoke"] = r["t"]
-        else:
-            op.update({k: v for k, v in r.items() if k not in ("type", "t")})
-            op["t_complete"] = r["t"]
+        if r.get("type") == "op":
+            (invokes if r["phase"] == "invoke" else completions)[r["id"]] = r
+    merged: dict[int, dict] = {}
+    for i in list(invokes) + [i for i in completions if i not in invokes]:
+        op = merged[i] = {"id": i}
+        c, v = completions.get(i), invokes.get(i)
+        if c is not None:
+            op.update({k: x for k, x in c.items() if k not in ("type", "t", "t_invoke", "t_complete")})
+            op["t_complete"] = c["t"]
+        if v is not None:
+            op.update({k: x for k, x in v.items() if k not in ("type", "phase", "t", "t_invoke", "t_complete")})
+            op["t_invoke"] = v["t"]
     for op in merged.values():
         if "phase" not in op:
             op.update(phase="info", outcome="stalled", value=None, t_complete=None)
@@ -135,6 +142,8 @@ def fault_windows(records: list[dict]) -> list[dict]:
         w = windows.setdefault(r["id"], {"id": r["id"], "name": r["name"], "params": r.get("params", {}),
                                          "start": None, "stop": None})
         w[r["phase"]] = r["t"]
+        if r["phase"] == "stop" and "tail_s" in r:
+            w["tail_s"] = r["tail_s"]  # the fault's own, shorter tail: what its window did shows
     for w in windows.values():
         if w["stop"] is None:
             w["stop"] = end_t

@@ -21,7 +21,8 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r, history_end, in_window, op_span, undecided
+from harness.checks import (CheckInput, CheckResult, _first, _r, history_end, in_window, op_span, undecided,
+                            window_tail_s)
 
 from .family import FAMILY
 from .spec import decode_roles
@@ -303,7 +304,7 @@ def failed_where_faulted(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: A
 
     def hits(o: dict) -> list[dict]:
         a, b = op_span(o, end)
-        return [faults[w["id"]] for w in started if in_window(a, b, w, float(faults[w["id"]].get("tail_s") or 0.0))]
+        return [faults[w["id"]] for w in started if in_window(a, b, w, window_tail_s(w, faults[w["id"]]))]
 
     wrong, judged, spared_seen, aimed_failed = [], 0, 0, 0
     for o in inp.ops:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r
+from harness.checks import CheckInput, CheckResult, _first, _r, retired_pids
 
 from .family import FAMILY
 
@@ -74,7 +74,7 @@ def exactly_one_reply(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
                                 f"not an error envelope {ev.get('invalid', 0)}, accepted {ev.get('accepted', 0)}")
     counted = [p for p in inp.probes if p.get("node") == "server" and p.get("kind") in ("lookup-server", "ascend-lookup-server", "store-lookup-server")
                and "replies" in (p.get("counters") or {})]
-    killed = {e.get("pid") for e in inp.events if e.get("what") == "process_kill"}
+    killed = retired_pids(inp, ("process_kill",))
     lost = 0
     for pid in dict.fromkeys(p.get("pid") for p in counted):
         mine = [p for p in counted if p.get("pid") == pid]

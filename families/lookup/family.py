@@ -31,6 +31,7 @@ class LookupFamily(Family):
                      f"{PKG}.fault_close", f"{PKG}.fault_store")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("lookup",)
+    op_kinds = ("lookup", "reset")  # reset: the admin reset (workload.reset_at)
     client_tally = True  # its workload counts its ops per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"

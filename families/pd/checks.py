@@ -7,7 +7,8 @@ import math
 from pydantic import Field
 
 from faults.base import Duration
-from harness.checks import CheckInput, CheckOptions, CheckResult, _first, _r, finite, op_elapsed_ms, undecided
+from harness.checks import (CheckInput, CheckOptions, CheckResult, _first, _r, finite, op_elapsed_ms, retired_pids,
+                            undecided)
 
 from .family import FAMILY
 from .metrics import gauge as _gauge
@@ -70,7 +71,7 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     finals = _vllm_probes(inp, "final")
     if not finals:
         return _r(False, "no final probe of any vLLM node: nothing shows they drained")
-    gone = {e.get("pid") for e in inp.events if e.get("what") in ("process_kill", "process_stop")}
+    gone = retired_pids(inp)
     unseen = [b for b in _vllm_probes(inp, "baseline")
               if b.get("pid") not in gone and not any(f.get("pid") == b.get("pid") for f in finals)]
     if unseen:

@@ -26,6 +26,7 @@ class PDFamily(Family):
     fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults", f"{PKG}.side_faults")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
+    op_kinds = ("complete", "reset")  # reset: the workload's prefix-cache resets (workload.resets)
     client_tally = True  # the workload counts its requests per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"

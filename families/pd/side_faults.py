@@ -23,6 +23,7 @@ from pydantic import Field
 from faults.base import LASTING, FaultParams, OnceFault, register
 
 ANSWER_WAIT_MS = 1000
+ANSWERED_TAIL_S = 1.0  # a listener that answered: the default tail of a fault with no heal to wait for
 
 
 class SideGarbageParams(FaultParams):
@@ -77,6 +78,12 @@ class SideChannelGarbage(OnceFault):
 
     def effect(self) -> dict | None:
         return getattr(self, "_effect", None)
+
+    def tail_after_heal(self) -> float | None:
+        """P answered: its listener took the message and lives, so nothing lasts past the heal (the
+        declared LASTING tail is for a listener that died: upstream's). A failure after the window
+        and a second is then not this fault's doing."""
+        return ANSWERED_TAIL_S if (self.effect() or {}).get("answered") else None
 
     def required_effect(self) -> dict[str, float]:
         return {"sent": 1}  # whether P answered is the system's part: judged by node_alive and the workload

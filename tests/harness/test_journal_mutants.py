@@ -842,6 +842,48 @@ def f_no_tally(run: Run) -> None:
     run.probe("client", "final")["counters"].pop("ops")
 
 
+def f_completion_renames_its_op(run: Run) -> None:
+    """A failure the op-type filter would hide: its completion says another ``f`` than its
+    invoke, and the client's counts leave it out (helper-15: recovery and failed_where_faulted
+    read only the workload's main ops)."""
+    first = ok_ops(run)[-1]["id"]
+    fail_op(run, first, "http_502", "decode")
+    run.completion(first)["f"] = "warmup"
+    run.retally()
+
+
+def f_op_of_an_unknown_kind(run: Run) -> None:
+    """A failure relabelled, invoke and completion alike, as an op kind the workload never writes."""
+    first = ok_ops(run)[-1]["id"]
+    fail_op(run, first, "http_502", "decode")
+    run.invoke(first)["f"] = run.completion(first)["f"] = "warmup"
+    run.retally()
+
+
+def f_completion_moves_its_invoke(run: Run) -> None:
+    """A completion that carries its own ``t_invoke`` (into a fault window) over the invoke's time."""
+    first = ok_ops(run)[-1]["id"]
+    fail_op(run, first, "http_502", "decode")
+    run.retally()
+    run.completion(first)["t_invoke"] = T0 + PD_WINDOW[0] + 0.1
+
+
+def f_infinite_baseline(run: Run) -> None:
+    """A node that leaked, its baseline made infinite so nothing can exceed it."""
+    b, f = run.probe("decode:0", "baseline"), run.probe("decode:0", "final")
+    f["threads"], f["fds"] = f["threads"] + 40, f["fds"] + 90
+    b["threads"] = b["fds"] = math.inf
+
+
+def f_kill_outside_every_window(run: Run) -> None:
+    """A node's final probe removed and a kill event of its pid written after every window: no
+    fault killed it, so nothing excuses the missing probe."""
+    pid = PD_PIDS["proxy"]
+    run.remove(lambda r: r.get("type") == "probe" and r.get("node") == "proxy" and r.get("when") == "final")
+    run.add(event("process_kill", PD_WINDOW[1] + 1.0, kind="pd-proxy", role="proxy", pid=pid))
+    run.sort()
+
+
 # forged histories: no workload wrote them (the client's own tally is not updated); each is a
 # harness error or a deviation, never "as expected"
 FORGERIES = [
@@ -858,6 +900,14 @@ FORGERIES = [
     pytest.param("pd", f_cpu_backwards, "error", ("no_busy_wait",), id="forged_cpu_time_runs_backwards"),
     pytest.param("pd", f_tally_not_a_count, "error", ("harness_integrity",), id="forged_tally_as_a_float"),
     pytest.param("pd", f_no_tally, "error", ("harness_integrity",), id="forged_tally_removed"),
+    # found by helper-15
+    pytest.param("pd", f_completion_renames_its_op, "error", ("harness_integrity",), id="forged_completion_renames_op"),
+    pytest.param("pd", f_op_of_an_unknown_kind, "error", ("harness_integrity",), id="forged_op_of_an_unknown_kind"),
+    pytest.param("pd", f_completion_moves_its_invoke, "error", ("harness_integrity",),
+                 id="forged_completion_carries_t_invoke"),
+    pytest.param("pd", f_infinite_baseline, "deviation", ("no_leaks",), id="forged_infinite_baseline"),
+    pytest.param("pd", f_kill_outside_every_window, "deviation", ("no_leaks", "node_alive"),
+                 id="forged_kill_event_outside_every_window"),
 ]
 
 
@@ -957,6 +1007,19 @@ def test_nan_survives_the_journal(tmp_path) -> None:
     back = J.read_journal(tmp_path / "j.jsonl")
     fin = next(r for r in back if r.get("type") == "probe" and r.get("node") == "decode:0" and r.get("when") == "final")
     assert math.isnan(fin["counters"]["kv_cache_usage_perc"])
+
+
+def test_a_stop_record_can_only_shorten_its_windows_tail() -> None:
+    """``Fault.tail_after_heal`` goes into the stop record; failures_explained takes the shorter."""
+    recs = [{"type": "fault", "id": 0, "name": "x", "phase": "start", "t": 1.0},
+            {"type": "fault", "id": 0, "name": "x", "phase": "stop", "t": 2.0, "tail_s": 1.0}]
+    w = J.fault_windows(recs)[0]
+    assert w["tail_s"] == 1.0
+    assert C.window_tail_s(w, {"tail_s": 1e9}) == 1.0
+    assert C.window_tail_s(w, {"tail_s": 0.5}) == 0.5  # never longer than declared
+    for odd in (-1.0, math.nan, True, "1", None):
+        assert C.window_tail_s(dict(w, tail_s=odd), {"tail_s": 3.0}) == 3.0
+    assert C.in_window(2.9, 3.5, w, 1.0) and not C.in_window(3.1, 3.5, w, 1.0)
 
 
 def test_windows_are_where_the_builders_say() -> None:

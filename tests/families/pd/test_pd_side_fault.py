@@ -81,6 +81,8 @@ def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(p
     t.join(5)
     assert got == [3]  # identity + 2 frames: what vLLM's listener cannot unpack
     assert ctx.tainted == ([] if answer else ["prefill:0"])  # no answer: its listener may be gone
+    # a listener that answered lives: the window's tail is short, not the declared LASTING one
+    assert fault.tail_after_heal() == (1.0 if answer else None)
     what, fields = ctx.events[-1]
     assert what == "side_channel_garbage" and fields["frames"] == 3
     assert fields["answered"] is answer and (fields["reply_bytes"] == 4) is answer

@@ -109,7 +109,8 @@ class _ScenarioBase(_Strict):
     seed: int = 0
     deadline: Duration = 0.2
     tolerance: Duration = 0.15
-    cap: Duration = Field(30.0, description="hard wall-clock cap of one scenario run")
+    cap: Duration = Field(30.0, description="hard wall-clock cap of one scenario run, from the workload's start "
+                          "(t0): node start-up has its own timeouts")
     random_faults: RandomFaults | None = None
 
     @model_validator(mode="after")

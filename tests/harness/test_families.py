@@ -108,3 +108,32 @@ def test_lookup_family_files_still_validate_unchanged() -> None:
     assert r.returncode == 0, r.stderr
     r = cli("list", "--families")
     assert r.returncode == 0 and "lookup" in r.stdout and "hardened, legacy" in r.stdout
+
+
+SLOW_START = """
+name: echo-slow-start
+family: echo_family
+deadline: 200ms
+cap: 4s
+topology: {start_delay: 3.5}
+workload: {duration: 2s, concurrency: 1, rate: 20}
+targets: [plain]
+expect: {plain: pass}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_cap_counts_from_the_workload_start_not_the_cold_start(tmp_path: Path) -> None:
+    """Issue 30, item 16: a cold start of 3.5 s against a 4 s cap once left the workload 0.5 s
+    and killed it as "ops still in flight" (store-two-engines: 23.5 s of start, cap 30 s). The cap
+    bounds the run from t0; node start-up has its own timeouts."""
+    (tmp_path / "slow.yaml").write_text(SLOW_START)
+    runs = tmp_path / "runs"
+    r = cli("run", str(tmp_path / "slow.yaml"), "--runs-dir", str(runs), "--plain", "--no-report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = next(runs.iterdir())
+    (res,) = json.loads((run_dir / "summary.json").read_text())["results"]
+    assert res["verdict"] == "pass", res
+    journal = [json.loads(line) for line in (run_dir / "echo-slow-start" / "plain" / "journal.jsonl").open()]
+    assert not [x for x in journal if x.get("what") == "workload_killed"]
+    assert journal[-1]["reason"] == "done"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ from .nodes import NODE_KINDS
 
 class EchoTopologySpec(Spec):
     socket: str = Field("echo.sock", pattern=r"^[a-z.]{1,20}$", description="ipc socket file name")
+    start_delay: float = Field(0.0, ge=0, le=30, description="seconds the server's start takes (a slow cold start)")
 
 
 class EchoWorkloadSpec(WorkloadSpec):
@@ -37,6 +39,7 @@ class EchoTopology(BaseTopology):
 
     def start(self) -> None:
         self.endpoint = f"ipc://{self.tmp}/{self.scenario.topology.socket}"
+        time.sleep(self.scenario.topology.start_delay)  # a node whose cold start is slow (tests only)
         self.start_node("server")
 
     def workload_config(self) -> dict:

@@ -161,7 +161,8 @@ def paced(t_start: float, t_end: End, interval: float, stop: threading.Event,
     horizon ``t_end`` (a time or a :class:`Horizon`: held there, pause until the runner's word,
     then go on from that moment), or until ``stop`` is set (the runner that started the workload
     died). No op is due inside a pause (``(start, end)`` in ``time.monotonic()`` seconds): the
-    ticks it covers are skipped, and pacing goes on at the first tick after it."""
+    ticks it covers are skipped, and pacing goes on at the first tick after it; nor is one yielded
+    inside a pause when the caller comes late for a tick due before it (its last call overran).""" 
     k = 0
     while True:
         due = t_start + k * interval
@@ -180,6 +181,13 @@ def paced(t_start: float, t_end: End, interval: float, stop: threading.Event,
             continue
         if due > now:
             time.sleep(due - now)
+            now = time.monotonic()
+        # a worker behind schedule (its last call overran) reaches a tick due before a pause only
+        # once the pause has begun: no op starts inside a pause, whenever it was due
+        held = next((b for a, b in pauses if a <= now < b), None)
+        if held is not None:
+            k = max(k + 1, int(math.ceil((held - t_start) / interval)))
+            continue
         if stop.is_set():
             return
         yield k

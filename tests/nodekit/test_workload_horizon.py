@@ -181,3 +181,17 @@ def test_no_op_is_due_inside_a_pause_and_pacing_goes_on_after_it():
     assert len(ticks) == 6  # 0, 0.1, 0.2, then 0.7, 0.8, 0.9: 0.3 .. 0.6 fall in the pause
     assert not any(0.25 <= x < 0.62 for x in ticks)
     assert ticks[3] >= 0.62
+
+
+def test_a_worker_behind_schedule_starts_no_op_inside_a_pause():
+    """Issue 30, item 15: each failing pull took its 2 s deadline at a 1 s interval, so a worker
+    came for a tick due before the pause only once the pause had begun and started it there (39
+    requests inside an 8 s pause, measured with 8 workers). The tick is skipped like those due in it."""
+    t0 = time.monotonic()
+    started = []
+    for k in paced(t0, t0 + 1.2, 0.1, threading.Event(), [(t0 + 0.25, t0 + 0.7)]):
+        started.append(time.monotonic() - t0)
+        if k == 1:
+            time.sleep(0.3)  # the call of tick 1 (due 0.1) overruns: tick 2 (due 0.2) is late
+    assert not any(0.25 <= x < 0.7 for x in started), started
+    assert started[2] >= 0.7 and len(started) >= 6  # paced again after the pause: 0.7 .. 1.1

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from faults.base import Duration
 from nodekit import journal as J
+from .triggers import GENERIC as TRIGGERS
 from .verdicts import RAISED, UNDECIDED
 
 
@@ -43,6 +44,7 @@ class CheckInput:
     log_pattern: str | None = None  # text no log may contain whatever the run (the family's)
     saved: dict | None = None  # the family's saved_inputs of the run folder; None: not judged from a run folder
     tally: bool = False  # the family's workload counts its ops in its final probe: the history must match it
+    triggers: Any = None  # the family's TriggerRegistry with the generic triggers (harness/triggers.py); None: generic only
 
     def __post_init__(self) -> None:
         self.meta = J.meta(self.records)
@@ -529,6 +531,35 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"{len(problems)} fault windows without their effect; {problems[0]}", problems=problems[:5])
     note = f"; unmeasured: {', '.join(sorted(set(unmeasured)))}" if unmeasured else ""
     return _r(True, f"{judged} fault windows showed their effect{note}", judged=judged, unmeasured=len(unmeasured))
+
+
+@check("triggers")
+def triggers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """Every event the scenario's claim rests on happened (``triggers:`` of the scenario, rebuilt
+    from its file by ``pdchaos check``; harness/triggers.py): a trigger that did not fire, or that
+    no registry knows, makes the run a harness error naming it, never a verdict. Lists each
+    trigger with its evidence."""
+    entries = inp.meta.get("triggers") or []
+    if not isinstance(entries, list):
+        return undecided("the meta line's triggers are not a list")
+    if not entries:
+        return _r(True, "no trigger declared", seen=[])
+    reg = inp.triggers if inp.triggers is not None else TRIGGERS
+    seen, missed = [], []
+    for i, e in enumerate(entries):
+        name = e.get("type") if isinstance(e, dict) else None
+        if name not in reg.predicates:
+            return undecided(f"triggers[{i}]: no trigger {name!r} in the family's registry")
+        try:
+            params = reg.params[name].model_validate({k: v for k, v in e.items() if k != "type"}).model_dump()
+        except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError: parameters no run could have had
+            return undecided(f"triggers[{i}] ({name}): bad parameters ({type(exc).__name__})")
+        got = reg.predicates[name](inp, params)
+        (seen if got.fired else missed).append(f"{name}: {got.evidence}")
+    if missed:
+        return _r(False, f"{len(missed)} of {len(entries)} triggers did not fire, the scenario's point never "
+                         f"happened; {missed[0]}", missed=missed, seen=seen)
+    return _r(True, f"{len(seen)} triggers fired: " + "; ".join(seen), seen=seen)
 
 
 def retired_pids(inp: CheckInput, how: tuple[str, ...] = ("process_kill", "process_stop")) -> set:

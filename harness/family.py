@@ -32,6 +32,7 @@ from faults.base import Duration
 
 from .checks import CheckRegistry
 from .errors import UsageError
+from .triggers import TriggerRegistry
 
 if TYPE_CHECKING:  # pragma: no cover
     from .topology import BaseTopology
@@ -111,6 +112,8 @@ class Family:
 
     def __init__(self) -> None:
         self.checks: CheckRegistry = CheckRegistry(owner=f"family {self.name!r}")
+        # events a scenario's claim may rest on (harness/triggers.py), registered by the check modules
+        self.triggers: TriggerRegistry = TriggerRegistry(owner=f"family {self.name!r}")
         self._loaded = False
 
     # ------------------------------------------------------------------ loading

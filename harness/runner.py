@@ -128,7 +128,7 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
             "primary_ops": list(fam.primary_ops), "op_kinds": list(fam.op_kinds or fam.primary_ops),
             "planned_ops": m.workload.planned_ops(),
             "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
-            "t0": None}
+            "triggers": [t.model_dump(mode="json") for t in getattr(m, "triggers", [])], "t0": None}
 
 
 class _Interrupted(Exception):

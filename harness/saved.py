@@ -10,6 +10,7 @@ from nodekit import journal as J
 
 from .checks import Checker, CheckInput, CheckResult, checks_for, run_checks, run_logs
 from .family import get_family
+from .triggers import registry_for
 
 
 def load_input(journal_path: str | Path, records: list[dict] | None = None) -> tuple[CheckInput, dict[str, Checker]]:
@@ -22,7 +23,8 @@ def load_input(journal_path: str | Path, records: list[dict] | None = None) -> t
         raise ValueError("its meta line names no family")
     family = get_family(name)
     inp = CheckInput(records, run_logs(jp, records), family.log_secrets(jp.parent), family.log_pattern,
-                     family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)))
+                     family.saved_inputs(jp.parent), bool(getattr(family, "client_tally", False)),
+                     registry_for(family))
     return inp, checks_for(family)
 
 

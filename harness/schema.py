@@ -127,6 +127,11 @@ class _ScenarioBase(_Strict):
         if unknown:
             raise ValueError(f"doc: {', '.join(unknown)} is neither `fault` nor a target this scenario runs "
                              f"({', '.join(self.targets)})")
+        for i, t in enumerate(getattr(self, "triggers", [])):
+            fid = getattr(t, "fault", None)
+            if fid is not None and fid >= len(getattr(self, "faults", [])):
+                raise ValueError(f"triggers[{i}] ({t.type}): fault {fid} is not an entry of faults "
+                                 f"(0-based; the scenario has {len(getattr(self, 'faults', []))})")
         validate_recovery_gaps(self, self.faults)
         validate_faults_fit(self, self.faults)
         self._check_expectations()
@@ -224,6 +229,30 @@ def _heal_allowance(registry: dict, fault: Any) -> float:
     return float(cls.heal_allowance(fault)) if hasattr(cls, "heal_allowance") else 0.0
 
 
+def _trigger_union(family: Family):
+    """``triggers:`` entries: one model per trigger the family's scenarios may name (the generic
+    ones and its own, harness/triggers.py), told apart by ``type``."""
+    from .triggers import registry_for
+
+    reg = registry_for(family)
+    models = []
+    for name, params in sorted(reg.params.items()):
+        namespace = {"__annotations__": {"type": Literal[name]},
+                     "model_config": ConfigDict(extra="forbid", frozen=True),
+                     "__doc__": reg.docs.get(name) or name}
+        models.append(type(f"Trigger_{name}", (params,), namespace))
+    known = sorted(reg.params)
+
+    def _known_type(v: Any) -> Any:
+        if isinstance(v, dict) and v.get("type") not in reg.params:
+            what = f"unknown trigger type {v.get('type')!r}" if "type" in v else "missing 'type' (the trigger name)"
+            raise ValueError(f"{what}; known: {', '.join(known)}")
+        return v
+
+    one = models[0] if len(models) == 1 else Annotated[Union[tuple(models)], Field(discriminator="type")]
+    return Annotated[one, BeforeValidator(_known_type)]
+
+
 _MODELS: dict[str, Any] = {}
 
 
@@ -243,6 +272,9 @@ def scenario_model(family: str):
             topology=(fam.Topology, Field(default_factory=fam.Topology)),
             workload=(fam.Workload, Field(default_factory=fam.Workload)),
             faults=(list[_fault_union(fam)], Field(default_factory=list)),
+            triggers=(list[_trigger_union(fam)], Field(  # type: ignore[valid-type]
+                default_factory=list, description="the events this scenario's claim rests on (harness/triggers.py): "
+                "one that did not happen makes the run a harness error, never a verdict")),
             checks=(table, Field(default_factory=table)),
             expect=(dict[targets, Annotated[Union[one, list[one]], BeforeValidator(_no_bare_failure)]], Field(
                 default_factory=dict,

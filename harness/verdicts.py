@@ -3,9 +3,9 @@ scenario claims.
 
 A **verdict** is derived from the check results of one run:
 
-``error``  the run cannot be judged: ``harness_integrity``, ``workload_ran`` or ``fault_effect``
-           failed (a fault that never started or did nothing, a probe lost, a workload that
-           crashed), or a checker raised. It never
+``error``  the run cannot be judged: ``harness_integrity``, ``workload_ran``, ``fault_effect`` or
+           ``triggers`` failed (a fault that never started or did nothing, an event the claim rests
+           on that never happened, a probe lost, a workload that crashed), or a checker raised. It never
            matches an expectation, is counted apart, and makes the exit 1.
 ``stall``  ``no_stall`` failed (some op never returned);
 ``fail``   any other check failed;
@@ -31,7 +31,7 @@ from typing import Iterable, NamedTuple
 
 VERDICTS = ("pass", "fail", "stall")
 # checks that judge the run itself, not the system: when one fails, nothing else can be trusted
-ERROR_CHECKS = ("harness_integrity", "workload_ran", "fault_effect")
+ERROR_CHECKS = ("harness_integrity", "workload_ran", "fault_effect", "triggers")
 RAISED = "checker error: "  # the message prefix of a check that raised (harness/checks.py run_checks)
 # the message prefix of a check that could not judge (the history lacks what it needs): the run is
 # an error, so "cannot tell" never meets an expectation that names the check as failing

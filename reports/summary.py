@@ -123,6 +123,22 @@ def bench_plot_list(bench_plots: list[str] | str | None) -> list[str]:
     return [bench_plots] if isinstance(bench_plots, str) else list(bench_plots or [])
 
 
+def triggers_md(run: Run) -> list[str]:
+    """Per run that declares triggers (harness/triggers.py), the events its claim rests on as the
+    ``triggers`` check saw them (a run where one did not fire is an error and says so there)."""
+    rows = []
+    for r in run.results:
+        c = next((c for c in r.checks if c.get("name") == "triggers"), None)
+        details = (c or {}).get("details") or {}
+        seen = [str(x) for x in details.get("seen") or []] + [f"NOT FIRED: {x}" for x in details.get("missed") or []]
+        if seen:
+            rows.append(f"- {_md(r.scenario)} / {_md(r.target)}: " + "; ".join(_md(x) for x in seen))
+    if not rows:
+        return []
+    return ["<details><summary>Triggers: the events each claim rests on, as seen</summary>", "", *rows, "",
+            "</details>", ""]
+
+
 def summary_md(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
     lines = [f"### pd-chaos run `{_md(run.run_id)}`", "",
@@ -133,6 +149,7 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | s
     for t in verdict_tables(run):
         lines += t.markdown() + [""]
     lines += [legend(run), ""]
+    lines += triggers_md(run)
     lines += ["<details><summary>Latency and outcomes per scenario and target</summary>", ""]
     lines += latency_table(run).markdown() + ["", "</details>", ""]
 

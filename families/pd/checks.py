@@ -10,6 +10,8 @@ from faults.base import Duration
 from harness.checks import (CheckInput, CheckOptions, CheckResult, _first, _r, finite, op_elapsed_ms, retired_pids,
                             undecided)
 
+from harness.triggers import Fired, TriggerParams
+
 from .family import FAMILY
 from .metrics import gauge as _gauge
 
@@ -398,3 +400,26 @@ def reset_truth(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         return _r(False, f"reset op {worst[1]} reported success but the master still held {worst[0]} keys "
                          f"{worst[2]:.1f} s later", keys_left=worst[0])
     return _r(True, f"{len(claimed)} resets reported success, and the master held no key after each")
+
+
+# --------------------------------------------------------------------------- triggers (harness/triggers.py)
+
+class PromptAnswered(TriggerParams):
+    index: int = Field(ge=0, le=10000, description="the prompt's index in the run's prompts (seeded: the same "
+                                                   "prompt for the same seed and topology)")
+
+
+@FAMILY.triggers.trigger("prompt_answered", PromptAnswered)
+def prompt_answered(inp: CheckInput, params: dict) -> Fired:
+    """The prompt at ``index`` was sent and the proxy answered it with an HTTP status (it went
+    through P and D, whatever they made of it): a claim about one prompt (e.g. one whose greedy
+    answer is EOS at once) rests on it."""
+    idx = params["index"]
+    mine = [o for o in inp.ops if o.get("prompt_index") == idx]
+    answered = [o for o in mine if isinstance(o.get("status"), int) and not isinstance(o.get("status"), bool)]
+    if not mine:
+        return Fired(False, f"prompt {idx} was never sent ({len(inp.ops)} requests in the run)")
+    if not answered:
+        return Fired(False, f"prompt {idx} was sent {len(mine)} times, never answered with an HTTP status")
+    o = answered[0]
+    return Fired(True, f"prompt {idx} sent as op {o.get('id')}, answered HTTP {o.get('status')}")

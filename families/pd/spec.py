@@ -89,6 +89,10 @@ class PDWorkloadSpec(WorkloadSpec):
     pauses: list[PauseSpec] = Field(default_factory=list, description="times (from the workload's start, as a "
                                     "fault's at) when no request starts: quiet phases inside fault windows, so "
                                     "no_busy_wait can judge a node that only waits on a peer")
+    lead_prompts: list[int] = Field(default_factory=list, max_length=8, description="prompt indices (seeded) "
+                                    "sent first, in this order, before the others: a prompt a scenario's claim "
+                                    "rests on is sent whatever pace the machine allows (its trigger: "
+                                    "prompt_answered)")
     resets: list[ResetSpec] = Field(default_factory=list, description="times when the client resets a server's "
                                     "prefix cache with the external KV pool (`POST /reset_prefix_cache?reset_"
                                     "external=true`, as after a weight update; needs a profile whose servers run "
@@ -100,6 +104,13 @@ class PDWorkloadSpec(WorkloadSpec):
             if p.at + p.for_ > self.duration:
                 raise ValueError(f"pauses[{i}] ends at {p.at + p.for_:g}s, after the workload's duration "
                                  f"({self.duration:g}s)")
+        planned = int(self.duration * self.rate)
+        for i, x in enumerate(self.lead_prompts):
+            if not 0 <= x < planned:
+                raise ValueError(f"lead_prompts[{i}] = {x}: not a prompt of this run (0 .. {planned - 1}: "
+                                 f"duration x rate)")
+        if len(set(self.lead_prompts)) != len(self.lead_prompts):
+            raise ValueError("lead_prompts: an index is named twice")
         for i, r in enumerate(self.resets):
             if r.at >= self.duration:
                 raise ValueError(f"resets[{i}] at {r.at:g}s: not before the workload's end ({self.duration:g}s)")

@@ -250,6 +250,8 @@ class PDTopology(BaseTopology):
         pauses = {"pauses": [[p.at, p.for_] for p in w.pauses]} if w.pauses else {}
         if w.resets:
             pauses["resets"] = [[r.at, self.url(f"{r.node}:0")] for r in w.resets]
+        if w.lead_prompts:
+            pauses["lead_prompts"] = list(w.lead_prompts)
         return {**pauses, "proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,

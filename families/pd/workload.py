@@ -319,6 +319,9 @@ class Workload:
         self.timeout = float(cfg["request_timeout_s"])
         self._ids = iter(range(1, 1 << 62))
         self._next_prompt = 0
+        lead = [i for i in cfg.get("lead_prompts") or () if 0 <= i < len(items)]
+        # the prompts sent first (lead_prompts), then the rest in order: a permutation of the indices
+        self._order = lead + [i for i in range(len(items)) if i not in set(lead)]
         self._lock = threading.Lock()
         self.tally = Tally("complete")
         self.reused = 0
@@ -330,7 +333,7 @@ class Workload:
         """(op id, prompt index); prompts are reused (and counted) only if the run outlasts them."""
         with self._lock:
             op_id = next(self._ids)
-            idx = self._next_prompt % len(self.items)
+            idx = self._order[self._next_prompt % len(self.items)]
             if self._next_prompt >= len(self.items):
                 self.reused += 1
             self._next_prompt += 1
@@ -469,6 +472,9 @@ def check_config(cfg: Any) -> str | None:
             isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                         for x in p) and p[0] >= 0 and p[1] > 0 for p in pauses):
         return "pauses: expected a list of [at_s >= 0, for_s > 0]"
+    lead = cfg.get("lead_prompts", [])
+    if not isinstance(lead, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in lead):
+        return "lead_prompts: expected a list of prompt indices >= 0"
     resets = cfg.get("resets", [])
     if not isinstance(resets, list) or not all(
             isinstance(r, list) and len(r) == 2 and isinstance(r[0], (int, float)) and not isinstance(r[0], bool)

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # what a saved meta line says that the checks read: rebuilt from the scenario file when it is here
 FROM_FILE = ("scenario", "family", "deadline_ms", "tolerance_ms", "checks", "not_applicable", "expect", "targets",
-             "baseline_target", "primary_ops", "op_kinds", "planned_ops", "topology", "workload", "faults")
+             "baseline_target", "primary_ops", "op_kinds", "planned_ops", "topology", "workload", "faults", "triggers")
 
 
 def scenario_roots() -> list[Path]:

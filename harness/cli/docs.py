@@ -143,6 +143,11 @@ def _fault_rows(faults: dict) -> list[str]:
     return rows
 
 
+def _trigger_rows(reg) -> list[str]:  # noqa: ANN001 - a harness.triggers.TriggerRegistry
+    return [f"| `{n}` | {_cell(_first_sentence(reg.docs.get(n, '')))} | "
+            f"{', '.join(f'`{p}`' for p in reg.params[n].model_fields) or 'none'} |" for n in sorted(reg.predicates)]
+
+
 def render_reference() -> str:
     """docs/scenarios/checks-and-faults.md: every check (what it holds, its own options) and every
     fault (what it does, its parameters), generic and per family, from the registries."""
@@ -150,6 +155,7 @@ def render_reference() -> str:
 
     from ..checks import GENERIC
     from ..family import all_families
+    from ..triggers import GENERIC as TRIGGERS
 
     families = all_families()
     registry = load_registry()
@@ -161,6 +167,11 @@ def render_reference() -> str:
            "| check | holds when | options |", "|---|---|---|"]
     out += [f"| `{n}` | {_cell(_first_sentence(GENERIC.docs.get(n, '')))} | {_options_cell(GENERIC.options[n])} |"
             for n in GENERIC.checks]
+    out += ["", "## Generic triggers (every family)", "",
+            "Events a scenario's claim rests on, named under `triggers:` (harness/triggers.py): one that did "
+            "not happen makes the run a harness error naming it, never a verdict.", "",
+            "| trigger | fires when | parameters |", "|---|---|---|"]
+    out += _trigger_rows(TRIGGERS)
     out += ["", "## Generic faults (every family whose topology has what they need)", "",
             "| fault | what it does | parameters |", "|---|---|---|"]
     out += _fault_rows({n: c for n, c in registry.items() if c.family is None})
@@ -172,6 +183,8 @@ def render_reference() -> str:
         out += ["| check | holds when | options |", "|---|---|---|"]
         out += [f"| `{n}` | {_cell(_first_sentence(fam.checks.docs.get(n, '')))} | "
                 f"{_options_cell(fam.checks.options[n])} |" for n in fam.checks.checks]
+        if fam.triggers.predicates:
+            out += ["", "| trigger | fires when | parameters |", "|---|---|---|"] + _trigger_rows(fam.triggers)
         own = {n: c for n, c in registry.items() if c.family == fam.name}
         if own:
             out += ["", "| fault | what it does | parameters |", "|---|---|---|"] + _fault_rows(own)

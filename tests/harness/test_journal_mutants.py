@@ -275,7 +275,31 @@ def lying_reset(run: Run) -> None:
             {**master, "t": T0 + at - 0.3}, {**master, "t": T0 + at + 1.6})
 
 
+def drop_ops(pred: Callable[[dict], bool]) -> Callable[[Run], None]:
+    """The workload never sent these ops (their invoke and completion gone)."""
+    def f(run: Run) -> None:
+        ids = {o["id"] for o in run.ops() if pred(o)}
+        assert ids, "the mutant drops nothing"
+        run.remove(lambda r: r.get("type") == "op" and r.get("id") in ids)
+    return f
+
+
+def _in_window(o: dict) -> bool:
+    a, b = o.get("t_invoke"), o.get("t_complete")
+    return a < T0 + PD_WINDOW[1] and (b is None or b > T0 + PD_WINDOW[0])
+
+
 PD_MUTANTS = [
+    # issue 30, item 13: the point of a scenario that never happened is an error, not a verdict
+    M("pd_no_request_in_flight_while_p_frozen", "pd", drop_ops(_in_window), "error", ("triggers",)),
+    M("pd_only_one_request_in_flight_of_two_needed", "pd", drop_ops(lambda o: _in_window(o) and o["id"] != 4),
+      "error", ("triggers",)),
+    M("pd_trigger_prompt_never_sent", "pd_baseline", drop_ops(lambda o: o.get("prompt_index") == 3),
+      "error", ("triggers",)),
+    M("pd_trigger_prompt_never_answered", "pd_baseline",
+      lambda r: r.completion(next(o["id"] for o in r.ops() if o.get("prompt_index") == 3)).update(
+          phase="info", outcome="stalled", code="timeout", status=None, value=None),
+      "error", ("triggers",)),
     # seed 002's stale-cache hole: a reset reported done while the pool kept its keys
     M("pd_reset_claimed_with_keys_left", "pd", lying_reset, "deviation", ("reset_truth",)),
     # ---- the ones issue 17 lists

@@ -205,6 +205,12 @@ def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
     ("name: [unclosed\n", "invalid YAML"),
     ("name: x\nworkload: {duration: 2s}\n", "family: missing: every scenario names its system under test"),
     ("name: x\nfamily: lookup\ntopology: {link: toxiproxy}\n", "needs transport: tcp"),
+    ("name: x\nfamily: lookup\ntriggers:\n  - {type: no_such_trigger}\n",
+     "unknown trigger type 'no_such_trigger'; known: ops_in_window"),
+    ("name: x\nfamily: lookup\nfaults:\n  - {type: server_kill, at: 1s, for: 1s}\ntriggers:\n"
+     "  - {type: ops_in_window, fault: 1}\n", "triggers[0] (ops_in_window): fault 1 is not an entry of faults"),
+    ("name: x\nfamily: pd\nworkload: {duration: 4s, rate: 1, lead_prompts: [7]}\n",
+     "lead_prompts[0] = 7: not a prompt of this run"),
 ])
 def test_bad_scenario_is_one_clear_error_and_nothing_starts(tmp_path: Path, body: str, expect: str) -> None:
     p = tmp_path / "bad.yaml"

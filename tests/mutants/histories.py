@@ -221,6 +221,8 @@ topology: {{kv_load_failure_policy: {policy}}}
 workload: {{duration: 14s, concurrency: 2, rate: 1, request_timeout: 30s}}
 faults:
   - {{type: stop, node: "prefill:0", at: 2.5s, for: 6s}}
+triggers:
+  - {{type: ops_in_window, fault: 0, min: 2}}
 expect: {{{target}: pass}}
 """
 
@@ -234,6 +236,8 @@ tolerance: 2s
 cap: 600s
 targets: [{target}]
 workload: {{duration: 8s, concurrency: 2, rate: 2, request_timeout: 30s}}
+triggers:
+  - {{type: prompt_answered, index: 3}}
 expect: {{{target}: pass}}
 """
 
@@ -620,7 +624,9 @@ def judge_inline(run: Run, checks: dict | None = None) -> Judgement:
 
     records, _ = judged_by_file(run.records)  # as pdchaos check: the meta line from the scenario if here
     m = J.meta(records)
-    inp = C.CheckInput(records, dict(run.logs), secrets, fam.log_pattern, saved)
+    from harness.triggers import registry_for
+
+    inp = C.CheckInput(records, dict(run.logs), secrets, fam.log_pattern, saved, triggers=registry_for(fam))
     results = C.run_checks(inp, m.get("checks") or {}, checks if checks is not None else C.checks_for(fam),
                            m.get("not_applicable") or {})
     verdict, failing = V.of_results(results)

@@ -16,12 +16,15 @@ timeout + 60 s after the pull, upstream's own). What is to be done with the bloc
 aborted load waits for that: the hardened worker asks for ``recv`` (report the request in
 ``finished_recving``, which frees the blocks vLLM kept for it); ``release`` (report it in
 ``finished_sending``, as P does for blocks it kept) is a rule the subclass no longer uses. A load
-that never opened (its bootstrap query failed) is settled by definition. Thread-safe.
+that never opened (its bootstrap query failed or is still out) is settled by definition, and
+closed: once the scheduler acted on it, a late :meth:`opened` (the bootstrap query answered after
+an abort or the load deadline) is refused, so no pull ever names blocks D gave away. Thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterable
 
 ACTIONS = ("release", "recv")
@@ -33,16 +36,23 @@ class Settlements:
         self._open: dict[str, set[str]] = {}  # request -> pulls (P side channels) not settled yet
         self._want: dict[str, str] = {}  # request -> the action waiting for its settlement
         self._settled: dict[str, float] = {}  # request -> when it settled (until asked, or the TTL)
+        self._closed: dict[str, float] = {}  # request -> when its blocks were given up before it opened
         self._lock = threading.Lock()
 
-    def opened(self, req_id: str, pulls: Iterable[str]) -> None:
-        """Pulls of ``req_id`` are in flight, one per P side channel it reads from."""
+    def opened(self, req_id: str, pulls: Iterable[str]) -> bool:
+        """Pulls of ``req_id`` go out now, one per P side channel it reads from: True. False (nothing
+        opened: the caller must not pull) when the scheduler already acted on the request's blocks
+        before it opened (:meth:`want` found it not open): those blocks may belong to another
+        request by now."""
         keys = set(pulls)
         if not keys:
             raise ValueError("a load opens with at least one pull")
         with self._lock:
+            if req_id in self._closed:
+                return False
             self._open.setdefault(req_id, set()).update(keys)
             self._settled.pop(req_id, None)
+            return True
 
     def is_open(self, req_id: str, pull: str | None = None) -> bool:
         """Whether ``req_id`` (or its pull ``pull``) may still be written by P."""
@@ -66,18 +76,24 @@ class Settlements:
                 self._settled[req_id] = now
             return action
 
-    def want(self, req_id: str, action: str) -> bool:
+    def want(self, req_id: str, action: str, now: float | None = None) -> bool:
         """The scheduler asks for ``action`` on ``req_id``'s blocks: True when it can be done now
-        (settled, or never opened); False when it waits for the settlement (then :meth:`settle`
-        returns it)."""
+        (settled, or never opened: then it is closed, and never opens later); False when it waits
+        for the settlement (then :meth:`settle` returns it)."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}")
         with self._lock:
             if req_id in self._open:
                 self._want[req_id] = action
                 return False
-            self._settled.pop(req_id, None)
+            if self._settled.pop(req_id, None) is None:
+                self._closed[req_id] = time.monotonic() if now is None else now
             return True
+
+    def closed(self, req_id: str) -> bool:
+        """Whether ``req_id``'s blocks were given up before any pull of it opened."""
+        with self._lock:
+            return req_id in self._closed
 
     def wanted(self, req_id: str) -> bool:
         with self._lock:
@@ -94,6 +110,10 @@ class Settlements:
             old = [r for r, t in self._settled.items() if now - t > self.ttl_s]
             for r in old:
                 del self._settled[r]
+            # a bootstrap query ends within 3 tries of VLLM_MOONCAKE_CONNECTOR_TIMEOUT: long before the TTL
+            gone = [r for r, t in self._closed.items() if now - t > self.ttl_s]
+            for r in gone:
+                del self._closed[r]
             return len(old)
 
     def __len__(self) -> int:

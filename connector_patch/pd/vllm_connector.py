@@ -271,7 +271,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
 
     def receive_kv(self, remote_engine_id, pull_metas):
         """As upstream (the same P workers: the paired TP ranks, the matching PP ranks), and each
-        load is opened in the settlements with exactly the side channels it pulls from."""
+        load is opened in the settlements with exactly the side channels it pulls from; a load
+        whose blocks the scheduler already gave up (aborted, or failed at its deadline, while the
+        bootstrap query was out: upstream pulls into them all the same) is not pulled at all."""
         remote_tp_ranks = self.transfer_topo.handshake_target_ranks(self._tp_size[remote_engine_id])
         worker_addrs: list[str] = []
         for remote_tp_rank in remote_tp_ranks:
@@ -284,11 +286,22 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         if not worker_addrs:
             self._fail(pull_metas, list(pull_metas), "unknown_engine")
             return
+        live = {}
         for rid, pull_meta in pull_metas.items():
             pull_meta.pull_tasks_count = len(worker_addrs)
-            self.settlements.opened(rid, worker_addrs)
+            # refused when the scheduler gave the blocks up before this pull could open (an abort or
+            # the load deadline while P's bootstrap query was out): they may be another request's now
+            if self.settlements.opened(rid, worker_addrs):
+                live[rid] = pull_meta
+        dropped = len(pull_metas) - len(live)
+        if dropped:
+            self._cancel_wanted.difference_update(set(pull_metas) - set(live))
+            self._note("pull_dropped", dropped)
+            self._log_due()
+        if not live:
+            return
         for worker_addr in worker_addrs:
-            asyncio.create_task(self.receive_kv_from_single_worker(worker_addr, pull_metas))
+            asyncio.create_task(self.receive_kv_from_single_worker(worker_addr, live))
 
     def _settled(self, req_ids, addr: str) -> None:
         """The pull of each to P's side channel ``addr`` settled: P will not write for it any more."""
@@ -378,6 +391,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         named: set[str] = set()
         code: str | None = None  # the failure of this pull, once known
         unsettled = False  # P may still write: listen on, cancel
+        failed_here = False  # this pull's own failure (code) was reported
         settled = False
         next_cancel = 0.0
         hb = self.settings.heartbeat_ms
@@ -399,17 +413,21 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 now = time.monotonic()
                 if code is None and now >= deadline:
                     code = "timeout"
-                if not unsettled and (code in _UNSETTLED or req_ids & self._cancel_wanted):
-                    unsettled = True  # fail the load now (policy fail), settle it later
-                    if code is not None:
-                        self._fail(pull_metas, req_ids - named, code)
+                if code in _UNSETTLED and not failed_here:
+                    failed_here = unsettled = True  # fail the loads now (policy fail), settle them later
+                    self._fail(pull_metas, req_ids - named, code)
                     if code in _PEER_CODES:  # an abort alone says nothing about P
                         self._forget_peer(engine_id)
+                if not unsettled and req_ids & self._cancel_wanted:
+                    unsettled = True  # the aborted ones are cancelled; the others go on
                 if now >= bound:
                     break  # upstream's own bound: P has given up writing by now
                 if unsettled and now >= next_cancel:
                     next_cancel = now + CANCEL_EVERY_S
-                    open_ids = {pull_metas[r].transfer_id: r for r in req_ids
+                    # a failed pull cancels all it still holds open; otherwise only the aborted
+                    # requests: their siblings in this pull are healthy, P answers them as usual
+                    doomed = req_ids if code is not None else req_ids & self._cancel_wanted
+                    open_ids = {pull_metas[r].transfer_id: r for r in doomed
                                 if self.settlements.is_open(r, worker_addr)}
                     acked = await self._cancel_round(worker_addr, open_ids) if open_ids else set()
                     self._settled(acked, worker_addr)

@@ -482,3 +482,35 @@ def test_blocks_of_a_cancelled_transfer_whose_record_is_gone_are_freed_and_the_b
     assert c["p_failures"] == {"p_cancelled": 2, "p_forgotten_freed": 1}, c["p_failures"]  # x's, then z's below
     # a cancel for a transfer a pull is still counted for (no entry left) waits for that pull
     assert c["busy_acked"] == [] and c["idle_acked"] == ["z-busy"], c
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_load_given_up_while_its_bootstrap_query_is_out_is_never_pulled(inproc) -> None:
+    """Issue 30, item 1: P's engine not known yet, the pull waits for the bootstrap query; the
+    client aborts (or the 300 ms deadline passes) meanwhile. Nothing was sent to P, so D frees the
+    blocks at once, and when the query answers, no pull names them (before the fix: P got a pull
+    for the 3 freed blocks in both cases, measured)."""
+    c = _case(inproc, "bootstrap_gap")
+    for how, part in c.items():
+        _node_clean(part["node"])
+        assert part["queries"] == 1
+        assert part["freed_while_query_out"] is True, how
+        assert part["p"]["pulls"] == [0] and part["p"]["asked_blocks"] == [[]], (how, part["p"])
+        assert part["node"]["failures"].get("pull_dropped") == 1, (how, part["node"]["failures"])
+        _effects(part["req"])
+    assert c["abort"]["req"]["reports"] == ["released"] and c["abort"]["req"]["final_status"] == "FINISHED_ABORTED"
+    _failed_once(c["deadline"]["req"], SETTLED_AT_ONCE)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_aborting_one_request_of_a_pull_leaves_its_sibling_to_complete(inproc) -> None:
+    """Issue 30, item 2: two requests in one pull, one aborted: D's cancel names only that one,
+    and the other completes on P's answer (before the fix: the cancel named both, the hardened P
+    acknowledged both, and the sibling waited in WAITING_FOR_REMOTE_KVS for its deadline)."""
+    c = _case(inproc, "abort_one_of_a_pull")
+    _node_clean(c["node"])
+    assert c["p"]["pulls"] == [1] and c["p"]["asked_blocks"] == [[3, 3]]  # one pull carried both
+    assert c["p"]["cancel_sizes"] == [[1]], c["p"]
+    assert c["a_freed"] is True and c["aborted"]["reports"] == ["released"]
+    assert c["sibling"]["reports"] == ["ok"] and c["sibling"]["final_status"] == "FINISHED_LENGTH_CAPPED", c["sibling"]
+    assert c["node"]["failures"] == {} and c["node"]["failed_recvs"] == 0

@@ -64,3 +64,16 @@ def test_the_action_comes_exactly_once_and_only_when_all_pulls_settled(pulls, or
     if ask_at >= len(steps) and s.want("r", "release"):
         done.append("now")
     assert len(done) == 1 and not s.is_open("r")
+
+
+def test_a_load_given_up_before_it_opened_never_opens() -> None:
+    """Issue 30, item 1: the scheduler gave the blocks up while the bootstrap query was out (never
+    opened: free at once); the pull that would open afterwards is refused, so it is never sent."""
+    s = Settlements(ttl_s=10)
+    assert s.want("r", "recv", now=0.0) is True and s.closed("r")
+    assert s.opened("r", ["p0"]) is False and not s.is_open("r")
+    # a load that settled, then was asked about, is not closed (it did open)
+    assert s.opened("q", ["p0"]) is True
+    assert s.settle("q", "p0", 1.0) is None and s.want("q", "recv", now=1.0) is True and not s.closed("q")
+    s.expire(20.0)
+    assert not s.closed("r")  # forgotten after the TTL, like settled ones

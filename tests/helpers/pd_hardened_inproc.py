@@ -246,6 +246,7 @@ class FakePrefill:
         self.pulls = [0] * n
         self.asked_blocks: list[list[int]] = [[] for _ in range(n)]
         self.cancels = [0] * n  # cancel messages received
+        self.cancel_sizes: list[list[int]] = [[] for _ in range(n)]  # transfer ids each cancel named
         self.cancel_at: list[list[float]] = [[] for _ in range(n)]
         self.cancel_answered_at: list[float | None] = [None] * n  # first cancel answered (error/ack)
         self.cancel_answered_pulls = [0] * n  # pulls answered because of a cancel
@@ -346,6 +347,7 @@ class FakePrefill:
 
     def _cancel(self, rank, sock, enc, identity, tids, pulls) -> None:
         self.cancels[rank] += 1
+        self.cancel_sizes[rank].append(len(tids) if isinstance(tids, list) else -1)
         self.cancel_at[rank].append(time.monotonic())
         if self.on_cancel is None or self.cancels[rank] <= self.ignore_cancels:
             return
@@ -376,6 +378,7 @@ class FakePrefill:
                                       key=lambda x: x[1])]
         return {"pulls": list(self.pulls), "asked_blocks": [sorted(b) for b in self.asked_blocks],
                 "reply_order": order, "cancels": list(self.cancels),
+                "cancel_sizes": [list(x) for x in self.cancel_sizes],
                 "cancel_answered_pulls": list(self.cancel_answered_pulls),
                 "dropped_replies": list(self.dropped_replies)}
 
@@ -1329,7 +1332,97 @@ def case_cancel_record_gone() -> dict:
             "x_late_pull_answer": x_answer, "p_failures": dict(p.worker.failures.totals)}
 
 
+class SlowBootstrap:
+    """A stand-in for P's bootstrap server that answers ``/query`` only once ``gate`` opens (then
+    with the real bootstrap server's answer): D's bootstrap query is out as long as the case wants
+    (upstream waits up to VLLM_MOONCAKE_CONNECTOR_TIMEOUT, 3 tries, for a slow one)."""
+
+    def __init__(self, real: str, gate: threading.Event):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.queries = 0
+        self.answered = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.queries += 1
+                gate.wait(30)
+                body = httpx.get(real + self.path, timeout=10).content
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                outer.answered += 1
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.addr = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        KEEP.append(self)
+
+
+def _bootstrap_gap(timeout_ms: int, abort: bool) -> dict:
+    """A load whose P engine D does not know yet: its pull waits for the bootstrap query, which
+    answers only once the load was given up (aborted, or failed at its deadline) and its blocks
+    freed. P (a stand-in answering OK) must then get no pull naming those blocks."""
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=timeout_ms)
+    p = FakePrefill([OK], on_cancel="ack")
+    gate = threading.Event()
+    slow = SlowBootstrap(p.bootstrap_addr, gate)
+    r = rid("bootstrap-gap")
+    node.add(r, prompt(80), {**p.params("x-" + r), "remote_bootstrap_addr": slow.addr})
+    node.step()
+    node.run_until(lambda: slow.queries > 0, 5)
+    if abort:
+        node.sched.finish_requests([r], RequestStatus.FINISHED_ABORTED)
+    node.run_until(lambda: r not in node.sched.requests, 5)
+    freed_while_query_out = r not in node.sched.requests and node.free_blocks() == node.free0
+    gate.set()
+    node.run_until(lambda: slow.answered > 0, 5)
+    node.settle(1.0)  # a pull, if any, reaches P in milliseconds
+    out = {"node": node.facts(), "req": node.req_facts(r), "freed_while_query_out": freed_while_query_out,
+           "queries": slow.queries, "p": p.facts()}
+    p.close()
+    return out
+
+
+def case_bootstrap_gap() -> dict:
+    """(issue 30, item 1) aborted, and failed at its 300 ms deadline, while the bootstrap query is out."""
+    return {"abort": _bootstrap_gap(LONG_MS, abort=True), "deadline": _bootstrap_gap(DEADLINE_MS, abort=False)}
+
+
+def case_abort_one_of_a_pull() -> dict:
+    """(issue 30, item 2) two requests of one step for the same P travel in one pull; the client
+    aborts one while P has not answered. D cancels that one at P; P (acknowledging as a hardened P
+    does) then answers the other OK: it must complete, not fail or wait for its deadline."""
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS)
+    gate = threading.Event()
+    p = FakePrefill([gated(gate, OK)], on_cancel="ack")
+    a, b = rid("pull-aborted"), rid("pull-sibling")
+    node.add(a, prompt(80), p.params("x-" + a))
+    node.add(b, prompt(80), p.params("x-" + b))
+    node.step()
+    node.run_until(lambda: p.pulls[0] > 0, 5)
+    node.sched.finish_requests([a], RequestStatus.FINISHED_ABORTED)
+    node.run_until(lambda: a not in node.sched.requests, 5)
+    a_freed = a not in node.sched.requests
+    gate.set()  # P's prefill of the other ends: it answers the pull
+    node.run_until(lambda: node.finished(b) and b not in node.sched.requests, 10)
+    node.settle(0.5)
+    out = {"node": node.facts(), "aborted": node.req_facts(a), "sibling": node.req_facts(b), "a_freed": a_freed,
+           "p": p.facts()}
+    p.close()
+    return out
+
+
 CASES = {
+    "bootstrap_gap": case_bootstrap_gap,
+    "abort_one_of_a_pull": case_abort_one_of_a_pull,
     "fail_policy": case_fail_policy,
     "recompute_policy": case_recompute_policy,
     "multi_p": case_multi_p,

@@ -8,6 +8,8 @@ tested on their own. The vLLM subclass that calls them is
   vLLM's contract (``finished_recving`` + blocks with load errors).
 - :mod:`.settle`: D's settlements: a failed or aborted load frees its blocks only once P can no
   longer write into them.
+- :mod:`.pull`: which requests of one pull D cancels at P (all of a failed pull, only the aborted
+  ones otherwise).
 - :mod:`.settings`: the connector's settings (``kv_connector_extra_config``), the check of
   ``kv_transfer_params``, the idle sleep and the rate-limited failure log.
 - :mod:`.terminal`: P's bounded, expiring records of requests it will never send (aborted,

@@ -39,6 +39,7 @@ from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
+from connector_patch.pd.pull import cancel_targets
 from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch import quiet
 from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
@@ -424,9 +425,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                     break  # upstream's own bound: P has given up writing by now
                 if unsettled and now >= next_cancel:
                     next_cancel = now + CANCEL_EVERY_S
-                    # a failed pull cancels all it still holds open; otherwise only the aborted
-                    # requests: their siblings in this pull are healthy, P answers them as usual
-                    doomed = req_ids if code is not None else req_ids & self._cancel_wanted
+                    doomed = cancel_targets(req_ids, code is not None, self._cancel_wanted)
                     open_ids = {pull_metas[r].transfer_id: r for r in doomed
                                 if self.settlements.is_open(r, worker_addr)}
                     acked = await self._cancel_round(worker_addr, open_ids) if open_ids else set()

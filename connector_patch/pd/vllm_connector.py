@@ -39,7 +39,7 @@ from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
-from connector_patch.pd.pull import cancel_targets
+from connector_patch.pd.pull import PeerWatch, cancel_targets
 from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch import quiet
 from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
@@ -53,7 +53,7 @@ Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
 
 _MON_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
-_REFUSED_LIMIT = 2  # connection refused this many times before ever connecting: nobody listens there
+_REFUSED_LIMIT = 2  # connection refused this many times in a row: nobody listens there (connector_patch/pd/pull.py)
 _PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P's cached address after these
 BOUND_MARGIN_S = 60.0  # upstream D's receive timeout is abort timeout + 60 s: P never writes later
 CANCEL_KEY = "pdchaos_cancel"  # D -> P side channel: {"pdchaos_cancel": [transfer ids]}
@@ -409,7 +409,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             poller = zmq.asyncio.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(mon, zmq.POLLIN)
-            refused, connected = 0, False
+            watch = PeerWatch(_REFUSED_LIMIT, self.settings.heartbeat_timeout_ms / 1000.0)
             while not settled:
                 now = time.monotonic()
                 if code is None and now >= deadline:
@@ -438,18 +438,19 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 ready = dict(await poller.poll(timeout=max(1, min(250, int((until - now) * 1000)))))
                 if mon in ready:
                     ev = parse_monitor_message(await mon.recv_multipart())["event"]
+                    t_ev = time.monotonic()
                     if ev == zmq.EVENT_CONNECTED:
-                        connected, refused = True, 0
+                        watch.on_connected(t_ev)
                         next_cancel = 0.0 if unsettled else next_cancel  # reached again: cancel now
                     elif ev == zmq.EVENT_CONNECT_RETRIED:
-                        refused += 1
-                        if refused >= _REFUSED_LIMIT and (not connected or unsettled):
-                            # nobody listens at P's side channel: P (and its transfer engine) is gone
-                            code = code or "unreachable"
-                            settled = True
+                        watch.on_retried(t_ev)
                     elif ev == zmq.EVENT_DISCONNECTED:
-                        connected, refused = False, 0
+                        watch.on_disconnected(t_ev)
                         code = code or "peer_gone"
+                if watch.gone(time.monotonic()) and not settled:
+                    # nobody listens at P's side channel: P (and its transfer engine) is gone
+                    code = code or "unreachable"
+                    settled = True
                 if sock in ready and not settled:
                     got = self._on_reply(await sock.recv(), req_ids, named, pull_metas, worker_addr)
                     if got is not None:  # P's last word: FINISH ("") or a failure it reported

@@ -79,6 +79,10 @@ class PDFamily(Family):
 
         prof = profile_for(scenario, profile)
         t = scenario.topology
+        why = prof.connectors[target].unavailable or (
+            prof.connectors["upstream"].unavailable if target == "hardened" and t.mixed != "none" else None)
+        if why:
+            return f"profile {prof.name}, target {target}: {why}"
         conns = [prof.connectors[target]]
         if target == "hardened" and t.mixed != "none":
             conns.append(prof.connectors["upstream"])

@@ -44,6 +44,9 @@ class ConnectorProfile(BaseModel):
         default_factory=dict, description="kv_connector_extra_config; the vllm node fills in $KV_PORT, $KV_ROLE and "
                                           "$LOOKUP_RPC_PORT, $KV_LOAD_TIMEOUT_MS wherever they stand (families/pd/vllm_node.py)")
     kv_port: bool = Field(False, description="set kv_transfer_config.kv_port to the node's side port")
+    unavailable: str | None = Field(None, min_length=1, description="why this target cannot run under the profile "
+                                    "(e.g. the connector does not support the vLLM release there): its runs are "
+                                    "left out and listed with this reason, never started")
 
 
 class StoreProfile(BaseModel):

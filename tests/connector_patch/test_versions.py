@@ -29,7 +29,7 @@ def test_status_and_the_refusal_line():
     p032 = {"vllm": "0.32.0", "vllm_ascend": None}
     conf = {"vllm": "0.23.0", "vllm_ascend": "0.23.0.post1"}
     assert V.status("HardenedMooncakeConnector", p032) == "tested"
-    assert V.status("HardenedMooncakeConnector", conf) == "nightly-only"
+    assert V.status("HardenedMooncakeConnector", conf) == "unsupported"  # issue 30, item 3
     assert V.status("HardenedMooncakeConnector", {"vllm": "0.33.0", "vllm_ascend": None}) == "unsupported"
     assert V.status("HardenedMooncakeStoreConnector", conf) == "unsupported"
     assert V.status("HardenedAscendStoreConnector", conf) == "tested"
@@ -44,12 +44,23 @@ def test_status_and_the_refusal_line():
         V.status("NoSuchConnector", p032)
 
 
-def test_nightly_only_loads_with_one_line(caplog):
+def test_nightly_only_loads_with_one_line(caplog, monkeypatch):
+    """The mechanism (no row uses it today): a release only the nightly checks loads, saying so."""
+    monkeypatch.setitem(V.NIGHTLY_ONLY, "HardenedAscendStoreConnector", {"vllm": ("0.23.1",), "vllm_ascend": ("0.23.1",)})
     caplog.set_level(logging.WARNING, logger="vllm.pdchaos.versions")
-    assert V.require("HardenedMooncakeConnector", {"vllm": "0.23.0", "vllm_ascend": "0.23.0.post1"}) == "nightly-only"
+    assert V.require("HardenedAscendStoreConnector", {"vllm": "0.23.1", "vllm_ascend": "0.23.1"}) == "nightly-only"
     assert [r.getMessage() for r in caplog.records] == [
-        "pdchaos: HardenedMooncakeConnector on vllm 0.23.0, vllm_ascend 0.23.0.post1: loads here, checked only by "
+        "pdchaos: HardenedAscendStoreConnector on vllm 0.23.1, vllm_ascend 0.23.1: loads here, checked only by "
         "the Ascend nightly"]
+
+
+def test_the_p2p_connector_is_refused_on_vllm_0_23():
+    """Issue 30, item 3: on vLLM 0.23.0 (what vllm-ascend 0.23.0.post1 pins) the hardened P/D
+    connector imported but no load could complete; it is refused with one line instead."""
+    with pytest.raises(V.UnsupportedUpstream) as err:
+        V.require("HardenedMooncakeConnector", {"vllm": "0.23.0", "vllm_ascend": "0.23.0.post1"})
+    assert str(err.value) == ("pdchaos: HardenedMooncakeConnector does not support vllm 0.23.0 (supported: vllm "
+                              "0.32.0); not loaded")
 
 
 def _run(env, *extra) -> dict:
@@ -81,6 +92,8 @@ def test_pd_node_env_vllm_0_32_0():
         "HardenedMooncakeConnector": "tested", "HardenedMooncakeStoreConnector": "tested",
         "HardenedAscendStoreConnector": "unsupported", "HardenedMooncakeLayerwiseConnector": "unsupported"}
     _agrees(res)
+    assert res["p2p_facts"] == {"runner_calls_get_transfer_results": True, "pull_req_meta_has_failed": True}, \
+        res["p2p_facts"]
 
 
 @pytest.mark.timeout(360)
@@ -90,6 +103,9 @@ def test_conformance_env_vllm_0_23_0_with_vllm_ascend_0_23_0_post1():
     res = _run(ascend_conf_env(out=lambda line: None), "stubs")
     assert res["releases"] == {"vllm": "0.23.0", "vllm_ascend": "0.23.0.post1"}
     assert {n: r["status"] for n, r in res["connectors"].items()} == {
-        "HardenedMooncakeConnector": "nightly-only", "HardenedMooncakeStoreConnector": "unsupported",
+        "HardenedMooncakeConnector": "unsupported", "HardenedMooncakeStoreConnector": "unsupported",
         "HardenedAscendStoreConnector": "tested", "HardenedMooncakeLayerwiseConnector": "tested"}
     _agrees(res)
+    # why the P/D connector is refused there (issue 30, item 3): what it needs, 0.23 lacks
+    assert res["p2p_facts"] == {"runner_calls_get_transfer_results": False, "pull_req_meta_has_failed": False}, \
+        res["p2p_facts"]

@@ -35,4 +35,17 @@ for name, module, _needs in CONNECTORS:
     except BaseException as exc:  # noqa: BLE001 - reported, the test decides
         row.update({"import": "error", "message": f"{type(exc).__name__}: {exc}"[:300]})
     out["connectors"][name] = row
+# what the hardened P/D connector needs of vLLM (issue 30, item 3): the model runner's mixin asks the
+# connector for get_transfer_results, and PullReqMeta carries `failed`
+try:
+    import dataclasses
+    import inspect
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as _mc
+    from vllm.v1.worker import kv_connector_model_runner_mixin as _mixin
+
+    out["p2p_facts"] = {"runner_calls_get_transfer_results": "get_transfer_results" in inspect.getsource(_mixin),
+                        "pull_req_meta_has_failed": "failed" in {f.name for f in dataclasses.fields(_mc.PullReqMeta)}}
+except BaseException as exc:  # noqa: BLE001 - reported, the test decides
+    out["p2p_facts"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
 print("PDCHAOS-VERSIONS-RESULT " + json.dumps(out), flush=True)

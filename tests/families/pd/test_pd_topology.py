@@ -316,8 +316,9 @@ def test_profiles_leave_out_what_their_proxy_protocol_cannot_run(tmp_path: Path)
     keep, out = split_plan(plan, {"pd": profile("ascend", "model=/m")})
     why = {(sc.name, t): w for sc, t, w in out}
     assert "fault fake_prefill_peer acts on the proxy's bootstrap protocol" in why[("pd-fake-prefill-error", "upstream")]
-    assert ("pd-fake-prefill-error", "hardened") not in why  # the hardened connector speaks bootstrap
-    assert "cannot be paired" in why[("pd-mixed-upstream-decode", "hardened")]
+    # the hardened P/D connector needs vLLM 0.32; vllm-ascend 0.23 pins 0.23 (issue 30, item 3): every
+    # hardened run is left out, with the reason the profile gives
+    assert all("supports vLLM 0.32.0 only" in why[(sc.name, "hardened")] for sc, t in plan if t == "hardened")
     assert "toxiproxy sits on P's bootstrap server" in why[("pd-bootstrap-latency", "upstream")]
     assert ("pd-abort-after-prefill", "upstream") not in why  # kv-params has the phase after P
     why = {(sc.name, t): w for sc, t, w in split_plan(plan, {"pd": profile("ascend-layerwise", "model=/m")})[1]}

@@ -1,0 +1,136 @@
+"""D's pull rules (connector_patch/pd/pull.py): which requests a pull cancels, and when the socket
+monitor says P is gone, judged on the events a real libzmq emits (pyzmq, loopback sockets)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from connector_patch.pd.pull import PeerWatch, cancel_targets
+
+pytestmark = pytest.mark.timeout(30)
+EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+
+
+def test_a_failed_pull_cancels_all_an_abort_only_its_own() -> None:
+    assert cancel_targets(["a", "b"], True, set()) == {"a", "b"}
+    assert cancel_targets(["a", "b"], False, {"a", "z"}) == {"a"}
+    assert cancel_targets(["a", "b"], False, set()) == set()
+
+
+class Pull:
+    """A DEALER as D's pull opens it, its monitor fed to a PeerWatch; also counts refusals the
+    way the connector did before issue 30's item 4 (every CONNECT_RETRIED)."""
+
+    def __init__(self, ctx: zmq.Context, port: int, after_loss_s: float):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.mon = self.sock.get_monitor_socket(EVENTS)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.watch = PeerWatch(2, after_loss_s)
+        self.old_refused = 0
+        self.old_gone_at: float | None = None
+
+    def pump(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if not self.mon.poll(20):
+                continue
+            ev = parse_monitor_message(self.mon.recv_multipart())["event"]
+            now = time.monotonic()
+            if ev == zmq.EVENT_CONNECTED:
+                self.watch.on_connected(now)
+                self.old_refused = 0
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self.watch.on_disconnected(now)
+                self.old_refused = 0
+            elif ev == zmq.EVENT_CONNECT_RETRIED:
+                self.watch.on_retried(now)
+                self.old_refused += 1
+                if self.old_refused >= 2 and self.old_gone_at is None:
+                    self.old_gone_at = now
+
+    def gone_within(self, seconds: float) -> float | None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            self.pump(0.02)
+            if self.watch.gone(time.monotonic()):
+                return time.monotonic() - t0
+        return None
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.mon.close(linger=0)
+        self.sock.close(linger=0)
+
+
+def _free_port(ctx: zmq.Context) -> int:
+    s = ctx.socket(zmq.ROUTER)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    s.close(linger=0)
+    return port
+
+
+def test_nobody_ever_listening_is_gone_after_two_refusals() -> None:
+    ctx = zmq.Context()
+    try:
+        pull = Pull(ctx, _free_port(ctx), after_loss_s=1.5)
+        took = pull.gone_within(3.0)
+        assert took is not None and took < 1.0, took  # two refused connects, ~0.2 s
+        assert not pull.watch.ever_connected
+        pull.close()
+    finally:
+        ctx.term()
+
+
+def test_a_lost_connection_is_not_p_gone_after_one_refusal() -> None:
+    """Issue 30, item 4: after DISCONNECTED, libzmq's first CONNECT_RETRIED only schedules the
+    reconnect. The old count read one refused connect as two: P 'gone' ~0.13 s into the loss."""
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        pull = Pull(ctx, port, after_loss_s=1.0)
+        pull.pump(0.3)
+        assert pull.watch.connected
+        router.close(linger=0)
+        t_loss = time.monotonic()
+        pull.pump(0.5)
+        assert pull.old_gone_at is not None and pull.old_gone_at - t_loss < 0.45  # the old rule: gone at once
+        assert pull.watch.refused >= 1 and not pull.watch.gone(time.monotonic())  # the rule now: not yet
+        took = pull.gone_within(2.0)
+        assert took is not None and time.monotonic() - t_loss >= 1.0  # refused for its whole window
+        pull.close()
+    finally:
+        ctx.term()
+
+
+def test_a_port_that_listens_again_within_the_window_is_not_gone() -> None:
+    """A blip that heals (or P back on its port) before the window ends: connected again, never gone."""
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        pull = Pull(ctx, port, after_loss_s=1.5)
+        pull.pump(0.3)
+        router.close(linger=0)
+        pull.pump(0.6)
+        assert pull.watch.refused >= 1
+        again = ctx.socket(zmq.ROUTER)
+        again.bind(f"tcp://127.0.0.1:{port}")
+        assert pull.gone_within(2.0) is None
+        assert pull.watch.connected
+        again.close(linger=0)
+        pull.close()
+    finally:
+        ctx.term()
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        PeerWatch(0, 1.0)
+    with pytest.raises(ValueError):
+        PeerWatch(2, -1.0)

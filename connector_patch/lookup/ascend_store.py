@@ -46,6 +46,7 @@ from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_worker import
 
 from . import LookupClient, LookupServer, validate_timeout_ms
 from .backend import Backend, drain_queue
+from .client import backend_timeout_for
 from .protocol import LookupRequest
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ TIMEOUT_KEY = "lookup_rpc_timeout_ms"
 BACKEND_TIMEOUT_KEY = "lookup_backend_timeout_ms"
 RESET_TIMEOUT_KEY = "lookup_reset_timeout_ms"
 DEFAULT_TIMEOUT_MS = 1000
-DEFAULT_BACKEND_TIMEOUT_MS = 4000
 RESET_DRAIN_S = 2.0
 # The admin reset waits for the worker's drain (up to RESET_DRAIN_S) and clear: its own deadline,
 # longer than the drain budget, so that the worker's answer (done, or RESET_FAILED) reaches the caller.
@@ -67,10 +67,11 @@ def _extra(vllm_config: Any) -> dict:
 
 def settings(vllm_config: Any) -> tuple[int, int]:
     """(client deadline ms, server backend deadline ms) from ``kv_connector_extra_config``;
-    ValueError naming the key when one is not a positive int."""
+    ValueError naming the key when one is not a positive int, or when the backend's is not below
+    the client's (default: three quarters of it, :func:`connector_patch.lookup.client.backend_timeout_for`)."""
     extra = _extra(vllm_config)
     timeout = validate_timeout_ms(extra.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_MS), TIMEOUT_KEY)
-    backend = validate_timeout_ms(extra.get(BACKEND_TIMEOUT_KEY, DEFAULT_BACKEND_TIMEOUT_MS), BACKEND_TIMEOUT_KEY)
+    backend = backend_timeout_for(timeout, extra.get(BACKEND_TIMEOUT_KEY), TIMEOUT_KEY, BACKEND_TIMEOUT_KEY)
     return timeout, backend
 
 

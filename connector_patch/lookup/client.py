@@ -32,6 +32,21 @@ def validate_timeout_ms(value: object, name: str = "lookup_rpc_timeout_ms") -> i
     return value
 
 
+def backend_timeout_for(rpc_timeout_ms: int, backend_timeout_ms: object = None,
+                        rpc_key: str = "lookup_rpc_timeout_ms", backend_key: str = "lookup_backend_timeout_ms") -> int:
+    """The server's backend deadline: below the client's, so that its BACKEND_TIMEOUT reaches a
+    client still waiting (issue 30, item 11: 4000 ms against the client's 1000 ms, the server's
+    answer never came in time and every lookup spent the client's full deadline). Unset: three
+    quarters of the client's; set: it must be less than the client's (ValueError naming both)."""
+    if backend_timeout_ms is None:
+        return max(1, rpc_timeout_ms * 3 // 4)
+    value = validate_timeout_ms(backend_timeout_ms, backend_key)
+    if value >= rpc_timeout_ms:
+        raise ValueError(f"{backend_key} ({value}) must be less than {rpc_timeout_ms} ({rpc_key}): the server's "
+                         f"BACKEND_TIMEOUT answer would reach no client still waiting")
+    return value
+
+
 _OK_PREFIX = OK_PREFIX  # the v1 ok envelope up to the hit_tokens value (the server's encoding)
 
 

@@ -20,7 +20,7 @@ if upstream stops looking them up at call time):
   failure is a miss (the prompt is computed) or a failed reset; the socket is rebuilt after one.
 * :class:`HardenedStoreLookupKeyServer`: the lookup package's server in the store dialect: a
   validated dispatch, one reply per message, the thread survives anything, a backend deadline
-  (``lookup_backend_timeout_ms``, default 4000); the reset drains the send queue within
+  (``lookup_backend_timeout_ms``, below the client's: default three quarters of it); the reset drains the send queue within
   ``lookup_reset_drain_ms`` (default 2000), removes this model's keys only (``remove_by_regex``;
   refused when the store cannot, or other ranks store too) and reports success only when the
   remove returned a non-negative count.
@@ -59,7 +59,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import Moo
 
 from .. import quiet
 from ..lookup.backend import Backend, drain_queue
-from ..lookup.client import validate_timeout_ms
+from ..lookup.client import backend_timeout_for, validate_timeout_ms
 from ..lookup.server import LookupServer
 from .client import StoreLookupClient
 from .protocol import STORE, StoreRequest, StoreResult, engine_lookup_path
@@ -72,7 +72,7 @@ RESET_TIMEOUT_KEY = "lookup_reset_timeout_ms"
 RESET_DRAIN_KEY = "lookup_reset_drain_ms"
 QUIET_KEY = "quiet_wait_max_ms"
 DEFAULT_QUIET_MS = 100
-DEFAULTS = {TIMEOUT_KEY: 1000, BACKEND_TIMEOUT_KEY: 4000, RESET_TIMEOUT_KEY: 5000, RESET_DRAIN_KEY: 2000}
+DEFAULTS = {TIMEOUT_KEY: 1000, RESET_TIMEOUT_KEY: 5000, RESET_DRAIN_KEY: 2000}  # the backend's: below the client's
 
 _SWAP_LOCK = threading.Lock()
 
@@ -81,6 +81,8 @@ def settings(vllm_config: Any) -> dict[str, int]:
     """Every deadline from ``kv_connector_extra_config``, validated (ValueError naming the key)."""
     extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
     out = {k: validate_timeout_ms(extra.get(k, v), k) for k, v in DEFAULTS.items()}
+    out[BACKEND_TIMEOUT_KEY] = backend_timeout_for(out[TIMEOUT_KEY], extra.get(BACKEND_TIMEOUT_KEY), TIMEOUT_KEY,
+                                                   BACKEND_TIMEOUT_KEY)
     q = extra.get(QUIET_KEY, DEFAULT_QUIET_MS)
     if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q <= 1000:
         raise ValueError(f"{QUIET_KEY} must be an int of milliseconds in [0, 1000] (0: off), got {q!r}")

@@ -179,9 +179,14 @@ class StoreWorkerModel:
 
 def client_settings(deadline_ms: int, backend_timeout_ms: int) -> dict[str, int]:
     """The hardened deadlines both sides are configured with: lookups and resets within the
-    scenario's deadline, the worker's drain within half of it."""
-    return {"lookup_rpc_timeout_ms": deadline_ms, "lookup_reset_timeout_ms": deadline_ms,
-            "lookup_reset_drain_ms": max(1, deadline_ms // 2), "lookup_backend_timeout_ms": backend_timeout_ms}
+    scenario's deadline, the worker's drain within half of it; the server's backend deadline as the
+    topology sets it when it is below the client's (the connector refuses one that is not), else
+    the connector's default (three quarters of the client's)."""
+    out = {"lookup_rpc_timeout_ms": deadline_ms, "lookup_reset_timeout_ms": deadline_ms,
+           "lookup_reset_drain_ms": max(1, deadline_ms // 2)}
+    if backend_timeout_ms < deadline_ms:
+        out["lookup_backend_timeout_ms"] = backend_timeout_ms
+    return out
 
 
 def vllm_config_for(engine_id: str, extra: dict[str, int]) -> Any:

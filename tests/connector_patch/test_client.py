@@ -370,3 +370,17 @@ def test_close_does_not_wait_forever_for_a_lock_left_held(tmp_path):
     # the lock is still held by nobody: a later call fails open at its deadline, without raising
     assert client.lookup(32, [b"\x01" * 32]) == 0 and client.last_outcome == "timeout"
     client.close()  # idempotent
+
+
+def test_the_backend_deadline_lies_below_the_clients() -> None:
+    """Issue 30, item 11: a server that gives up on its backend after the client gave up on the
+    server answers nobody. Unset: three quarters of the client's deadline; set at or above it: refused."""
+    from connector_patch.lookup.client import backend_timeout_for
+
+    assert backend_timeout_for(1000) == 750 and backend_timeout_for(1) == 1
+    assert backend_timeout_for(1000, 150) == 150
+    for bad in (1000, 4000):
+        with pytest.raises(ValueError, match=r"lookup_backend_timeout_ms \(\d+\) must be less than 1000"):
+            backend_timeout_for(1000, bad)
+    with pytest.raises(ValueError, match="positive int"):
+        backend_timeout_for(1000, 0)

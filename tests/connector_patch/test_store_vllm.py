@@ -86,3 +86,7 @@ def test_hardened_paths_are_per_engine_and_a_live_one_is_never_taken(result) -> 
 def test_bad_deadlines_fail_at_start_naming_the_key(result) -> None:
     assert result["settings_zero"].startswith("lookup_rpc_timeout_ms must be a positive int")
     assert result["settings_reset_under_drain"].startswith("lookup_reset_timeout_ms (1000) must exceed")
+    # issue 30, item 11: the server's backend deadline is below the client's, so its answer arrives
+    assert result["settings_backend_over_client"].startswith(
+        "lookup_backend_timeout_ms (4000) must be less than 1000 (lookup_rpc_timeout_ms)")
+    assert result["settings_backend_default"] == 750

@@ -185,13 +185,15 @@ except RuntimeError as exc:
 live.close()
 
 # --- settings: a bad deadline fails at start, naming its key
-for name, bad in (("zero", {"lookup_rpc_timeout_ms": 0}), ("reset_under_drain", {"lookup_reset_timeout_ms": 1000})):
+for name, bad in (("zero", {"lookup_rpc_timeout_ms": 0}), ("reset_under_drain", {"lookup_reset_timeout_ms": 1000}),
+                  ("backend_over_client", {"lookup_rpc_timeout_ms": 1000, "lookup_backend_timeout_ms": 4000})):
     try:
         hs.settings(config("e", **bad))
         out[f"settings_{name}"] = "accepted"
     except ValueError as exc:
         out[f"settings_{name}"] = str(exc)
 
+out["settings_backend_default"] = hs.settings(config("e"))["lookup_backend_timeout_ms"]  # below the client's 1000
 out["threads_left"] = sorted({t.name.split("-")[0] for t in threading.enumerate() if t is not threading.main_thread()})
 hclient.close()
 print("PDCHAOS-STORE-RESULT " + json.dumps(out), flush=True)

@@ -44,8 +44,11 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
 6. **The metaserver POST is bounded and checked.** D's scheduler posts with a timeout
    (``metaserver_timeout_s``, default 5 s; tried again only when no connection was made: the
    POST is not idempotent) and treats a non-2xx answer as a failure;
-   a failed POST fails the request (guarantee 4's path). Upstream's client has no timeout (a
-   metaserver that never answers holds the thread forever), ignores the status, and only logs.
+   a failed POST fails the request (guarantee 4's path). A POST sent but unanswered within the
+   bound fails nothing: vllm-ascend's example proxy answers only once P completed the request,
+   so the request waits for P's word until its own deadline (guarantee 4). Upstream's client has
+   no timeout (a metaserver that never answers holds the thread forever), ignores the status,
+   and only logs.
 
 7. **A thread that cannot start fails the start.** Upstream's listener thread dies on the bind
    error (and its sender on a failed device setup) and ``register_kv_caches`` waits for its ready
@@ -608,7 +611,7 @@ class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
         self._failed_posts: dict[str, bool] = {}  # external id -> the metaserver may have it
         self._posts_lock = threading.Lock()
         self._alloc_time: dict[str, float] = {}
-        self.counters = {"posts": 0, "post_failures": 0}
+        self.counters = {"posts": 0, "post_failures": 0, "post_timeouts": 0}
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # D's worker starts the request's deadline after this (its next start_load_kv): a write-by
@@ -636,8 +639,17 @@ class HardenedLayerwiseScheduler(up.MooncakeLayerwiseConnectorScheduler):
             try:
                 resp = self.metaserver_client.post(url, json=message)
                 why = post_failure(resp.status_code, None)
-            except httpx.ConnectError as exc:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 why, unsent = post_failure(None, type(exc).__name__), True
+            except httpx.TimeoutException:
+                # sent, unanswered within the bound: vllm-ascend's example proxy answers only once P
+                # completed the request, so P may well be writing it. Not a failure: D waits for P's
+                # word until the request's deadline, which bounds it (guarantee 4); failing it here
+                # failed requests P then completed (issue 30, item 5)
+                self.counters["post_timeouts"] += 1
+                logger.warning("layerwise metaserver: POST unanswered within %.1f s: D waits for P until the "
+                               "request's deadline", self.post_timeout_s)
+                return
             except Exception as exc:
                 why = post_failure(None, type(exc).__name__)
             if why is None:

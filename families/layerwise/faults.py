@@ -161,6 +161,12 @@ class PrefillSlow(Fault):
 
     class Params(FaultParams):
         delay: Duration = Field(0.5, gt=0, le=5.0, description="added to every layer of a forward pass")
+        within_deadline: bool = Field(False, description="the slowed prefill still ends within D's deadline "
+                                      "(the scenario makes sure: no queue behind it): the fault then explains no "
+                                      "failure, a request it slowed must complete")
+
+    def possible_categories(self) -> tuple[str, ...]:
+        return () if self.params.within_deadline else super().possible_categories()
 
     def start(self) -> None:
         self.ctx.control("prefill", "prefill_delay", layer_s=float(self.params.delay))

@@ -148,7 +148,9 @@ import httpx  # noqa: E402
 
 def post_with(*outcomes):
     sch = object.__new__(H.HardenedLayerwiseScheduler)
-    sch.counters, sch._failed_posts, sch._posts_lock = {"posts": 0, "post_failures": 0}, {}, threading.Lock()
+    sch.counters, sch._failed_posts, sch._posts_lock = {"posts": 0, "post_failures": 0, "post_timeouts": 0}, {}, \
+        threading.Lock()
+    sch.post_timeout_s = 1.0
     sch.recv_timeout_s, sch._alloc_time = 30.0, {"r1": 1000.0}
     calls = []
 

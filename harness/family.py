@@ -100,6 +100,8 @@ class Family:
     node_kinds: ClassVar[dict[str, tuple[str, str]]] = {}
     # ``pdchaos bench NAME`` / ``pdchaos fuzz NAME``: module with add_arguments/run, or None
     bench_module: ClassVar[str | None] = None
+    # ``pdchaos explore --family NAME``: module with draw/render/MIN_WINDOW_S (harness/explore.py), or None
+    explore_module: ClassVar[str | None] = None
     fuzz_module: ClassVar[str | None] = None
     # extra top-level commands: name -> (module with add_arguments/run, help)
     commands: ClassVar[dict[str, tuple[str, str]]] = {}

@@ -30,6 +30,7 @@ class PDFamily(Family):
     client_tally = True  # the workload counts its requests per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"
+    explore_module = f"{PKG}.explore"
     # vLLM's gauges (kv_cache_usage_perc is a fraction: 1 = every block in use) and CPU per node
     gauges = (("num_requests_waiting", "waiting requests"),
               ("num_requests_running", "running requests"),

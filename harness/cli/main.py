@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "docs": ("harness.cli.docs", "generate the per-scenario tables in docs/scenarios/ from the scenario files "
                                  "and recorded runs (--check: fail when stale)"),
     "bench": ("harness.cli.bench", "benchmark a family's normal path, its targets side by side"),
+    "explore": ("harness.cli.explore", "generative chaos: draw seeded fault schedules over real nodes, shrink "
+                                       "what a target fails to a scenario that reproduces it"),
 }
 # Commands a family adds (e.g. ``pdchaos lookup``) are found in the families, not listed here.
 

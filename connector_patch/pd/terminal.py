@@ -32,6 +32,7 @@ class TerminalRecords:
         self._d: OrderedDict[str, tuple[str, float]] = OrderedDict()  # id -> (status, recorded at)
         self._lock = threading.Lock()
         self.evicted = 0  # dropped for room before their time (a metric: the bound was hit)
+        self._evicted_newest: float | None = None  # the latest recording time of an evicted record
 
     def record(self, transfer_id: str, status: str, now: float) -> None:
         with self._lock:
@@ -39,8 +40,9 @@ class TerminalRecords:
             self._d[transfer_id] = (old[0] if old else status, now)
             self._expire(now)
             while len(self._d) > self.capacity:
-                self._d.popitem(last=False)
+                _, (_, at) = self._d.popitem(last=False)
                 self.evicted += 1
+                self._evicted_newest = at if self._evicted_newest is None else max(self._evicted_newest, at)
 
     def lookup(self, transfer_id: str, now: float) -> str | None:
         """The status recorded for ``transfer_id`` if still kept, else None."""
@@ -48,6 +50,14 @@ class TerminalRecords:
             self._expire(now)
             hit = self._d.get(transfer_id)
             return hit[0] if hit else None
+
+    def lost_since(self, since: float, now: float) -> bool:
+        """Whether a record made at or after ``since`` may be gone by ``now`` (expired, or evicted
+        for room): a pull P received at ``since`` and serves only now cannot trust a miss. (P's
+        sender tasks may each wait the abort timeout for a prefill, so a pull can sit in P's queue
+        longer than any record lives: issue 30, item 10.)"""
+        with self._lock:
+            return now - since >= self.ttl_s or (self._evicted_newest is not None and self._evicted_newest >= since)
 
     def __len__(self) -> int:
         with self._lock:

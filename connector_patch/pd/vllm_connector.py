@@ -49,6 +49,7 @@ logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's l
 
 NAME = "HardenedMooncakeConnector"
 ABORTED_MSG = "pdchaos-aborted: P will never send this request (aborted or expired)"
+QUEUED_EXPIRED_MSG = "pdchaos-expired: the pull waited in P's queue past the records it needs"
 Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
 
@@ -675,6 +676,34 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self._note("p_cancelled", len(acked))
         return acked
 
+    async def _sender_worker(self, sock):
+        """As upstream's, for what the hardened listener queues (identity, payload, received at): a
+        pull that waited in the queue while a terminal record it may need was lost (expired, or
+        pushed out by newer ones) is answered ERROR, never served. Otherwise a cancel P acknowledged
+        while the pull waited (every sender task busy on other prefills) could be forgotten, and the
+        pull, served late, would wait for P's prefill and then write into blocks D freed on the
+        acknowledgement (issue 30, item 10)."""
+        while True:
+            try:
+                identity, payload, t_recv = await self.sender_worker_queue.get()
+                try:
+                    if self.terminal.lost_since(t_recv, time.monotonic()):
+                        self._note("queued_pull_expired")
+                        resp = Response(status=Status.ERROR, err_msg=QUEUED_EXPIRED_MSG)
+                        await sock.send_multipart((identity, self._encoder.encode(resp)))
+                        continue
+                    await self.send_kv_to_decode(identity, sock, self._xfer_meta_decoder.decode(payload))
+                except Exception as e:  # noqa: BLE001 - as upstream: an ERROR answer, the task goes on
+                    logger.error("Hardened Mooncake: side-channel request failed (%s)", type(e).__name__)
+                    resp = Response(status=Status.ERROR, err_msg=type(e).__name__)
+                    await sock.send_multipart((identity, self._encoder.encode(resp)))
+                finally:
+                    self.sender_worker_queue.task_done()
+            except asyncio.CancelledError:
+                break
+            except Exception as e:  # noqa: BLE001 - never ends the task
+                logger.error("Hardened Mooncake: sender task error (%s)", type(e).__name__)
+
     async def _mooncake_sender_listener(self, ready_event):
         """As upstream, but a message that is not [identity, payload] gets an ERROR reply and the
         listener goes on (upstream's unpacking raises and the listener thread exits for good)."""
@@ -696,7 +725,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         nack = Response(status=Status.ERROR, err_msg=f"expected 2 frames, got {len(frames)}")
                         await sock.send_multipart((frames[0], self._encoder.encode(nack)))
                         continue
-                    await self.sender_worker_queue.put((frames[0], frames[1]))
+                    await self.sender_worker_queue.put((frames[0], frames[1], time.monotonic()))
                 except (zmq.ContextTerminated, asyncio.CancelledError):
                     raise
                 except Exception as e:  # noqa: BLE001 - one bad message never ends the listener

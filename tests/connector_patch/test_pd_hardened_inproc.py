@@ -515,3 +515,15 @@ def test_aborting_one_request_of_a_pull_leaves_its_sibling_to_complete(inproc) -
     assert c["a_freed"] is True and c["aborted"]["reports"] == ["released"]
     assert c["sibling"]["reports"] == ["ok"] and c["sibling"]["final_status"] == "FINISHED_LENGTH_CAPPED", c["sibling"]
     assert c["node"]["failures"] == {} and c["node"]["failed_recvs"] == 0
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_pull_queued_past_a_lost_cancel_record_never_writes(inproc) -> None:
+    """Issue 30, item 10: D's pull waits in the real P's queue (every sender task busy), D cancels,
+    P acknowledges and D frees the blocks, an abort storm pushes the record out, then the pull is
+    served and P's prefill ends. Before the fix P wrote 589,824 bytes into the freed blocks; now the
+    pull is answered as expired and P frees its own blocks."""
+    c = _case(inproc, "queued_pull_after_record_gone")
+    assert c["queued"] and c["acked"] and c["freed_on_ack"] and c["record_gone"], c
+    assert c["sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["sent"]
+    assert c["p_failures"].get("queued_pull_expired") == 1, c["p_failures"]

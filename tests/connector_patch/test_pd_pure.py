@@ -256,3 +256,18 @@ def test_two_ranks_agree_by_a_min_all_reduce_over_real_gloo(tmp_path) -> None:
     for o in outs:
         assert o["rounds"] == [["r3"], ["r1", "r2"], []], o
         assert o["left"] == []
+
+
+def test_a_terminal_record_lost_while_a_pull_waited_is_known() -> None:
+    """Issue 30, item 10: a pull P received at t and serves later cannot trust a missing record
+    when one made since t may be gone: expired (t + TTL passed) or evicted for room."""
+    from connector_patch.pd.terminal import TerminalRecords
+
+    t = TerminalRecords(abort_timeout_s=10, capacity=2)  # TTL 300 s
+    t.record("a", "cancelled", 100.0)
+    assert not t.lost_since(50.0, 120.0)
+    assert t.lost_since(50.0, 350.0)  # anything recorded since 50 may have expired by 350
+    t.record("b", "cancelled", 101.0)
+    t.record("c", "cancelled", 102.0)  # pushes "a" (recorded at 100) out
+    assert t.evicted == 1
+    assert t.lost_since(99.0, 103.0) and not t.lost_since(100.5, 103.0)

@@ -1420,7 +1420,51 @@ def case_abort_one_of_a_pull() -> dict:
     return out
 
 
+def case_queued_pull_after_record_gone() -> dict:
+    """(issue 30, item 10) D's pull reaches the REAL hardened P while every sender task is busy (the
+    pull waits in P's queue: here P's tasks wait on a queue the listener no longer feeds), the
+    client aborts, D cancels, P acknowledges (P still computes the request: nothing of it held)
+    and D frees the blocks; 4096 later terminal transfers push that record out; then a sender task
+    serves the queued pull, and P's prefill ends. P must not write into the blocks D freed."""
+    p = RealPrefill()
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS)
+    x = rid("queued-x")
+    tid = "x-" + x
+    p.metadata("p-" + x, tid, [])  # P schedules X's prefill
+    loop = p.worker.sender_loop
+
+    def on_loop(fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(5)
+
+    busy_q = p.worker.sender_worker_queue  # the sender tasks wait on it
+    parked = on_loop(asyncio.Queue)
+    on_loop(lambda: setattr(p.worker, "sender_worker_queue", parked))  # every task busy: pulls queue up
+    node.add(x, prompt(80), p.params(tid))
+    node.step()
+    queued = node.run_until(lambda: on_loop(parked.qsize) == 1, 5)
+    node.sched.finish_requests([x], RequestStatus.FINISHED_ABORTED)
+    freed = node.run_until(lambda: x not in node.sched.requests, 10)  # D's cancel acknowledged: freed
+    acked = p.cancelled(tid)
+    now = time.monotonic()
+    for i in range(4096):
+        p.worker.terminal.record(f"storm-{i}", "aborted", now)
+    record_gone = p.worker.terminal.lookup(tid, time.monotonic()) is None
+
+    def release():  # a sender task frees up and takes the queued pull
+        item = parked.get_nowait()
+        p.worker.sender_worker_queue = busy_q
+        busy_q.put_nowait(item)
+    on_loop(release)
+    time.sleep(0.3)
+    sent = p.after_prefill("p-" + x, tid, wait_s=3.0)  # then P's prefill of X ends
+    return {"queued": queued, "freed_on_ack": freed, "acked": acked, "record_gone": record_gone, "sent": sent,
+            "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
+
+
 CASES = {
+    "queued_pull_after_record_gone": case_queued_pull_after_record_gone,
     "bootstrap_gap": case_bootstrap_gap,
     "abort_one_of_a_pull": case_abort_one_of_a_pull,
     "fail_policy": case_fail_policy,

@@ -34,7 +34,7 @@ def _budget(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", required=True, help="the family whose generator draws the schedules (e.g. pd)")
+    p.add_argument("--family", required=True, help="the family whose generator draws the schedules")
     p.add_argument("--target", default=None, help="the target every schedule runs against (default: the family's "
                                                   "first target that is not its baseline, e.g. hardened)")
     p.add_argument("--budget", type=_budget, default=_budget("20m"), help="how long to explore (e.g. 20m; default 20m)")

@@ -45,8 +45,8 @@ from connector_patch.pd.terminal import TerminalRecords
 
 # times in model seconds: only their order matters (deadline < P's abort timeout < D's bound), as
 # in the scenarios (2 s < 10 s < 70 s) and vLLM's defaults (30 s < 480 s < 540 s)
-DEADLINE = 1.0  # D's kv_load_timeout_ms
-P_TIMEOUT = 2.5  # P waits this long for its own prefill, then answers the pull with an error
+DEADLINE = 1.5  # D's kv_load_timeout_ms
+P_TIMEOUT = 3.0  # P waits this long for its own prefill, then answers the pull with an error
 MAX_DELAY = 0.5  # a message older than this is lost
 BOUND = P_TIMEOUT + MAX_DELAY + 0.5  # D's bound on a pull: P never writes after it
 CANCEL_EVERY = 0.5
@@ -322,6 +322,22 @@ class PDModel(RuleBasedStateMachine):
             self._p_receive(m)
         else:
             self._d_receive(m)
+
+    @precondition(lambda self: bool(self.net))
+    @rule()
+    def flush(self) -> None:
+        """The network delivers the oldest messages in flight, in order (the common case), and what
+        that sends in turn: four at most."""
+        for _ in range(4):
+            if not self.net:
+                return
+            m = self.net.pop(0)
+            if self.now - m["t"] > MAX_DELAY:
+                continue  # too late: lost
+            if m["kind"] in ("pull", "cancel"):
+                self._p_receive(m)
+            else:
+                self._d_receive(m)
 
     @precondition(lambda self: bool(self.net))
     @rule(data=st.data())

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(600 if EXAMPLES > 300 else 180)
 
 
 def _run(model, examples: int) -> None:
-    run_state_machine_as_test(model, settings=settings(max_examples=examples, stateful_step_count=40, deadline=None,
+    run_state_machine_as_test(model, settings=settings(max_examples=examples, stateful_step_count=50, deadline=None,
                                                        suppress_health_check=list(HealthCheck), database=None,
                                                        derandomize=True))
 

@@ -1073,13 +1073,16 @@ def test_ascend_profile_dry_run_matches_its_golden_file():
         GOLDEN_ASCEND.write_text(proc.stdout)
     assert proc.stdout == GOLDEN_ASCEND.read_text(), "differs from tests/golden/dry_run_ascend.txt"
     out = proc.stdout
-    up = out.split("== pd-baseline [hardened]")[0]
+    up = out
     assert up.count("--kv-connector MooncakeConnectorV1") == 4 and up.count("--kv-port <port:") == 4  # 2 scenarios
     assert "--protocol kv-params" in up and "--order sequential" in up and "--cpu-core" not in out
     assert "--device npu --visible-devices 0 --vllm-from path --model /models/Qwen3-0.6B" in out
     assert "--visible-devices 3" in out and '"model": "/models/Qwen3-0.6B"' in out
-    assert "HardenedMooncakeConnector --kv-extra '{\"mooncake_protocol\":\"ascend\"}'" in out
-    assert out.endswith("dry run: 4 scenario/target run(s); nothing was started\n")
+    # the hardened P/D connector needs vLLM 0.32; vllm-ascend 0.23.0.post1 pins 0.23 (issue 30,
+    # item 3): its runs are left out with the reason, never started
+    assert out.count("not run: ") == 2 and "[hardened]: profile ascend, target hardened: HardenedMooncakeConnector " \
+        "supports vLLM 0.32.0 only" in out and "--kv-connector HardenedMooncakeConnector" not in out
+    assert out.endswith("dry run: 2 scenario/target run(s); nothing was started\n")
 
 
 GOLDEN_PROFILES = {"ascend-store": REPO / "tests" / "golden" / "dry_run_ascend_store.txt",
@@ -1101,13 +1104,15 @@ def test_npu_profile_dry_runs_match_their_golden_files(profile):
         golden.write_text(proc.stdout)
     assert proc.stdout == golden.read_text(), f"differs from {golden.relative_to(REPO)}"
     out = proc.stdout
-    runs = out.split("\n== ")
-    assert len(runs) == 2 and out.count("--device npu") == 4
-    if profile == "ascend-store":
-        assert all("\nnode store (side a" in r.split("node prefill:0")[0] for r in runs)
-        assert out.count("node mooncake-master") == 2 and out.count("PYTHONHASHSEED=0") == 4
-        assert '"kv_connector":"AscendStoreConnector"' in runs[0] and '"HardenedAscendStoreConnector"' in runs[1]
+    runs = [r for r in out.split("\n== ") if not r.startswith("not run: ")]
+    if profile == "ascend-store":  # its hardened side is the P/D connector too: left out (issue 30, item 3)
+        assert len(runs) == 1 and out.count("--device npu") == 2
+        assert out.startswith("not run: pd-baseline [hardened]: profile ascend-store, target hardened: ")
+        assert "\nnode store (side a" in runs[0].split("node prefill:0")[0]
+        assert out.count("node mooncake-master") == 1 and out.count("PYTHONHASHSEED=0") == 2
+        assert '"kv_connector":"AscendStoreConnector"' in runs[0] and '"HardenedAscendStoreConnector"' not in out
     else:
+        assert len(runs) == 2 and out.count("--device npu") == 4
         assert out.count("--protocol layerwise") == 2 and "node store" not in out
         assert "--kv-connector MooncakeLayerwiseConnector" in runs[0]
         assert "--kv-connector HardenedMooncakeLayerwiseConnector" in runs[1]
@@ -1188,7 +1193,9 @@ def test_nightly_validate_and_dry_run_steps(tmp_path):
     assert text.endswith("dry run: 1 scenario/target run(s); nothing was started\n")
     assert "--cpu-core 1" in text
     # the same step on the nightly's NPU runners: the launch profile's arguments reach the dry run
+    # (upstream's run: the hardened P/D connector is left out under profile ascend, issue 30 item 3)
     w.exprs["steps.profile.outputs.args"] = "--profile ascend --set model=/models/Qwen3-0.6B"
+    w.exprs["inputs.args"] = "-k baseline --target upstream"
     proc, _, _ = w.run("_pdchaos_run.yaml", "suite", "dry_run", timeout=100)
     assert proc.returncode == 0, proc.stderr
     text = (w.ws / "pdchaos-out" / "runs" / "pd-baseline" / "dry-run.txt").read_text()

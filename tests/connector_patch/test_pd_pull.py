@@ -74,6 +74,17 @@ def _free_port(ctx: zmq.Context) -> int:
     return port
 
 
+def _connected_then_lost(ctx: zmq.Context, after_loss_s: float) -> tuple[Pull, int]:
+    """A pull connected to a listening P whose port then closes (P gone, or a blip)."""
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    pull = Pull(ctx, port, after_loss_s=after_loss_s)
+    pull.pump(0.3)
+    assert pull.watch.connected
+    router.close(linger=0)
+    return pull, port
+
+
 def test_nobody_ever_listening_is_gone_after_two_refusals() -> None:
     ctx = zmq.Context()
     try:
@@ -91,12 +102,7 @@ def test_a_lost_connection_is_not_p_gone_after_one_refusal() -> None:
     reconnect. The old count read one refused connect as two: P 'gone' ~0.13 s into the loss."""
     ctx = zmq.Context()
     try:
-        router = ctx.socket(zmq.ROUTER)
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        pull = Pull(ctx, port, after_loss_s=1.0)
-        pull.pump(0.3)
-        assert pull.watch.connected
-        router.close(linger=0)
+        pull, _ = _connected_then_lost(ctx, after_loss_s=1.0)
         t_loss = time.monotonic()
         pull.pump(0.5)
         assert pull.old_gone_at is not None and pull.old_gone_at - t_loss < 0.45  # the old rule: gone at once
@@ -112,11 +118,7 @@ def test_a_port_that_listens_again_within_the_window_is_not_gone() -> None:
     """A blip that heals (or P back on its port) before the window ends: connected again, never gone."""
     ctx = zmq.Context()
     try:
-        router = ctx.socket(zmq.ROUTER)
-        port = router.bind_to_random_port("tcp://127.0.0.1")
-        pull = Pull(ctx, port, after_loss_s=1.5)
-        pull.pump(0.3)
-        router.close(linger=0)
+        pull, port = _connected_then_lost(ctx, after_loss_s=1.5)
         pull.pump(0.6)
         assert pull.watch.refused >= 1
         again = ctx.socket(zmq.ROUTER)

@@ -34,7 +34,8 @@ Guarantees, each against a gap of upstream's code (measured by pd-chaos' ``layer
    completion of a request D already failed is ignored.
 5. **D's blocks go back only once P cannot write them.** D's POST carries the request's write-by
    time (``layerwise_write_by``: D's deadline, wall clock); P's sending thread never starts a write
-   past it (the request fails there: FAILED after the last layer). When D fails a request itself
+   past it, checked before each write to each D (the request fails there: FAILED after the last
+   layer; a write to one D session carries all its requests, so one of them late fails the session's). When D fails a request itself
    (its deadline, or a POST that may have reached the proxy) it reports the blocks as failed loads
    at once (under policy ``fail`` the client has its error then) but reports the load finished,
    which frees the blocks, only on P's last word for it (a late DONE/FAILED) or at the write-by
@@ -263,14 +264,24 @@ class _GuardedEngine:
         return getattr(self._inner, name)
 
     def batch_transfer_sync_write(self, session_id: str, src: list, dst: list, length: list) -> int:
+        owner = self._owner
+        late = [r for r in owner.sessions.get(session_id, ())
+                if past_write_by(getattr(owner.task_requests.get(r), "write_by", None), time.time())]
+        if late:
+            # checked at each write, not once per layer task: a slow write to one D must not push
+            # another D's write past the time that D may free the blocks (issue 30, item 7). The
+            # session's requests go in one write: all of them fail (never a write after a free)
+            owner.counters["past_write_by"] += len(late)
+            owner.failed_reqs.update(owner.sessions.get(session_id, ()))
+            return -1
         try:
             ret = self._inner.batch_transfer_sync_write(session_id, src, dst, length)
         except Exception as exc:
             logger.error("layerwise send: transfer engine raised %s", type(exc).__name__)
             ret = -1
         if ret < 0:
-            self._owner.counters["transfer_errors"] += 1
-            self._owner.failed_reqs.update(self._owner.sessions.get(session_id, ()))
+            owner.counters["transfer_errors"] += 1
+            owner.failed_reqs.update(owner.sessions.get(session_id, ()))
         return ret
 
 
@@ -296,6 +307,7 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
         super().__init__(*args, **kwargs)
         self.engine = _GuardedEngine(self.engine, self)
         self.sessions: dict[str, list[str]] = {}
+        self.task_requests: dict[str, Any] = {}  # the layer task's requests (their write-by times)
         self.counters = {"layers": 0, "transfer_errors": 0, "task_errors": 0, "failed_signals": 0,
                          "stale_adds_dropped": 0, "past_write_by": 0}
         self.failed_reqs = _FailedRequests(self.counters)
@@ -332,6 +344,7 @@ class HardenedSendingLayerThread(up.KVCacheSendingLayerThread):
             self.failed_reqs.update(late)
             send_task.send_request = {r: m for r, m in send_task.send_request.items() if r not in late}
         self.sessions = {}
+        self.task_requests = dict(send_task.send_request)
         for req_id, meta in send_task.send_request.items():
             self.sessions.setdefault(f"{meta.remote_host}:{meta.remote_te_rpc_port}", []).append(req_id)
         self._signalled = set()

@@ -90,6 +90,10 @@ def test_the_post_carries_the_write_by_time_and_p_never_writes_past_it(result):
     assert result["write_by_signals"] == [["in-time", True], ["late", False], ["no-limit", True]]
     assert result["write_by_written"] == [2] and result["past_write_by"] == 1
     assert result["tagged"] == [123.5, None]
+    # issue 30, item 7: checked before each write, not once per layer task (before the fix the
+    # second D was written 0.2 s past its write-by, after the first D's 0.4 s write)
+    assert result["per_write_written"] == ["h1:1"], result["per_write_written"]
+    assert result["per_write_signals"] == [["next-d", False], ["slow-d", True]] and result["per_write_past"] == 1
 
 
 @pytest.mark.timeout(300)

@@ -124,6 +124,7 @@ def sender(write, signals: list):
                   "stale_adds_dropped": 0, "past_write_by": 0}
     s.failed_reqs = H._FailedRequests(s.counters)
     s.sessions, s._signalled, s.total_layers, s.pd_head_ratio = {}, set(), 1, 1
+    s.task_requests = {}
     s.layer_metadata = {"layer0": ns(tensor_group_idx=[0])}
     s.get_transfer_meta = lambda task, rid, meta, group: ([1], [2], [3])
     s.callback_func = lambda rid, meta, group, trans_flag=True: signals.append((rid, trans_flag))
@@ -190,6 +191,29 @@ s8._handle_request(task8)
 out["write_by_signals"] = sorted(signals8)
 out["write_by_written"] = written  # one write of the two requests' ranges
 out["past_write_by"] = s8.counters["past_write_by"]
+# 8b. the write-by time is checked at each write: a slow write to one D (0.4 s) pushes the next D's
+#     write past that D's write-by (0.2 s from now): never written, told FAILED (issue 30, item 7)
+signals8b: list = []
+written8b: list = []
+
+
+def slow_first(sid, src, *a):
+    written8b.append(sid)
+    if sid == "h1:1":
+        time.sleep(0.4)
+    return 0
+
+
+s8b = sender(slow_first, signals8b)
+now = time.time()
+task8b = ns(layer_name="layer0", layer_idx=0, k_cache=None, v_cache=None, k_quant_cache=None,
+            wait_event=ns(synchronize=lambda: None),
+            send_request={"slow-d": ns(remote_host="h1", remote_te_rpc_port=1, chunk_finish=True, write_by=now + 60),
+                          "next-d": ns(remote_host="h2", remote_te_rpc_port=2, chunk_finish=True, write_by=now + 0.2)})
+s8b._handle_request(task8b)
+out["per_write_signals"] = sorted(signals8b)
+out["per_write_written"] = written8b
+out["per_write_past"] = s8b.counters["past_write_by"]
 # 9. P's scheduler side carries the write-by time from the transfer params into the ReqMeta
 m9 = up.MooncakeLayerwiseConnectorMetadata()
 m9.add_new_req(request_id="r9", local_block_ids=[[1]], kv_transfer_params={H.WRITE_BY_KEY: 123.5})

@@ -292,6 +292,10 @@ def _in_window(o: dict) -> bool:
 PD_MUTANTS = [
     # issue 30, item 13: the point of a scenario that never happened is an error, not a verdict
     M("pd_no_request_in_flight_while_p_frozen", "pd", drop_ops(_in_window), "error", ("triggers",)),
+    # a slow failed load (4.6 s, over kv_load_timeout 2 s + 2 s) stays a fail_fast failure; only the
+    # proxy's own aborts are not timed (see the control pd_proxy_abort_after_a_long_wait_is_not_timed)
+    M("pd_slow_failed_load_in_the_window", "pd", lambda r: fail_op(r, 5, "http_502", "decode", code="bad_status"),
+      "deviation", ("fail_fast",)),
     M("pd_only_one_request_in_flight_of_two_needed", "pd", drop_ops(lambda o: _in_window(o) and o["id"] != 4),
       "error", ("triggers",)),
     M("pd_trigger_prompt_never_sent", "pd_baseline", drop_ops(lambda o: o.get("prompt_index") == 3),
@@ -618,6 +622,10 @@ def test_every_check_has_a_mutant_that_kills_it(family: str) -> None:
 
 
 CONTROLS = [
+    # found by pdchaos explore: a request that waited 4.6 s before D was asked (P's bootstrap frozen),
+    # then aborted by the proxy's hook, is the hook's timing, not a slow failed load
+    M("pd_proxy_abort_after_a_long_wait_is_not_timed", "pd",
+      lambda r: fail_op(r, 5, "http_502", "decode", code="aborted"), "as_expected", ()),
     M("pd_expected_fail_no_busy_wait_and_only_it_fails", "pd", both(set_expect("fail[no_busy_wait]"), pd_burn),
       "as_expected", ("no_busy_wait",)),
     M("pd_recompute_http_502_before_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "bootstrap"),
@@ -779,7 +787,9 @@ HOLES = [
     pytest.param("pd", h_truncated_prompt_in_log, "deviation", ("log_hygiene",),
                  id="hole_log_hygiene_truncated_prompt"),
     pytest.param("golden_pd_baseline", h_truncated_reference_in_log, "deviation", ("log_hygiene",), id="hole_log_hygiene_truncated_reference_golden_pd"),
-    pytest.param("golden_pd_abort", h_golden_late_failure_without_elapsed, "deviation", ("fail_fast", "bounded_return"), id="hole_elapsed_ms_missing_golden_pd"),
+    # its ops in the window are the proxy's own aborts, which fail_fast does not time (their timing is
+    # the hook's): bounded_return, which times every op, is the one that must see the 20 s
+    pytest.param("golden_pd_abort", h_golden_late_failure_without_elapsed, "deviation", ("bounded_return",), id="hole_elapsed_ms_missing_golden_pd"),
     pytest.param("pd", h_late_failure_without_elapsed(_MISSING), "deviation", ("fail_fast", "bounded_return"),
                  id="hole_elapsed_ms_missing_on_a_20s_failure"),
     pytest.param("pd", h_late_failure_without_elapsed(float("nan")), "deviation", ("fail_fast", "bounded_return"),

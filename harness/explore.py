@@ -123,7 +123,6 @@ class Explorer:
         self.clock = clock
         self.t0 = clock()
         self.tally = Tally()
-        self._n = 0
         self._last_run_s = 60.0  # a guess until the first run says better
 
     # ------------------------------------------------------------------ budget
@@ -137,7 +136,6 @@ class Explorer:
 
     # ------------------------------------------------------------------ one schedule
     def _materialize(self, schedule: dict, seed: int, tag: str) -> tuple[Path | None, str]:
-        self._n += 1
         name = f"explore-{self.family.name}-{seed}-{tag}"[:64].rstrip("-.")
         doc = self.mod.render(schedule, name, self.target, seed)
         path = self.out_dir / "drawn" / f"{name}.yaml"

@@ -162,11 +162,14 @@ def paced(t_start: float, t_end: End, interval: float, stop: threading.Event,
     then go on from that moment), or until ``stop`` is set (the runner that started the workload
     died). No op is due inside a pause (``(start, end)`` in ``time.monotonic()`` seconds): the
     ticks it covers are skipped, and pacing goes on at the first tick after it; nor is one yielded
-    inside a pause when the caller comes late for a tick due before it (its last call overran).""" 
+    inside a pause when the caller comes late for a tick due before it (its last call overran)."""
+    def pause_end(t: float) -> float | None:
+        return next((b for a, b in pauses if a <= t < b), None)
+
     k = 0
     while True:
         due = t_start + k * interval
-        held = next((b for a, b in pauses if a <= due < b), None)
+        held = pause_end(due)
         if held is not None:
             k = max(k + 1, int(math.ceil((held - t_start) / interval)))
             continue
@@ -184,7 +187,7 @@ def paced(t_start: float, t_end: End, interval: float, stop: threading.Event,
             now = time.monotonic()
         # a worker behind schedule (its last call overran) reaches a tick due before a pause only
         # once the pause has begun: no op starts inside a pause, whenever it was due
-        held = next((b for a, b in pauses if a <= now < b), None)
+        held = pause_end(now)
         if held is not None:
             k = max(k + 1, int(math.ceil((held - t_start) / interval)))
             continue

@@ -8,6 +8,9 @@
 - ``quiet_wait_max_ms``: the longest wait between two engine steps that ran nothing
   (:mod:`connector_patch.quiet`; 0 switches quiet waiting off). Upstream's engine steps every 1 ms
   while a request waits for KV or P keeps blocks for D (0.9-2.3 cores measured with nothing running).
+- ``eos_hold_ms``: how long P keeps the KV of a prompt answered EOS for D's pull (P's own
+  answer; the proxy still sends the request to D). Past it P frees the blocks and a late pull is
+  answered at once (the terminal record "expired").
 - :class:`FailureLog`: failure counts by code, logged at most once per interval (counts and codes
   only: never request ids, block lists, prompts or addresses).
 """
@@ -22,6 +25,11 @@ from .ledger import DEFAULT_KV_LOAD_TIMEOUT_MS, validate_kv_load_timeout_ms
 
 DEFAULT_QUIET_WAIT_MAX_MS = 100  # connector_patch.quiet: empty steps wait 1, 2, 4, ... up to this
 DEFAULT_HEARTBEAT_MS = 500
+# P: how long it keeps the KV of a prompt whose one token was EOS for a D that may still pull it
+# (issue 30, item 9). Upstream frees such blocks at once (and D's pull then waits the abort timeout);
+# the hardened P keeps them, but not for the abort timeout (480 s) that a LENGTH_CAPPED prompt
+# gets: twice D's default load deadline, past which no D that gave up still pulls.
+DEFAULT_EOS_HOLD_MS = 60000
 MAX_QUIET_WAIT_MAX_MS = 1000
 
 
@@ -41,6 +49,7 @@ class Settings:
     kv_load_timeout_ms: int = DEFAULT_KV_LOAD_TIMEOUT_MS
     quiet_wait_max_ms: int = DEFAULT_QUIET_WAIT_MAX_MS
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMQ heartbeat interval; the peer is gone after 3 missed
+    eos_hold_ms: int = DEFAULT_EOS_HOLD_MS  # P: the hold of an EOS-answered prompt's KV for D
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "Settings":
@@ -52,7 +61,8 @@ class Settings:
         return cls(kv_load_timeout_ms=timeout,
                    quiet_wait_max_ms=_positive_ms(extra, "quiet_wait_max_ms", DEFAULT_QUIET_WAIT_MAX_MS,
                                                   MAX_QUIET_WAIT_MAX_MS, zero_ok=True),
-                   heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000))
+                   heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000),
+                   eos_hold_ms=_positive_ms(extra, "eos_hold_ms", DEFAULT_EOS_HOLD_MS, 3600000))
 
     @property
     def heartbeat_timeout_ms(self) -> int:

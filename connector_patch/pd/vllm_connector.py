@@ -127,6 +127,7 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         # they were reported in finished_recving: the worker cancels them at P (connector_patch/pd/settle.py)
         self._loading: dict[str, frozenset[int]] = {}
         self._to_cancel: set[str] = set()
+        self._eos_held: set[str] = set()  # P: EOS-answered prompts kept for D (eos_hold_ms, not 480 s)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
@@ -173,7 +174,9 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         When that token is EOS (FINISHED_STOPPED) it frees them at once, yet the proxy still sends
         the request to D, whose pull then waits the abort timeout for "P side ready" and fails
         (measured: a 502 after 10 s for a prompt whose greedy answer is empty). The KV of the
-        prompt is complete either way, so P keeps it for D here too."""
+        prompt is complete either way, so P keeps it for D here too, but only for ``eos_hold_ms``
+        (the worker's expiry), not the abort timeout: when no D ever pulls it (a proxy that answers
+        from P, a client that left) upstream's 480 s of blocks per such prompt (issue 30, item 9)."""
         params = request.kv_transfer_params
         if (params and params.get("do_remote_decode") and params.get("transfer_id")
                 and not params.get("do_remote_prefill") and request.status == RequestStatus.FINISHED_STOPPED
@@ -181,12 +184,14 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
             delay = any(len(group) > 0 for group in block_ids)
             if delay:
                 self._reqs_need_send[request.request_id] = (request, self.get_sw_clipped_blocks(block_ids))
+                self._eos_held.add(request.request_id)
             return delay, None
         return super().request_finished(request, block_ids)
 
     def build_connector_meta(self, scheduler_output):
         meta = super().build_connector_meta(scheduler_output)
         meta.reqs_to_cancel, self._to_cancel = self._to_cancel, set()
+        meta.reqs_eos_hold, self._eos_held = self._eos_held, set()
         return meta
 
 
@@ -559,6 +564,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         26 s). Here it is a terminal record: a waiting pull is answered at once, a late one too."""
         not_processed = set(metadata.reqs_not_processed)
         metadata.reqs_not_processed = set()
+        eos = {metadata.reqs_to_send[r][0]: r for r in getattr(metadata, "reqs_eos_hold", ())
+               if r in metadata.reqs_to_send}  # transfer id -> P's request
         now = time.monotonic()
         forgotten = 0
         for p_req_id, (tid, blocks) in list(metadata.reqs_to_send.items()):
@@ -581,6 +588,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             await super().record_send_reqs(metadata)
         finally:
             metadata.reqs_not_processed = not_processed
+        if eos:
+            until = time.perf_counter() + self.settings.eos_hold_ms / 1000.0  # upstream's expiry clock
+            for tid, p_req_id in eos.items():
+                meta = self.reqs_need_send.get(tid)
+                if meta is not None and meta.p_req_id == p_req_id and meta.expire_time > until:
+                    meta.expire_time = until
         now = time.monotonic()
         for tid in not_processed:
             self.terminal.record(tid, "aborted", now)

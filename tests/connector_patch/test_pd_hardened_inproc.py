@@ -527,3 +527,20 @@ def test_a_pull_queued_past_a_lost_cancel_record_never_writes(inproc) -> None:
     assert c["queued"] and c["acked"] and c["freed_on_ack"] and c["record_gone"], c
     assert c["sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["sent"]
     assert c["p_failures"].get("queued_pull_expired") == 1, c["p_failures"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_p_keeps_an_eos_answered_prompt_only_for_its_hold(inproc) -> None:
+    """Issue 30, item 9: P's one token was EOS and no D pulls the prompt. The real hardened P (its
+    scheduler connector, then its worker) keeps the blocks eos_hold_ms (1 s here), then frees them
+    (before the fix: for the abort timeout, 480 s by default); a D pulling later gets its error at
+    once, from P's "expired" record. The LENGTH_CAPPED prompt of the same step keeps upstream's hold."""
+    c = _case(inproc, "eos_hold")
+    hold = c["hold_ms"] / 1000
+    assert c["eos_delayed"] is True and c["capped_delayed"] is True, c
+    assert c["eos_freed_after_s"] is not None and hold <= c["eos_freed_after_s"] < hold + 2.0, c
+    assert c["eos_record"] == "expired", c
+    assert not c["capped_freed"] and c["capped_may_write"], c
+    _node_clean(c["node"])
+    _failed_once(c["late_req"], SETTLED_AT_ONCE)
+    assert c["late_pull_s"] < 5.0, c

@@ -1078,11 +1078,11 @@ class RealPrefill:
     it would hand its worker (reqs_to_send: first without blocks, as update_state_after_alloc gives
     it; then with blocks, as request_finished gives it), bound and started as P's model runner does."""
 
-    def __init__(self):
+    def __init__(self, extra: dict | None = None):
         self.bootstrap = MooncakeBootstrapServer("127.0.0.1", 0)
         self.bootstrap.start()
         self.vc = make_config("HardenedMooncakeConnector", "fail", LONG_MS, role="kv_producer", num_blocks=8,
-                              extra={"bootstrap_server_address": f"127.0.0.1:{self.bootstrap.port}"})
+                              extra={"bootstrap_server_address": f"127.0.0.1:{self.bootstrap.port}", **(extra or {})})
         kcc = make_kv_cache_config(8)
         with set_current_vllm_config(self.vc):
             self.conn = KVConnectorFactory.create_connector(config=self.vc, role=KVConnectorRole.WORKER,
@@ -1463,7 +1463,60 @@ def case_queued_pull_after_record_gone() -> dict:
             "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
 
 
+def case_eos_hold() -> dict:
+    """(issue 30, item 9) P's one token is EOS (FINISHED_STOPPED) and no D pulls the prompt (a
+    proxy that answers from P, a client that left). The REAL hardened P, both sides: its scheduler
+    connector's request_finished and build_connector_meta, then its worker, stepped as P's model
+    runner does. P keeps the blocks for eos_hold_ms (1 s here), not the abort timeout, then frees
+    them; a D pulling after that gets its answer at once. A LENGTH_CAPPED prompt of the same step
+    keeps upstream's hold (the abort timeout)."""
+    hold_ms = 1000
+    p = RealPrefill(extra={"eos_hold_ms": hold_ms})
+    with set_current_vllm_config(p.vc):
+        sched = KVConnectorFactory.create_connector(config=p.vc, role=KVConnectorRole.SCHEDULER,
+                                                    kv_cache_config=make_kv_cache_config(8))
+    out = {}
+    reqs = {}
+    for name, status, blocks in (("eos", RequestStatus.FINISHED_STOPPED, [1, 2, 3]),
+                                 ("capped", RequestStatus.FINISHED_LENGTH_CAPPED, [4, 5])):
+        r = rid("hold-" + name)
+        tid = "x-" + r
+        params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid}
+        req = Request(r, prompt(48), SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params}),
+                      None, block_hasher=HASHER)
+        p.metadata(r, tid, [])  # P scheduled the prefill (update_state_after_alloc's entry)
+        req.status = status
+        delay, _ = sched.request_finished(req, (blocks,))
+        out[name + "_delayed"] = delay
+        reqs[name] = (r, tid)
+    meta = sched.build_connector_meta(None)  # one step: both prefills end
+    t0 = time.monotonic()
+    p.conn.bind_connector_metadata(meta)
+    p.conn.start_load_kv(None)
+    freed: dict[str, float] = {}
+    end = t0 + 10 * hold_ms / 1000
+    while time.monotonic() < end and reqs["eos"][0] not in freed:
+        for r in p.conn.get_transfer_results(set()).finished_sending or ():
+            freed.setdefault(r, round(time.monotonic() - t0, 2))
+        time.sleep(0.05)
+    out["eos_freed_after_s"] = freed.get(reqs["eos"][0])
+    out["capped_freed"] = reqs["capped"][0] in freed
+    out["capped_may_write"] = p.may_write(reqs["capped"][1])
+    out["eos_record"] = p.worker.terminal.lookup(reqs["eos"][1], time.monotonic())
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS)  # a D that pulls too late
+    x = rid("hold-late-d")
+    node.add(x, prompt(48), p.params(reqs["eos"][1]))
+    t1 = time.monotonic()
+    node.run_until(lambda: node.finished(x), 10)
+    out["late_pull_s"] = round(time.monotonic() - t1, 2)
+    out["late_req"] = node.req_facts(x)
+    out["node"] = node.facts()
+    out["hold_ms"] = hold_ms
+    return out
+
+
 CASES = {
+    "eos_hold": case_eos_hold,
     "queued_pull_after_record_gone": case_queued_pull_after_record_gone,
     "bootstrap_gap": case_bootstrap_gap,
     "abort_one_of_a_pull": case_abort_one_of_a_pull,

@@ -121,27 +121,45 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
         super().__init__(*args, **kwargs)
         self.deadlines = RecvDeadlines(recv_timeout_s)
         self.holds = Holds(grace_s)
+        self._counts: dict[str, int] = {}  # request -> the sender count its DONEs said (while waiting)
         self.stop_event = threading.Event()
         self.bind_error: Exception | None = None
-        self._early: dict[str, tuple[float, int, str]] = {}  # DONE before D started waiting
+        # DONE/FAILED that came before the worker started waiting, per request, in arrival order
+        # (kind, count, sender); several P senders (trans_count > 1) each leave one (issue 30, item 8)
+        self._early: dict[str, list[tuple[str, int, str]]] = {}
+        self._early_at: dict[str, float] = {}
         self.counters = {"get_meta": 0, "done": 0, "failed": 0, "nacks": 0, "late": 0, "early": 0, "expired": 0,
                          "reply_errors": 0}
 
     # -- what the worker calls
     def expect(self, req_id: str) -> None:
-        self.deadlines.expect(req_id)
+        # one lock with the listener's early check (update_done_task): a DONE is either kept early
+        # and replayed here, or sees D waiting; never neither
         with self.lock:
-            early = self._early.pop(req_id, None)
-        if early is not None:
-            self.update_done_task(req_id, early[1], early[2])
+            self.deadlines.expect(req_id)
+            early = self._early.pop(req_id, [])
+            self._early_at.pop(req_id, None)
+        for kind, count, sender in early:
+            if kind == "done":
+                self.update_done_task(req_id, count, sender)
+            else:
+                self.update_failed_task(req_id, count, sender)
 
-    def fail(self, req_id: str, hold: bool = False) -> bool:
-        """D fails a request it waits for (a failed POST); ``hold``: P may still write it (its
-        blocks stay D's, :class:`Holds`). False: D was not waiting for it."""
+    def fail(self, req_id: str, hold: bool = False, count: int = 0, sender: str = "") -> bool:
+        """D fails a request it waits for (a failed POST, or one sender's FAILED); ``hold``: P may
+        still write it (its blocks stay D's, :class:`Holds`). A FAILED from one of ``count`` > 1
+        senders holds too, until every sender said its last word (those that said DONE already
+        have) or the write-by time plus the grace. False: D was not waiting for it."""
         due = self.deadlines.due(req_id)
         if not self.deadlines.settle(req_id):
             return False
-        if hold:
+        if count > 1:
+            with self.lock:
+                done_senders = set(self.task_tracker.get(req_id, ()))
+            self.holds.hold(req_id, due)
+            for s in done_senders | {sender}:
+                self.holds.word(req_id, count, s)
+        elif hold:
             self.holds.hold(req_id, due)
         up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
         return True
@@ -149,7 +167,12 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
     def expire(self) -> int:
         gone = self.deadlines.expired()
         for req_id in gone:  # P may still write them: held until its last word or write-by + grace
+            with self.lock:
+                done_senders = set(self.task_tracker.get(req_id, ()))
+                count = self._counts.pop(req_id, 0)
             self.holds.hold(req_id, None)
+            for s in done_senders if count > 1 else ():  # their writes are over
+                self.holds.word(req_id, count, s)
             up.KVCacheRecvingLayerThread.update_failed_task(self, req_id)
         if gone:
             self.counters["expired"] += len(gone)
@@ -157,31 +180,48 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
                            len(gone), self.deadlines.timeout_s)
         return len(gone)
 
+    def _kept_early(self, req_id: str, kind: str, count: int, sender: str) -> bool:
+        """Keep a DONE/FAILED for a request D does not wait for yet (not gone either): checked and
+        kept under the lock :meth:`expect` takes. True: kept (or dropped past 4096 requests)."""
+        now = time.monotonic()
+        with self.lock:
+            if self.deadlines.waiting(req_id) or self.deadlines.gone(req_id):
+                return False
+            for rid in [r for r, t in self._early_at.items() if now - t > self.deadlines.timeout_s]:
+                del self._early_at[rid]
+                self._early.pop(rid, None)
+            if req_id in self._early or len(self._early) < 4096:
+                self._early.setdefault(req_id, []).append((kind, count, sender))
+                self._early_at.setdefault(req_id, now)
+        self.counters["early"] += 1
+        return True
+
     # -- what a message does
     def update_done_task(self, req_id: str, trans_count: int, side_channel_path: str) -> None:
-        if not self.deadlines.waiting(req_id):
-            if self.deadlines.gone(req_id):  # D already settled or failed it: never completes it again
-                self.counters["late"] += 1
-                self.holds.word(req_id, trans_count, side_channel_path)  # P's last word (from this sender): it writes no more
-                return
-            now = time.monotonic()
-            with self.lock:  # before the worker started waiting (kept for a deadline's length)
-                for rid in [r for r, e in self._early.items() if now - e[0] > self.deadlines.timeout_s]:
-                    del self._early[rid]
-                if len(self._early) < 4096:
-                    self._early[req_id] = (now, trans_count, side_channel_path)
-            self.counters["early"] += 1
+        if self._kept_early(req_id, "done", trans_count, side_channel_path):
             return
+        if not self.deadlines.waiting(req_id):  # D already settled or failed it: never completes it again
+            self.counters["late"] += 1
+            self.holds.word(req_id, trans_count, side_channel_path)  # P's last word (from this sender): it writes no more
+            return
+        with self.lock:
+            self._counts[req_id] = trans_count
         super().update_done_task(req_id, trans_count, side_channel_path)
         with self.lock:
             done = req_id in self.done_requests
+            if done:
+                self._counts.pop(req_id, None)
         if done:
             self.deadlines.settle(req_id)
 
-    def update_failed_task(self, req_id: str) -> None:
-        if not self.fail(req_id):
+    def update_failed_task(self, req_id: str, count: int = 0, sender: str = "") -> None:
+        if self._kept_early(req_id, "failed", count, sender):
+            return
+        if not self.fail(req_id, count=count, sender=sender):
             self.counters["late"] += 1
-            self.holds.word(req_id, None)
+            self.holds.word(req_id, count if count > 1 else None, sender)
+        with self.lock:
+            self._counts.pop(req_id, None)
 
     def answer(self, frames: list[bytes], decoder: Any, metadata: bytes) -> bytes:
         payload = [f for f in frames[1:] if f != b""]
@@ -202,7 +242,7 @@ class HardenedRecvingLayerThread(up.KVCacheRecvingLayerThread):
             self.update_done_task(m.req_id, m.count, m.sender)
         else:
             self.counters["failed"] += 1
-            self.update_failed_task(m.req_id)
+            self.update_failed_task(m.req_id, m.count, m.sender)
         return ACK
 
     def run(self) -> None:

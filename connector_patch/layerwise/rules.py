@@ -47,7 +47,7 @@ def past_write_by(write_by: Any, now: float) -> bool:
 class Message:
     kind: str  # "get_meta" | "done" | "failed"
     req_id: str = ""
-    count: int = 0  # DONE/FAILED: how many senders the request expects
+    count: int = 0  # DONE/FAILED: how many senders the request expects (0: not said, upstream's FAILED)
     sender: str = ""  # DONE/FAILED: "host:port" of the sender
 
 
@@ -74,7 +74,10 @@ def classify(msg: Any) -> Message | bytes:
     kind = "done" if head == DONE else "failed"
     if len(msg) < 2 or _text(msg[1]) is None:
         return NACK_FIELDS
-    if kind == "failed":
+    if kind == "failed":  # upstream's P sends (FAILED, id); the hardened P adds its count and sender
+        if len(msg) >= 4 and isinstance(msg[2], int) and not isinstance(msg[2], bool) and msg[2] >= 1 \
+                and _text(msg[3]) is not None:
+            return Message(kind, _text(msg[1]) or "", int(msg[2]), _text(msg[3]) or "")
         return Message(kind, _text(msg[1]) or "")
     if len(msg) < 4 or isinstance(msg[2], bool) or not isinstance(msg[2], int) or msg[2] < 1 \
             or _text(msg[3]) is None:

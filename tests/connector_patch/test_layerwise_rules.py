@@ -16,7 +16,9 @@ from connector_patch.layerwise import (ACK, DONE, FAILED, GET_META, NACK_FIELDS,
     ((GET_META,), Message("get_meta", "")),
     ((DONE, "r1", 1, "127.0.0.1:5000"), Message("done", "r1", 1, "127.0.0.1:5000")),
     ([DONE, b"r1", 2, b"h:1"], Message("done", "r1", 2, "h:1")),
-    ((FAILED, "r1", 1, "h:1"), Message("failed", "r1")),
+    ((FAILED, "r1", 1, "h:1"), Message("failed", "r1", 1, "h:1")),
+    ((FAILED, "r1", 2, "h:1"), Message("failed", "r1", 2, "h:1")),
+    ((FAILED, "r1", 0, "h:1"), Message("failed", "r1")),  # no usable count: upstream's FAILED
     ((FAILED, "r1"), Message("failed", "r1")),
     (("done_sending_msg", "r1", 1, "h:1"), Message("done", "r1", 1, "h:1")),
 ])

@@ -107,3 +107,20 @@ def test_the_start_up_mutants_are_killed_by_these_cases(result):
     assert result["mutant_bind_error_only_ready"] is False  # killed: the fix sets ready at once (case 1)
     assert result["mutant_no_swap_check"] == "ok"  # killed: the fix raises (test_a_swap_that_did_not_take_effect)
     assert result["not_swapped"].startswith("RuntimeError")
+
+
+@pytest.mark.timeout(300)
+def test_several_senders_per_d_rank(result):
+    """Issue 30, item 8 (trans_count > 1), on the hardened listener's message path: one sender's
+    FAILED fails the request but holds its blocks until every sender's last word (before: freed at
+    once while the other sender could still write); DONEs from every sender before the worker
+    waits all count (before: only the last was kept, the request failed at its deadline); a DONE
+    that arrives just as the worker starts waiting completes it (before: checked outside the lock
+    the early DONEs are kept under, it was lost); after a deadline the senders that said DONE
+    already count as their last word."""
+    assert result["multi_failed_reported"] is True
+    assert result["multi_failed_held"] is True and result["multi_failed_released_on_last_word"] is True
+    assert result["single_failed_held"] is False  # the only sender: nothing else may write
+    assert result["early_dones_complete"] is True
+    assert result["gap_done_complete"] is True
+    assert result["expired_held"] is True and result["expired_released_on_last_word"] is True

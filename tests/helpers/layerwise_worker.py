@@ -222,6 +222,74 @@ H.tag_write_by(m9, {"r9": {H.WRITE_BY_KEY: 123.5}, "r10": {}})
 out["tagged"] = [m9.requests["r9"].write_by, m9.requests["r10"].write_by]
 # 10. the start-up mutants (tests/mutants/system/site): each must fail the case its fix passes
 sys.path.insert(0, str(__import__("pathlib").Path(sys.argv[1]) / "tests" / "mutants" / "system" / "site"))
+# 3. several P senders per D rank (trans_count > 1; issue 30, item 8), on the listener's message
+#    path (answer(), the wire tuples a P sends), the thread not started
+import msgspec  # noqa: E402
+
+_dec = msgspec.msgpack.Decoder(type=tuple)
+
+
+def listener():
+    return H.HardenedRecvingLayerThread(0, 1, 1, 1, "engine", object(), threading.Event(), recv_timeout_s=30.0,
+                                        grace_s=30.0)
+
+
+def say(rt, kind, req, count, sender):
+    frame = msgspec.msgpack.encode((H.DONE if kind == "done" else H.FAILED, req, count, sender))
+    return rt.answer([b"id", frame], _dec, b"meta")
+
+
+# a. one sender's FAILED while the other may still write: D fails the request but holds its blocks
+#    until the other's last word
+rt = listener()
+rt.expect("a")
+say(rt, "failed", "a", 2, "p1:1")
+out["multi_failed_reported"] = "a" in rt.failed_requests
+out["multi_failed_held"] = rt.holds.holding("a")
+say(rt, "done", "a", 2, "p2:1")  # the other sender's last word: it writes no more
+out["multi_failed_released_on_last_word"] = (not rt.holds.holding("a")) and rt.holds.take_released() == ["a"]
+# the only sender's FAILED (count 1, or upstream's FAILED without a count): nothing else writes
+rt.expect("a1")
+say(rt, "failed", "a1", 1, "p1:1")
+out["single_failed_held"] = rt.holds.holding("a1")
+# b. both senders' DONE before the worker waits: replayed, the request completes
+rt = listener()
+say(rt, "done", "b", 2, "p1:1")
+say(rt, "done", "b", 2, "p2:1")
+rt.expect("b")
+out["early_dones_complete"] = "b" in rt.done_requests
+# c. a DONE checked against "waiting" just as the worker starts waiting (its expect() runs in
+#    that gap, on another thread): the DONE must be neither lost nor ignored
+rt = listener()
+_orig_waiting = rt.deadlines.waiting
+_gap = {"done": False}
+
+
+def waiting_with_a_gap(req_id):
+    result = _orig_waiting(req_id)
+    if req_id == "c" and not _gap["done"]:
+        _gap["done"] = True
+        th = threading.Thread(target=rt.expect, args=("c",), daemon=True)
+        th.start()
+        th.join(0.5)  # the fix: expect() waits for the listener's lock; before, it ran in the gap
+    return result
+
+
+rt.deadlines.waiting = waiting_with_a_gap
+say(rt, "done", "c", 1, "p1:1")
+time.sleep(0.2)
+out["gap_done_complete"] = "c" in rt.done_requests
+# d. the deadline passes after one of two senders said DONE: the hold ends at the other's word
+rt = listener()
+rt.deadlines.timeout_s = 0.05
+rt.expect("d")
+say(rt, "done", "d", 2, "p1:1")
+time.sleep(0.1)
+rt.expire()
+out["expired_held"] = rt.holds.holding("d")
+say(rt, "done", "d", 2, "p2:1")
+out["expired_released_on_last_word"] = not rt.holds.holding("d")
+
 from pdchaos_mutants import layerwise as M  # noqa: E402
 
 ev10 = threading.Event()

@@ -384,3 +384,42 @@ def test_the_backend_deadline_lies_below_the_clients() -> None:
             backend_timeout_for(1000, bad)
     with pytest.raises(ValueError, match="positive int"):
         backend_timeout_for(1000, 0)
+
+
+@pytest.mark.parametrize("backend_ms, answered_by", [(150, "server"), (400, "client")])
+def test_a_hung_master_costs_a_few_lookups_not_every_one(backend_ms, answered_by, make_endpoint, server_factory,
+                                                         client_factory) -> None:
+    """Issue 30, item 11's second half ("no circuit breaker on the client"), measured: the server
+    has the breaker. While the backend (the master) hangs, each of the first MAX_ABANDONED
+    lookups leaves one serving thread stuck; from then on the server answers BACKEND_TIMEOUT at
+    once without calling the backend, so the scheduler's engine thread stops waiting. With the
+    backend deadline below the client's (the fix, 150 < 200 ms) those first lookups end with the
+    server's BACKEND_TIMEOUT at 150 ms; with it above (the old default, 400 > 200 ms here, 4000 >
+    1000 in the issue) they end with the client's own TIMEOUT at 200 ms, and the server's answer
+    comes after the client's timeout, so stuck threads pile up for longer before the fast answers."""
+    from connector_patch.lookup.server import MAX_ABANDONED
+
+    ep = make_endpoint()
+    srv = server_factory(ep, backend_timeout_ms=backend_ms)
+    hashes = srv.preload(4, "hung-master")
+    c = client_factory(ep, SHORT_DEADLINE_MS)
+    assert c.lookup(64, hashes) == 64
+    srv.backend.set("hang")
+    calls = []
+    t_all = time.monotonic()
+    while len(calls) < 30 and time.monotonic() - t_all < 10:
+        hit, elapsed = timed(lambda: c.lookup(64, hashes))
+        calls.append((hit, elapsed, c.last_code))
+    assert len(calls) == 30 and all(hit == 0 for hit, _, _ in calls)
+    print(f"backend {backend_ms} ms: {sum(e > 0.1 for _, e, _ in calls)} slow of 30, "
+          f"{sum(e for _, e, _ in calls):.2f} s in all")
+    slow = [e for _, e, _ in calls if e > 0.1]
+    assert len(slow) <= 2 * MAX_ABANDONED, [round(e, 3) for _, e, _ in calls]  # a few, then fast
+    assert all(e < 0.05 for _, e, _ in calls[-10:]), [round(e, 3) for _, e, _ in calls]
+    assert {code for _, _, code in calls[-10:]} == {Code.BACKEND_TIMEOUT}  # the server's breaker answering
+    first = calls[0]
+    if answered_by == "server":
+        assert first[2] == Code.BACKEND_TIMEOUT and 0.14 <= first[1] <= 0.15 + TOLERANCE_S, first
+    else:
+        assert first[2] == Code.TIMEOUT and first[1] >= DEADLINE_S - 0.01, first
+    srv.backend.set("none")

@@ -8,7 +8,7 @@ shows the gap.
 
 Selected by ``"kv_connector": "HardenedMooncakeConnector"`` in ``--kv-transfer-config``; settings in
 ``kv_connector_extra_config`` (:class:`connector_patch.pd.settings.Settings`): ``kv_load_timeout_ms``
-(default 30000), ``quiet_wait_max_ms`` (100; 0: quiet waiting off, see :mod:`connector_patch.quiet`),
+(default 30000), ``quiet_wait_max_ms`` (1000; 0: quiet waiting off, see :mod:`connector_patch.quiet`),
 ``heartbeat_ms`` (500). Wire format unchanged: a hardened
 node and an upstream one talk to each other (the abort answer is upstream's own ``err_reqs``).
 """
@@ -59,7 +59,10 @@ _PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P'
 BOUND_MARGIN_S = 60.0  # upstream D's receive timeout is abort timeout + 60 s: P never writes later
 CANCEL_KEY = "pdchaos_cancel"  # D -> P side channel: {"pdchaos_cancel": [transfer ids]}
 CANCEL_WAIT_MS = 1000  # a cancel round waits this long for P's acknowledgement
-CANCEL_EVERY_S = 2.0  # and is repeated this often until the pull settles
+CANCEL_EVERY_S = 2.0  # and is repeated, first after this long, then twice as long each time, until
+CANCEL_EVERY_MAX_S = 16.0  # the pull settles (a P that connects again is asked at once)
+UNSETTLED_POLL_MS = 1000  # a failed pull waiting for P's last word wakes at least this often (250 before
+# it failed: an abort must reach it at once); each wake costs CPU while a silent P holds it (issue 30, item 14)
 
 
 class HardenedStats(MooncakeKVConnectorStats):
@@ -388,7 +391,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         (closed, or 3 heartbeats missed); a FINISH that leaves an asked request unnamed fails it;
         after a peer failure P's cached addresses are marked stale (:meth:`_forget_peer`). When P
         may still write (timeout, connection lost, request aborted), the pull keeps listening and
-        asks P to cancel every 2 s; it settles on P's last word, P's acknowledgement, a refused
+        asks P to cancel (after 2 s, then twice as long each time up to 16 s; at once when P
+        connects again); it settles on P's last word, P's acknowledgement, a refused
         port, or the bound (abort timeout + 60 s after the pull)."""
         req_ids = set(pull_metas)
         engine_id = next(iter(pull_metas.values())).remote_engine_id
@@ -401,6 +405,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         failed_here = False  # this pull's own failure (code) was reported
         settled = False
         next_cancel = 0.0
+        cancel_every = CANCEL_EVERY_S
         hb = self.settings.heartbeat_ms
         sock = self.async_zmq_ctx.socket(zmq.DEALER)
         mon = None
@@ -430,7 +435,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 if now >= bound:
                     break  # upstream's own bound: P has given up writing by now
                 if unsettled and now >= next_cancel:
-                    next_cancel = now + CANCEL_EVERY_S
+                    next_cancel = now + cancel_every
+                    cancel_every = min(cancel_every * 2, CANCEL_EVERY_MAX_S)
                     doomed = cancel_targets(req_ids, code is not None, self._cancel_wanted)
                     open_ids = {pull_metas[r].transfer_id: r for r in doomed
                                 if self.settlements.is_open(r, worker_addr)}
@@ -441,13 +447,15 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         break
                     continue
                 until = min(deadline if code is None else bound, next_cancel if unsettled else bound)
-                ready = dict(await poller.poll(timeout=max(1, min(250, int((until - now) * 1000)))))
+                cap = UNSETTLED_POLL_MS if unsettled else 250
+                ready = dict(await poller.poll(timeout=max(1, min(cap, int((until - now) * 1000)))))
                 if mon in ready:
                     ev = parse_monitor_message(await mon.recv_multipart())["event"]
                     t_ev = time.monotonic()
                     if ev == zmq.EVENT_CONNECTED:
                         watch.on_connected(t_ev)
-                        next_cancel = 0.0 if unsettled else next_cancel  # reached again: cancel now
+                        if unsettled:  # reached again: cancel now, and often again
+                            next_cancel, cancel_every = 0.0, CANCEL_EVERY_S
                     elif ev == zmq.EVENT_CONNECT_RETRIED:
                         watch.on_retried(t_ev)
                     elif ev == zmq.EVENT_DISCONNECTED:
@@ -530,6 +538,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             except queue.Empty:
                 break
         rep = self.ledger.collect(time.monotonic())
+        due = self.ledger.next_deadline()
+        if due is not None:  # a quietly waiting engine steps at the deadline, not up to its cap later
+            quiet.wake_at(due)
         if rep.finished:
             # a failed load's error goes out now (its invalid blocks: vLLM fails the request and
             # keeps its blocks); its finished_recving, which frees them, once P cannot write

@@ -3,11 +3,13 @@ peer (a request waiting for remote KV; blocks P keeps for D), installed by the h
 the way vllm-ascend's ``patch/`` modules change vLLM: one small module per patched function, each
 with the upstream diff it stands for (``diffs/``), never an edit of an installed file.
 
-- :mod:`.patch_engine_step`: the engine core's empty steps back off (1 ms, doubling, up to
+- :mod:`.patch_engine_step`: the engine core's empty steps back off (1 ms, then eight times longer each time, up to
   ``quiet_wait_max_ms``) and are woken at once by new input or a connector's progress.
 - :mod:`.patch_spin_record_read`: the shared-memory queue's readers spin only while traffic is
   dense, and otherwise sleep on the writer's notification.
-- :mod:`.channel`: the worker → engine core wake channel the hardened connector's progress uses.
+- :mod:`.channel`: the worker → engine core wake channel the hardened connector's progress uses;
+  :func:`wake_at` wakes the engine at a time the connector names (a load's deadline), so the cap
+  may be long without a deadline being noticed late.
 
 Active only where a hardened connector runs: :func:`install` is called by the hardened
 connector's constructors (scheduler side in the engine core, worker side in each worker), so an
@@ -28,7 +30,7 @@ import threading
 from dataclasses import dataclass
 
 from . import patch_engine_step, patch_spin_record_read, patch_spin_wait
-from .backoff import IdleBackoff, WakeCounter, wait_quietly
+from .backoff import Alarm, IdleBackoff, WakeCounter, wait_quietly
 from .channel import WakeListener, WakeSender
 
 logger = logging.getLogger("connector_patch.quiet")
@@ -166,6 +168,23 @@ def wake() -> None:
         _local_wakes.wake()
     elif _sender is not None:
         _sender.wake()
+
+
+_alarm: Alarm | None = None
+
+
+def wake_at(when: float) -> None:
+    """Wake this process's engine (or the worker's parent engine core) at ``when`` (time.monotonic):
+    a time the connector must look at the clock, e.g. a load's deadline. Nothing when quiet
+    waiting is not installed here (the engine steps every 1 ms: upstream's)."""
+    global _alarm
+    if _local_wakes is None and _sender is None:
+        return
+    if _alarm is None:
+        with _lock:
+            if _alarm is None:
+                _alarm = Alarm(wake)
+    _alarm.at(when)
 
 
 class WakeEvent(threading.Event):

@@ -4,7 +4,7 @@ Upstream, after a step that ran no model while the scheduler still has requests,
 steps again: ~1000 empty steps a second, each an RPC to the workers, for as long as a request waits
 for remote KV or P keeps blocks for D (up to the abort timeout, 480 s by default). Here that sleep
 is :func:`connector_patch.quiet.backoff.wait_quietly`: 1 ms after any progress (as upstream), then
-doubling up to the cap, and cut short at once by anything on the engine's input queue or a wake
+growing eightfold up to the cap, and cut short at once by anything on the engine's input queue or a wake
 from a worker's connector (:mod:`.channel`). Everything else is upstream's body unchanged.
 The upstream diff it stands for: ``diffs/engine_core_quiet_wait.diff``.
 """

@@ -20,7 +20,7 @@ def test_defaults_when_nothing_is_set() -> None:
     assert s.heartbeat_timeout_ms == 1500
     assert s.eos_hold_ms == 60000 and Settings.from_extra({"eos_hold_ms": 5000}).eos_hold_ms == 5000
     assert Settings.from_extra(None) == s
-    assert s.quiet_wait_max_ms == 100 and Settings.from_extra({"quiet_wait_max_ms": 0}).quiet_wait_max_ms == 0  # 0: off
+    assert s.quiet_wait_max_ms == 1000 and Settings.from_extra({"quiet_wait_max_ms": 0}).quiet_wait_max_ms == 0  # 0: off
 
 
 @pytest.mark.parametrize("key,value", [("kv_load_timeout_ms", 0), ("kv_load_timeout_ms", -5),

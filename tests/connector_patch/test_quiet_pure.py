@@ -20,10 +20,9 @@ from connector_patch.quiet.channel import WakeListener, WakeSender, wake_address
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_backoff_doubles_from_upstreams_1ms_to_the_cap_and_resets() -> None:
-    b = IdleBackoff(0.1)
-    assert [round(b.next_delay(), 3) for _ in range(9)] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.1,
-                                                            0.1]
+def test_backoff_grows_eightfold_from_upstreams_1ms_to_the_cap_and_resets() -> None:
+    b = IdleBackoff(1.0)
+    assert [round(b.next_delay(), 3) for _ in range(7)] == [0.001, 0.008, 0.064, 0.512, 1.0, 1.0, 1.0]
     b.reset()
     assert b.next_delay() == FIRST_S
 
@@ -149,3 +148,32 @@ def test_the_connectors_wake_event_sets_and_wakes_without_an_engine() -> None:
     ev = quiet.WakeEvent()
     ev.set()  # nothing installed in this process: a plain event
     assert ev.is_set()
+
+
+def test_the_alarm_fires_once_at_the_earliest_time_asked() -> None:
+    """quiet.wake_at's alarm (issue 30, item 14): a quietly waiting engine steps at a load's
+    deadline, not up to its cap later; a later time than one pending changes nothing."""
+    import threading
+    import time
+
+    from connector_patch.quiet.backoff import Alarm
+
+    fired: list[float] = []
+    done = threading.Event()
+
+    def fire() -> None:
+        fired.append(time.monotonic())
+        done.set()
+
+    alarm = Alarm(fire)
+    t0 = time.monotonic()
+    alarm.at(t0 + 0.3)
+    alarm.at(t0 + 0.1)  # earlier: replaces it
+    alarm.at(t0 + 0.5)  # later: nothing
+    assert done.wait(2.0)
+    assert 0.09 <= fired[0] - t0 < 0.25, fired[0] - t0
+    time.sleep(0.6)
+    assert len(fired) == 1 and alarm.fired == 1 and alarm.pending() is None
+    done.clear()
+    alarm.at(time.monotonic() - 1)  # already due: at once
+    assert done.wait(1.0) and alarm.fired == 2

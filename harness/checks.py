@@ -146,6 +146,8 @@ def op_elapsed_ms(o: dict) -> float:
     if e is not None:
         vals.append(float(e))
     a, b = o.get("t_invoke"), o.get("t_complete")
+    if any(x is not None and not finite(x) for x in (a, b)):
+        return math.inf  # a timestamp there but not a number: never read as quick from elapsed_ms alone
     if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (a, b)):
         vals.append((b - a) * 1000.0)
     return max(vals) if vals else math.inf
@@ -347,7 +349,8 @@ def workload_ran(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     return _r(True, f"{n} ops (about {planned:.0f} planned), workload exit {code}")
 
 
-HARNESS_PROBLEMS = ("fault_error", "probe_failed", "probe_silent", "leftovers", "nemesis_stuck")
+HARNESS_PROBLEMS = ("fault_error", "probe_failed", "probe_silent", "leftovers", "nemesis_stuck",
+                    "journal_line_unreadable")
 
 
 def _client_tally(inp: CheckInput) -> str | None:
@@ -393,6 +396,9 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
         return _r(False, "the journal has no end record: the run did not finish writing its history")
     seen: set = set()
     for r in inp.records:
+        if "t" in r and not finite(r.get("t")):
+            return _r(False, f"a {r.get('type')} record's time is not a finite number ({r.get('t')!r}): "
+                             f"the history is broken")
         if r.get("type") in ("op", "fault"):
             key = (r.get("type"), r.get("id"), r.get("phase") if r.get("type") == "fault" or
                    r.get("phase") == "invoke" else "done")

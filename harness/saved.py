@@ -36,4 +36,11 @@ def check_saved(journal_path: str | Path, records: list[dict] | None = None) -> 
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed record: judged, not a crash
         return [CheckResult("harness_integrity", False, f"the journal cannot be read as a history: "
                                                         f"{type(exc).__name__}: {exc}")]
-    return run_checks(inp, inp.meta.get("checks") or {}, checks, inp.meta.get("not_applicable") or {})
+    return run_checks(inp, saved_config(inp.meta), checks, inp.meta.get("not_applicable") or {})
+
+
+def saved_config(meta: dict) -> dict:
+    """The check options a run saved; a check the run did not know yet (saved before it existed)
+    gets what its family says today (e.g. an opt-in check stays off), never its bare default."""
+    saved = meta.get("checks") or {}
+    return {**{k: dict(v) for k, v in get_family(meta["family"]).check_defaults.items() if k not in saved}, **saved}

@@ -88,23 +88,51 @@ class OpsInWindow(TriggerParams):
     fault: int = Field(ge=0, description="the fault entry (0-based, in file order) whose window is meant")
     min: int = Field(1, ge=1, le=1000, description="at least this many ops in flight during the window")
     f: str | None = Field(None, description="only ops of this kind (default: the workload's main operation)")
+    at_start: bool = Field(False, description="count only ops in flight at the instant the fault acted (e.g. "
+                                              "the request a kill or a cut caught), not ones sent later in its window")
+    at_once: bool = Field(False, description="``min`` ops in flight together at one instant of the window, not "
+                                             "one after another")
+
+
+def _acted_at(inp: Any, fid: int) -> float | None:
+    """When fault ``fid``'s injection had been done: its ``fault_started`` event (written once the
+    fault's start returned; the window's start record is written before it acts)."""
+    ts = [e.get("t") for e in inp.events if e.get("what") == "fault_started" and e.get("id") == fid]
+    return ts[0] if len(ts) == 1 and _finite(ts[0]) else None
 
 
 @GENERIC.trigger("ops_in_window", OpsInWindow)
 def ops_in_window(inp: Any, params: dict) -> Fired:
-    """At least ``min`` ops were in flight while fault ``fault`` acted: invoked before its heal
-    and not completed before its start (an op still open at the end counts as in flight to the end)."""
+    """At least ``min`` ops were in flight while fault ``fault`` acted: invoked before its heal and
+    not completed before the fault had acted (its ``fault_started`` event; an op still open at the
+    end counts as in flight to the end). ``at_start``: in flight at that instant; ``at_once``:
+    ``min`` of them in flight together."""
     fid, need, kind = params["fault"], params.get("min", 1), params.get("f")
     w = next((w for w in inp.windows if w.get("id") == fid), None)
     if w is None or not _finite(w.get("start")) or not _finite(w.get("stop")):
         return Fired(False, f"fault {fid} never opened a window")
+    acted = _acted_at(inp, fid)
+    if acted is None or not w["start"] <= acted <= w["stop"]:
+        return Fired(False, f"fault {fid} ({w.get('name')}) has no one record of when it acted inside its window")
     ops = [o for o in (inp.all_ops if kind else inp.ops) if kind is None or o.get("f") == kind]
-    n = 0
+    lo = acted
+    hi = acted if params.get("at_start") else w["stop"]
+    spans = []
     for o in ops:
         a, b = o.get("t_invoke"), o.get("t_complete")
-        if not _finite(a):
+        if not _finite(a) or (b is not None and not _finite(b)):
             continue
-        if a < w["stop"] and (b is None or (_finite(b) and b > w["start"])):
-            n += 1
+        if a <= hi and (b is None or b > lo):
+            spans.append((max(a, lo), hi if b is None else min(b, hi)))
+    n = len(spans)
     what = f"{kind} ops" if kind else "ops"
-    return Fired(n >= need, f"{n} {what} in flight during {w.get('name')} (fault {fid}; {need} needed)")
+    how = " at the instant it acted" if params.get("at_start") else ""
+    if params.get("at_once"):
+        edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], -e[1]))
+        cur = peak = 0
+        for _, d in edges:
+            cur += d
+            peak = max(peak, cur)
+        return Fired(peak >= need, f"at most {peak} {what} in flight together during {w.get('name')}{how} "
+                                   f"(fault {fid}; {need} needed)")
+    return Fired(n >= need, f"{n} {what} in flight during {w.get('name')}{how} (fault {fid}; {need} needed)")

@@ -79,18 +79,30 @@ class JournalWriter:
         self.close()
 
 
+UNREADABLE = "journal_line_unreadable"
+
+
 def read_journal(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records; a torn last line (a process killed mid-write) is skipped."""
-    out = []
+    """All records; a torn last line (a process killed mid-write) is skipped. A line that cannot be
+    read with more lines after it is no torn write: it becomes an event record ``journal_line_unreadable``
+    (its line number only) in its place, which ``harness_integrity`` fails on, so a damaged record
+    can never just vanish from a history."""
+    out: list[dict[str, Any]] = []
+    bad: int | None = None
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for n, line in enumerate(fh, 1):
             line = line.strip()
             if not line:
                 continue
+            if bad is not None:
+                out.append({"type": "event", "what": UNREADABLE, "line": bad})
+                bad = None
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError:
+                bad = n
                 continue
+            out.append(rec if isinstance(rec, dict) else {"type": "event", "what": UNREADABLE, "line": n})
     return out
 
 

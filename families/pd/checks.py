@@ -234,6 +234,53 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
                     f"intervals, {quiet_s:.1f} s node-time)", worst_cpu=round(worst[0], 3))
 
 
+@check("no_write_after_free")
+def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """No KV write lands in a decode node's blocks after vLLM freed them from a load that failed or
+    was aborted (P's late write: Mooncake is push, so only D's memory shows it; correct_output sees
+    only final text). The watcher (families/pd/node_instruments/pdchaos_waf) in D's worker fills
+    such blocks with a NaN pattern when they are freed and looks at them until vLLM hands them out
+    again; its counts reach the probes (``waf_*``). Judged on every decode node's counts between
+    its first and last probe of the run; a decode node the watcher does not report from, or whose
+    counts are missing, unreadable or show the watcher failing, cannot be judged (it fails).
+    Opt-in per scenario (``checks: {no_write_after_free: {enabled: true}}``): the CPU profile's
+    TP=1 Mooncake decode nodes run the watcher; others (NPUs, TP=2, the store connector) do not."""
+    probes = sorted((p for p in inp.probes if p.get("kind") == "vllm" and str(p.get("node", "")).startswith("decode")
+                     and finite(p.get("t"))), key=lambda p: p["t"])
+    if not probes:
+        return undecided("no probe of a decode node")
+    by_pid: dict = {}
+    for p in probes:
+        by_pid.setdefault((p.get("node"), p.get("pid")), []).append(p)
+    freed = watched_late = 0
+    for (node, pid), ps in by_pid.items():
+        first, last = ps[0].get("counters") or {}, ps[-1].get("counters") or {}
+        if len(ps) < 2:
+            return undecided(f"{node} (pid {pid}): one probe only: nothing to compare")
+        for c, which in ((first, "first"), (last, "last")):
+            if c.get("waf_watching") != 1:
+                return undecided(f"{node} (pid {pid}) does not run the write-after-free watcher (its {which} probe): "
+                                 f"only the CPU profile's TP=1 Mooncake decode nodes do")
+            if c.get("waf_ok") != 1 or not isinstance(c.get("waf_late_writes"), int) \
+                    or not isinstance(c.get("waf_tensors"), int) or c.get("waf_tensors", 0) < 1:
+                return undecided(f"{node} (pid {pid}): the watcher's counts are missing or it holds no KV tensor "
+                                 f"({which} probe): it did not load in the worker")
+        if last.get("waf_errors", 0) > first.get("waf_errors", 0):
+            return undecided(f"{node} (pid {pid}): the watcher failed {last['waf_errors'] - first['waf_errors']} "
+                             f"time(s) during the run")
+        late = last["waf_late_writes"] - first["waf_late_writes"]
+        if late < 0:
+            return undecided(f"{node} (pid {pid}): its late-write count went backwards: not one watcher's counts")
+        if late:
+            return _r(False, f"{node}: {late} block(s) written after vLLM freed them from a failed or aborted load "
+                             f"(of {last.get('waf_poisoned', 0) - first.get('waf_poisoned', 0)} watched)",
+                      late_writes=late)
+        freed += last.get("waf_poisoned", 0) - first.get("waf_poisoned", 0)
+        watched_late += late
+    return _r(True, f"no write after free: {freed} block(s) freed from failed or aborted loads were watched "
+                    f"until handed out again, none written", watched=freed)
+
+
 FAIL_MARGIN_S = 2.0  # the hardened D's failed load reaches the client within kv_load_timeout + this
 BEFORE_D = ("bootstrap", "prefill", "proxy")  # proxy phases that end before D is asked: no KV load involved
 
@@ -423,6 +470,9 @@ def reset_truth(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 class PromptAnswered(TriggerParams):
     index: int = Field(ge=0, le=10000, description="the prompt's index in the run's prompts (seeded: the same "
                                                    "prompt for the same seed and topology)")
+    expect: str | None = Field(None, description="the prompt's reference answer must be this (\"\": an EOS at "
+                                                 "once), in prompts.json and in the op: the prompt is the one the "
+                                                 "claim is about")
 
 
 @FAMILY.triggers.trigger("prompt_answered", PromptAnswered)
@@ -438,4 +488,16 @@ def prompt_answered(inp: CheckInput, params: dict) -> Fired:
     if not answered:
         return Fired(False, f"prompt {idx} was sent {len(mine)} times, never answered with an HTTP status")
     o = answered[0]
-    return Fired(True, f"prompt {idx} sent as op {o.get('id')}, answered HTTP {o.get('status')}")
+    want = params.get("expect")
+    if want is not None:
+        prompts = (getattr(inp, "saved", None) or {}).get("prompts")
+        ref = prompts[idx].get("expected") if isinstance(prompts, list) and idx < len(prompts) \
+            and isinstance(prompts[idx], dict) else None
+        if ref is None:
+            return Fired(False, f"prompt {idx}: no readable reference in prompts.json: whether it is the prompt the "
+                                f"claim is about is unknown")
+        if ref != want or o.get("expected") != want:
+            return Fired(False, f"prompt {idx}'s reference answer is not the one the claim is about "
+                                f"({len(ref)} characters, {len(want)} expected)")
+    return Fired(True, f"prompt {idx} sent as op {o.get('id')}, answered HTTP {o.get('status')}"
+                       + ("" if want is None else f", its reference answer {len(want)} characters as claimed"))

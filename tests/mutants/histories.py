@@ -627,7 +627,9 @@ def judge_inline(run: Run, checks: dict | None = None) -> Judgement:
     from harness.triggers import registry_for
 
     inp = C.CheckInput(records, dict(run.logs), secrets, fam.log_pattern, saved, triggers=registry_for(fam))
-    results = C.run_checks(inp, m.get("checks") or {}, checks if checks is not None else C.checks_for(fam),
+    from harness.saved import saved_config
+
+    results = C.run_checks(inp, saved_config(m), checks if checks is not None else C.checks_for(fam),
                            m.get("not_applicable") or {})
     verdict, failing = V.of_results(results)
     return Judgement(verdict, tuple(failing), V.outcome(verdict, m.get("expect"), failing),

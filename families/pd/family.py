@@ -47,7 +47,8 @@ class PDFamily(Family):
     # Mooncake's transfer engine pools up to 4 TCP connections per peer pair and opens new ones to a
     # restarted peer: a warm vLLM node's fds grow by up to 4 in a scenario that is healthy (measured
     # on P: +2 to +4 per scenario, also in pd-baseline); growth beyond that is still a leak
-    check_defaults = {"no_leaks": {"slack": 4}}
+    # no_write_after_free is opt-in: only the CPU profile's decode nodes run its watcher
+    check_defaults = {"no_leaks": {"slack": 4}, "no_write_after_free": {"enabled": False}}
     generic_explains = dict.fromkeys(
         ("kill", "stop", "restart", "node_down", "partition", "refuse", "bandwidth_limit", "latency", "bandwidth",
          "slow_close", "timeout", "reset_peer", "slicer", "limit_data", "down"),

@@ -49,3 +49,34 @@ def plugin_site() -> Path:
         tmp.symlink_to(pkg, target_is_directory=True)
         os.replace(tmp, link)
     return site
+
+
+INSTRUMENT_DIST = "pdchaos_instruments-0.0.0.dist-info"
+INSTRUMENT_ENTRY_POINTS = "[vllm.general_plugins]\npdchaos_waf = pdchaos_waf:register\n"
+INSTRUMENT_METADATA = "Metadata-Version: 2.1\nName: pdchaos-instruments\nVersion: 0.0.0\n"
+
+
+def instrument_site() -> Path:
+    """The folder of the harness's own node instruments (``families/pd/node_instruments``: the
+    write-after-free watcher, active only where ``PDCHAOS_WAF_FILE`` is set), put on a decode
+    node's ``PYTHONPATH``, upstream or hardened; built as :func:`plugin_site` is."""
+    from harness.nodeenv.venv import cache_root
+
+    pkg = Path(__file__).resolve().parent / "node_instruments" / "pdchaos_waf"
+    site = cache_root() / "instrument-site" / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
+    dist = site / INSTRUMENT_DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    for name, text in (("entry_points.txt", INSTRUMENT_ENTRY_POINTS), ("METADATA", INSTRUMENT_METADATA)):
+        f = dist / name
+        if not f.exists() or f.read_text() != text:
+            tmp = f.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, f)
+    link = site / "pdchaos_waf"
+    if not (link.is_symlink() and Path(os.readlink(link)) == pkg):
+        tmp = site / f".pdchaos_waf.{os.getpid()}.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(pkg, target_is_directory=True)
+        os.replace(tmp, link)
+    return site

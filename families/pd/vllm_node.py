@@ -332,6 +332,8 @@ def log_tail(path: Path, n: int = 3, limit: int = 600) -> str:
 # --------------------------------------------------------------------------- the node
 
 class VllmNode:
+    waf_file: Path | None = None  # the write-after-free watcher's counts file (decode nodes on CPU)
+
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.role = args.role
@@ -408,6 +410,10 @@ class VllmNode:
         self.server_log = Path(args.server_log)
         if not self.server_log.parent.is_dir():
             raise NodeUsageError(f"--server-log: folder {str(self.server_log.parent)!r} does not exist")
+        # the write-after-free watcher (node_instruments/pdchaos_waf) in a CPU decode node's one worker
+        if (args.role == "decode" and args.device == "cpu" and args.tensor_parallel_size == 1
+                and "Store" not in args.kv_connector and is_mooncake(args.kv_connector)):
+            self.waf_file = self.server_log.with_name(self.server_log.name + ".waf.json")
         self.base = f"http://{args.host}:{args.port}"
         self.bootstrap = f"http://{args.host}:{args.bootstrap_port}"
         self.proc: subprocess.Popen | None = None
@@ -518,14 +524,19 @@ class VllmNode:
         # (CANN's set_env.sh adds the toolkit's Python packages, which torch_npu and vllm-ascend need)
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] \
             if a.vllm_from != "node-env" else []
+        sites: list[str] = []
         if "Hardened" in json.dumps(self.kv_transfer_config() or {}):  # a hardened connector, or one nested
             # in a MultiConnector: vLLM finds the plugin's entry point there (plugin_site.py)
             from .plugin_site import plugin_site
 
-            env["PYTHONPATH"] = os.pathsep.join([str(plugin_site())] + ([a.plugin_path] if a.plugin_path else [])
-                                                + inherited)
-        elif inherited:
-            env["PYTHONPATH"] = os.pathsep.join(inherited)
+            sites = [str(plugin_site())] + ([a.plugin_path] if a.plugin_path else [])
+        if self.waf_file is not None:  # the write-after-free watcher (node_instruments/pdchaos_waf)
+            from .plugin_site import instrument_site
+
+            sites.append(str(instrument_site()))
+            env["PDCHAOS_WAF_FILE"] = str(self.waf_file)
+        if sites or inherited:
+            env["PYTHONPATH"] = os.pathsep.join(sites + inherited)
         else:
             env.pop("PYTHONPATH", None)
         return env
@@ -700,11 +711,27 @@ class VllmNode:
                   "sockets": held["sockets"], "processes": held["processes"],
                   "wrapper_threads": mine["threads"], "wrapper_fds": mine["fds"]}
         # the probe records keep ``counters`` (and threads/fds): the counts go there too, for the journal
-        counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped)), **counts}
+        counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped)), **counts,
+                    **self.waf_counts()}
         return {"alive": alive, "role": self.role, "server_pid": self.proc.pid if self.proc else None,
                 "engine_id": self.engine_id, "cpu_s": cpu_s, "rss_mib": rss_mib, **counts,
                 "ready_threads": ready["threads"], "ready_fds": ready["fds"],
                 "lazy_threads": lazy_t, "lazy_fds": lazy_f, "counters": counters}
+
+    def waf_counts(self) -> dict:
+        """The write-after-free watcher's counts (``waf_*``; ``waf_watching`` 1 when this node runs
+        it, ``waf_ok`` 1 when its file was read: counts only), {} when it does not run here."""
+        if self.waf_file is None:
+            return {}
+        try:
+            data = json.loads(self.waf_file.read_text())
+        except (OSError, ValueError):
+            return {"waf_watching": 1, "waf_ok": 0}
+        out = {"waf_watching": 1, "waf_ok": 1}
+        for k, v in data.items() if isinstance(data, dict) else ():
+            if isinstance(v, int) and not isinstance(v, bool):
+                out[f"waf_{k}"] = v
+        return out
 
     def metrics(self, msg: dict) -> dict:  # noqa: ARG002
         return {"counters": scrape(self.base, timeout=SCRAPE_BUDGET_S)}

@@ -204,6 +204,22 @@ def pd_burn(run: Run, rate: float = 0.95, since: float = 6.5) -> None:
             p["counters"]["cpu_s"] = round(p["counters"]["cpu_s"] + rate * (min(t, stop) - since), 3)
 
 
+def pd_waf(late_writes: int = 0, watching: bool = True) -> Callable[[Run], None]:
+    """Opt the history into no_write_after_free and give D's probes the watcher's counts: 3 blocks
+    freed from failed loads watched, ``late_writes`` of them written after free by the last probe
+    (``watching`` False: D's probes say nothing of a watcher)."""
+    def f(run: Run) -> None:
+        run.meta.setdefault("checks", {})["no_write_after_free"] = {"enabled": True}
+        if not watching:
+            return
+        ps = run.probes("decode:0")
+        for i, p in enumerate(ps):
+            last = i == len(ps) - 1
+            p["counters"].update({"waf_watching": 1, "waf_ok": 1, "waf_tensors": 2, "waf_errors": 0,
+                                  "waf_poisoned": 3 if i else 0, "waf_late_writes": late_writes if last else 0})
+    return f
+
+
 def pd_prompts(run: Run) -> list[dict]:
     return json.loads(run.files["prompts.json"])
 
@@ -354,6 +370,9 @@ PD_MUTANTS = [
     M("pd_request_waiting_at_the_end", "pd",
       lambda r: final(r, "prefill:0")["counters"].update(num_requests_waiting=1), "deviation", ("drained",)),
     M("pd_decode_burns_cpu_in_a_quiet_fault_interval", "pd", pd_burn, "deviation", ("no_busy_wait",)),
+    # P wrote into blocks D had freed from a failed load: only D's watcher sees it (Mooncake is push)
+    M("pd_write_after_free_on_decode", "pd", pd_waf(late_writes=1), "deviation", ("no_write_after_free",)),
+    M("pd_write_after_free_watcher_silent", "pd", pd_waf(watching=False), "error", ("no_write_after_free",)),
     M("pd_decode_pulled_no_tokens", "pd",
       lambda r: [p["counters"].update({EXT: 0}) for p in r.probes("decode:0")], "deviation", ("kv_transferred",)),
     M("pd_secret_prompt_in_a_server_log", "pd",
@@ -628,6 +647,7 @@ CONTROLS = [
       lambda r: fail_op(r, 5, "http_502", "decode", code="aborted"), "as_expected", ()),
     M("pd_expected_fail_no_busy_wait_and_only_it_fails", "pd", both(set_expect("fail[no_busy_wait]"), pd_burn),
       "as_expected", ("no_busy_wait",)),
+    M("pd_write_after_free_watched_and_clean", "pd", pd_waf(late_writes=0), "as_expected", ()),
     M("pd_recompute_http_502_before_d_was_asked", "pd_recompute", lambda r: fail_op(r, 4, "http_502", "bootstrap"),
       "as_expected", ()),
     M("pd_stalled_op_expected_stall", "pd",

@@ -46,7 +46,9 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              "stacks/vllm_cpu/build_tiny_model.py", "families/lookup/ascend_server.py",
              "families/lookup/ascend_workload.py", "families/lookup/store_server.py",
              "families/lookup/store_workload.py", "families/layerwise/engine.py",
-             "families/layerwise/stack.py"}
+             "families/layerwise/stack.py",
+             # the write-after-free watcher, loaded by vLLM itself in a decode node (a general plugin)
+             "families/pd/node_instruments/pdchaos_waf/__init__.py"}
 
 
 def _files(pkg: str) -> list[Path]:

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from .ledger import DEFAULT_KV_LOAD_TIMEOUT_MS, validate_kv_load_timeout_ms
 
-DEFAULT_QUIET_WAIT_MAX_MS = 1000  # connector_patch.quiet: empty steps wait 1, 2, 4, ... up to this (a deadline wakes it: quiet.wake_at)
+DEFAULT_QUIET_WAIT_MAX_MS = 1000  # connector_patch.quiet: empty steps wait 1, 8, 64, ... up to this (a deadline wakes it: quiet.wake_at)
 DEFAULT_HEARTBEAT_MS = 500
 # P: how long it keeps the KV of a prompt whose one token was EOS for a D that may still pull it
 # (issue 30, item 9). Upstream frees such blocks at once (and D's pull then waits the abort timeout);

@@ -252,7 +252,7 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
     by_pid: dict = {}
     for p in probes:
         by_pid.setdefault((p.get("node"), p.get("pid")), []).append(p)
-    freed = watched_late = 0
+    freed = 0
     for (node, pid), ps in by_pid.items():
         first, last = ps[0].get("counters") or {}, ps[-1].get("counters") or {}
         if len(ps) < 2:
@@ -276,7 +276,6 @@ def no_write_after_free(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: AR
                              f"(of {last.get('waf_poisoned', 0) - first.get('waf_poisoned', 0)} watched)",
                       late_writes=late)
         freed += last.get("waf_poisoned", 0) - first.get("waf_poisoned", 0)
-        watched_late += late
     return _r(True, f"no write after free: {freed} block(s) freed from failed or aborted loads were watched "
                     f"until handed out again, none written", watched=freed)
 

@@ -29,21 +29,27 @@ def package_dir() -> Path:
 
 def plugin_site() -> Path:
     """The folder for this checkout (created or repaired idempotently; safe to race)."""
+    return _site("plugin-site", package_dir(), DIST, ENTRY_POINTS, METADATA)
+
+
+def _site(kind: str, pkg: Path, dist_name: str, entry_points: str, metadata: str) -> Path:
+    """A folder under the cache holding one dist-info (``entry_points`` and ``metadata``) and a
+    symlink to the package folder ``pkg``, named by ``pkg``'s path (created or repaired
+    idempotently; safe to race: every write goes through a rename)."""
     from harness.nodeenv.venv import cache_root
 
-    pkg = package_dir()
-    site = cache_root() / "plugin-site" / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
-    dist = site / DIST
+    site = cache_root() / kind / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
+    dist = site / dist_name
     dist.mkdir(parents=True, exist_ok=True)
-    for name, text in (("entry_points.txt", ENTRY_POINTS), ("METADATA", METADATA)):
+    for name, text in (("entry_points.txt", entry_points), ("METADATA", metadata)):
         f = dist / name
         if not f.exists() or f.read_text() != text:
             tmp = f.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, f)
-    link = site / "connector_patch"
+    link = site / pkg.name
     if not (link.is_symlink() and Path(os.readlink(link)) == pkg):
-        tmp = site / f".connector_patch.{os.getpid()}.tmp"
+        tmp = site / f".{pkg.name}.{os.getpid()}.tmp"
         if tmp.is_symlink() or tmp.exists():
             tmp.unlink()
         tmp.symlink_to(pkg, target_is_directory=True)
@@ -60,23 +66,5 @@ def instrument_site() -> Path:
     """The folder of the harness's own node instruments (``families/pd/node_instruments``: the
     write-after-free watcher, active only where ``PDCHAOS_WAF_FILE`` is set), put on a decode
     node's ``PYTHONPATH``, upstream or hardened; built as :func:`plugin_site` is."""
-    from harness.nodeenv.venv import cache_root
-
     pkg = Path(__file__).resolve().parent / "node_instruments" / "pdchaos_waf"
-    site = cache_root() / "instrument-site" / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
-    dist = site / INSTRUMENT_DIST
-    dist.mkdir(parents=True, exist_ok=True)
-    for name, text in (("entry_points.txt", INSTRUMENT_ENTRY_POINTS), ("METADATA", INSTRUMENT_METADATA)):
-        f = dist / name
-        if not f.exists() or f.read_text() != text:
-            tmp = f.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, f)
-    link = site / "pdchaos_waf"
-    if not (link.is_symlink() and Path(os.readlink(link)) == pkg):
-        tmp = site / f".pdchaos_waf.{os.getpid()}.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.symlink_to(pkg, target_is_directory=True)
-        os.replace(tmp, link)
-    return site
+    return _site("instrument-site", pkg, INSTRUMENT_DIST, INSTRUMENT_ENTRY_POINTS, INSTRUMENT_METADATA)

@@ -130,7 +130,7 @@ class Watcher:
             return
         self._written = now
         data = {**self.tracker.counters, **self.counters, "watched": len(self.watched), "tensors": len(self.views)}
-        tmp = f"{self.path}.{os.getpid()}.tmp"
+        tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"  # the poll thread and set_caches both write
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f)
         os.replace(tmp, self.path)

@@ -34,7 +34,8 @@ class PeerWatch:
     after a network blip heals, so it is gone only when, in addition, the connection has been lost
     for ``after_loss_s`` (D's heartbeat timeout): a port that refuses for that long is a process
     that is gone. A blip whose rule REJECTs (refusals) for longer still reads as P gone: D cannot
-    tell the two apart from its side alone (docs/hardened-connector.md, open items)."""
+    tell the two apart from its side alone. P closes that gap from its side: it never writes for a
+    pull whose connection dropped (:class:`RequesterLinks`), and sees the loss sooner than this."""
 
     def __init__(self, refused_limit: int = 2, after_loss_s: float = 1.5):
         if refused_limit < 1 or after_loss_s < 0:
@@ -67,3 +68,66 @@ class PeerWatch:
         if not self.ever_connected:
             return True
         return self.lost_at is not None and now - self.lost_at >= self.after_loss_s
+
+
+# P's side channel (a ZMQ ROUTER): TCP keepalive probes after 1 s of silence on a connection, from
+# the kernel. A link that now refuses (REJECT: a TCP reset) answers the first probe with a reset,
+# so P sees the loss about 1 s after the link's last traffic, and then never writes for that
+# connection's pulls, sooner than D may read P as gone (refused, and its connection lost for D's
+# heartbeat timeout, 1.5 s). A requester that merely goes silent keeps its connection: its kernel
+# answers the probes (an upstream D frozen past P's abort timeout still gets P's answer when it
+# thaws), and a link that drops packets is given up only after a minute of unanswered probes. Not
+# ZMQ heartbeats: pings from P to a frozen upstream D made P's process burn a core (measured on
+# pd-mixed-upstream-decode: 1.06 of a core, 0.09 without).
+KEEPALIVE_IDLE_S = 1
+KEEPALIVE_UNANSWERED = 60
+
+
+def side_channel_options(heartbeat_ms: int) -> list[tuple[str, int]]:  # noqa: ARG001 - D's, kept for the call
+    """(pyzmq option name, value) for P's side channel."""
+    return [("TCP_KEEPALIVE", 1), ("TCP_KEEPALIVE_IDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPALIVE_INTVL", 1),
+            ("TCP_KEEPALIVE_CNT", KEEPALIVE_UNANSWERED)]
+
+
+def pull_socket_options(heartbeat_ms: int, heartbeat_timeout_ms: int) -> list[tuple[str, int]]:
+    """(pyzmq option name, value) for D's pull socket (a DEALER): pings every ``heartbeat_ms``, P is
+    lost after ``heartbeat_timeout_ms`` without an answer; the TTL its pings carry lets P drop the
+    connection of a D that went silent as long."""
+    return [("LINGER", 0), ("HEARTBEAT_IVL", heartbeat_ms), ("HEARTBEAT_TIMEOUT", heartbeat_timeout_ms),
+            ("HEARTBEAT_TTL", heartbeat_timeout_ms)]
+
+
+class RequesterLinks:
+    """P's side: the connections its side channel (a ZMQ ROUTER) has accepted, as its socket monitor
+    reports them by file descriptor, and whether the connection a pull came on is still up.
+
+    A pull whose connection dropped is never written for. Its answer cannot reach D any more (a
+    DEALER that reconnects gets a new routing id, the reply to the old one is dropped), and D may
+    have read P as gone and freed the blocks the pull names: a link that refuses reconnects for D's
+    heartbeat timeout looks to D exactly like a dead P (issue 30, item 4). A descriptor is reused
+    by a later connection, so each accept starts a new generation of it; the listener reads the
+    monitor before it takes a pull, so the generation a pull is tagged with is its own."""
+
+    def __init__(self) -> None:
+        self._gen: dict[int, int] = {}
+        self._down: set[int] = set()  # descriptors whose current connection dropped
+
+    def on_accepted(self, fd: int) -> None:
+        self._gen[fd] = self._gen.get(fd, 0) + 1
+        self._down.discard(fd)
+
+    def on_disconnected(self, fd: int) -> None:
+        if fd in self._gen:
+            self._down.add(fd)
+
+    def tag(self, fd: int | None) -> tuple[int, int] | None:
+        """The connection a message just received on ``fd`` came on (None: not known)."""
+        if fd is None or fd not in self._gen:
+            return None
+        return fd, self._gen[fd]
+
+    def lost(self, tag: tuple[int, int] | None) -> bool:
+        if tag is None:
+            return False  # not known: upstream's behaviour
+        fd, gen = tag
+        return self._gen.get(fd) != gen or fd in self._down

@@ -11,6 +11,10 @@
 - ``eos_hold_ms``: how long P keeps the KV of a prompt answered EOS for D's pull (P's own
   answer; the proxy still sends the request to D). Past it P frees the blocks and a late pull is
   answered at once (the terminal record "expired").
+- ``aggregate_failed_early`` (D, TP > 1): a failed load reaches the scheduler once every worker
+  reported it failed or finished (:mod:`connector_patch.pd.patch_output_aggregator`); upstream's
+  aggregator waits for every worker's *finished*, which the hardened worker reports only once P
+  can no longer write. ``false``: upstream's aggregator.
 - :class:`FailureLog`: failure counts by code, logged at most once per interval (counts and codes
   only: never request ids, block lists, prompts or addresses).
 """
@@ -44,12 +48,21 @@ def _positive_ms(extra: Mapping[str, Any], key: str, default: int, upper: int | 
     return value
 
 
+def _flag(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"kv_connector_extra_config.{key} must be true or false, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     kv_load_timeout_ms: int = DEFAULT_KV_LOAD_TIMEOUT_MS
     quiet_wait_max_ms: int = DEFAULT_QUIET_WAIT_MAX_MS
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMQ heartbeat interval; the peer is gone after 3 missed
     eos_hold_ms: int = DEFAULT_EOS_HOLD_MS  # P: the hold of an EOS-answered prompt's KV for D
+    # D, TP > 1: a failed load reaches the scheduler once every worker reported it (patch_output_aggregator)
+    aggregate_failed_early: bool = True
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "Settings":
@@ -62,7 +75,8 @@ class Settings:
                    quiet_wait_max_ms=_positive_ms(extra, "quiet_wait_max_ms", DEFAULT_QUIET_WAIT_MAX_MS,
                                                   MAX_QUIET_WAIT_MAX_MS, zero_ok=True),
                    heartbeat_ms=_positive_ms(extra, "heartbeat_ms", DEFAULT_HEARTBEAT_MS, 60000),
-                   eos_hold_ms=_positive_ms(extra, "eos_hold_ms", DEFAULT_EOS_HOLD_MS, 3600000))
+                   eos_hold_ms=_positive_ms(extra, "eos_hold_ms", DEFAULT_EOS_HOLD_MS, 3600000),
+                   aggregate_failed_early=_flag(extra, "aggregate_failed_early", True))
 
     @property
     def heartbeat_timeout_ms(self) -> int:

@@ -16,6 +16,7 @@ node and an upstream one talk to each other (the abort answer is upstream's own 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import time
 from collections import defaultdict
@@ -39,7 +40,9 @@ from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
-from connector_patch.pd.pull import PeerWatch, cancel_targets
+from connector_patch.pd import patch_output_aggregator
+from connector_patch.pd.pull import (PeerWatch, RequesterLinks, cancel_targets, pull_socket_options,
+                                     side_channel_options)
 from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch import quiet
 from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
@@ -50,6 +53,8 @@ logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's l
 NAME = "HardenedMooncakeConnector"
 ABORTED_MSG = "pdchaos-aborted: P will never send this request (aborted or expired)"
 QUEUED_EXPIRED_MSG = "pdchaos-expired: the pull waited in P's queue past the records it needs"
+LOST_MSG = "pdchaos-lost: the pull's connection dropped before P could write"
+_PULL_LINK: contextvars.ContextVar = contextvars.ContextVar("pdchaos_pull_link", default=None)  # per sender task
 Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
 
@@ -219,6 +224,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self._waiters: dict[str, int] = defaultdict(int)  # transfer id -> pulls waiting on it (P side)
         self._cancel_prefix = msgspec.msgpack.encode({CANCEL_KEY: []})[:-1]  # map header + key
         self._wake = quiet.WakeEvent()  # set on a load outcome or a served pull; wakes a quietly waiting engine
+        self._links = RequesterLinks()  # P: the side channel's connections (pull.py)
+        self._link_mon = None  # P: a plain socket reading the side channel's monitor without waiting
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.xfer_stats = HardenedStats()
 
@@ -406,14 +413,11 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         settled = False
         next_cancel = 0.0
         cancel_every = CANCEL_EVERY_S
-        hb = self.settings.heartbeat_ms
         sock = self.async_zmq_ctx.socket(zmq.DEALER)
         mon = None
         try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, hb)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.settings.heartbeat_timeout_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TTL, self.settings.heartbeat_timeout_ms)
+            for opt, value in pull_socket_options(self.settings.heartbeat_ms, self.settings.heartbeat_timeout_ms):
+                sock.setsockopt(getattr(zmq, opt), value)
             mon = sock.get_monitor_socket(_MON_EVENTS)
             sock.connect(worker_addr)
             await sock.send(self._encoder.encode(self._xfer_request(pull_metas)))
@@ -647,6 +651,17 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                             self.finished_sending_reqs.add(m.p_req_id)
 
     async def _build_transfer_params(self, ready_reqs, *args, **kwargs):
+        """Right before P writes: a request aborted or cancelled meanwhile is answered, not written;
+        so is every request of a pull whose connection dropped (its answer can no longer reach D,
+        and D may have read P as gone and freed the blocks: issue 30, item 4)."""
+        self._read_links()
+        if ready_reqs and self._links.lost(_PULL_LINK.get()):
+            now = time.monotonic()
+            for _, m in ready_reqs:
+                self.terminal.record(m.transfer_id, "cancelled", now)  # a pull on a new connection: answered
+                m.pdchaos_aborted = True  # freed (P's blocks) when no pull waits on it any more
+            self._note("p_requester_lost", len(ready_reqs))
+            return [], [], [], [d for d, _ in ready_reqs], LOST_MSG
         aborted = [(d, m) for d, m in ready_reqs if getattr(m, "pdchaos_aborted", False)]
         if not aborted:
             return await super()._build_transfer_params(ready_reqs, *args, **kwargs)
@@ -655,6 +670,21 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         err_reqs = list(err_reqs) + [d for d, _ in aborted]
         err_msg = ABORTED_MSG if err_msg is None else f"{ABORTED_MSG}; {err_msg}"
         return src, dst, lengths, err_reqs, err_msg
+
+    def _read_links(self) -> None:
+        """Apply the side channel's monitor events received so far (never waits)."""
+        mon = self._link_mon
+        while mon is not None:
+            try:
+                msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return  # closed with the listener
+            if msg["event"] == zmq.EVENT_ACCEPTED:
+                self._links.on_accepted(int(msg["value"]))
+            elif msg["event"] == zmq.EVENT_DISCONNECTED:
+                self._links.on_disconnected(int(msg["value"]))
 
     async def fetch_finished_sending_reqs(self):
         now = time.perf_counter()
@@ -709,7 +739,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         acknowledgement (issue 30, item 10)."""
         while True:
             try:
-                identity, payload, t_recv = await self.sender_worker_queue.get()
+                identity, payload, t_recv, link = await self.sender_worker_queue.get()
+                _PULL_LINK.set(link)  # this task's pull: _build_transfer_params checks its connection
                 try:
                     if self.terminal.lost_since(t_recv, time.monotonic()):
                         self._note("queued_pull_expired")
@@ -732,6 +763,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         """As upstream, but a message that is not [identity, payload] gets an ERROR reply and the
         listener goes on (upstream's unpacking raises and the listener thread exits for good)."""
         sock = self.async_zmq_ctx.socket(zmq.ROUTER)
+        for opt, value in side_channel_options(self.settings.heartbeat_ms):  # pull.py says why
+            sock.setsockopt(getattr(zmq, opt), value)
+        mon_addr = f"inproc://pdchaos-side-channel-{id(self)}"
+        sock.monitor(mon_addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._link_mon = zmq.Context.shadow(self.async_zmq_ctx.underlying).socket(zmq.PAIR)
+        self._link_mon.connect(mon_addr)
         self.side_channel_port = sock.bind_to_random_port(f"tcp://{self.hostname}")
         await self.register_worker_with_bootstrap()
         tasks = [asyncio.create_task(self._sender_worker(sock)) for _ in range(self.num_sender_tasks)]
@@ -739,7 +776,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         try:
             while True:
                 try:
-                    frames = await sock.recv_multipart()
+                    parts = await sock.recv_multipart(copy=False)
+                    fd = parts[-1].get(zmq.SRCFD) if parts else None  # the connection it came on
+                    frames = [f.bytes for f in parts]
                     if len(frames) == 2 and frames[1].startswith(self._cancel_prefix):
                         acked = self._on_cancel(frames[1])
                         await sock.send_multipart((frames[0], self._encoder.encode({"cancelled": acked})))
@@ -749,7 +788,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         nack = Response(status=Status.ERROR, err_msg=f"expected 2 frames, got {len(frames)}")
                         await sock.send_multipart((frames[0], self._encoder.encode(nack)))
                         continue
-                    await self.sender_worker_queue.put((frames[0], frames[1], time.monotonic()))
+                    self._read_links()
+                    await self.sender_worker_queue.put((frames[0], frames[1], time.monotonic(),
+                                                        self._links.tag(fd)))
                 except (zmq.ContextTerminated, asyncio.CancelledError):
                     raise
                 except Exception as e:  # noqa: BLE001 - one bad message never ends the listener
@@ -761,6 +802,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            mon, self._link_mon = self._link_mon, None
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(linger=0)
             sock.close()
 
 
@@ -784,9 +831,13 @@ class HardenedMooncakeConnector(mc.MooncakeConnector):
         self.connector_scheduler = None
         self.connector_worker = None
         # the engine core (scheduler side) and each worker: quiet waiting in this process
-        cap_ms = Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config).quiet_wait_max_ms
-        logger.info("Hardened Mooncake: %s", quiet.install(cap_ms, "engine" if role == KVConnectorRole.SCHEDULER
-                                                                else "worker"))
+        settings = Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        logger.info("Hardened Mooncake: %s", quiet.install(settings.quiet_wait_max_ms,
+                                                           "engine" if role == KVConnectorRole.SCHEDULER
+                                                           else "worker"))
+        if role == KVConnectorRole.SCHEDULER and settings.aggregate_failed_early:
+            # the engine core process, where the executor aggregates its workers' outputs
+            logger.info("Hardened Mooncake: %s", patch_output_aggregator.install())
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = HardenedMooncakeConnectorScheduler(vllm_config, self.engine_id,
                                                                           kv_cache_config)

@@ -87,6 +87,9 @@ def inproc() -> dict:
     script = repo / "tests" / "helpers" / "pd_hardened_inproc.py"
     child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     child_env["PD_INPROC_WATCHDOG_S"] = str(SUBPROCESS_TIMEOUT_S - 20)  # it dumps its stacks and exits first
+    from faults.toxiproxy import find_binary
+
+    child_env["PD_INPROC_TOXIPROXY"] = find_binary() or ""  # the link of the requester_lost case
     result, _, _ = run_env_helper([str(env.python), str(script), str(repo)], env=child_env, cwd=str(repo),
                                   timeout=SUBPROCESS_TIMEOUT_S, marker=MARKER)
     print("in-process P/D timing (s):", result["timing"])
@@ -527,6 +530,48 @@ def test_a_pull_queued_past_a_lost_cancel_record_never_writes(inproc) -> None:
     assert c["queued"] and c["acked"] and c["freed_on_ack"] and c["record_gone"], c
     assert c["sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["sent"]
     assert c["p_failures"].get("queued_pull_expired") == 1, c["p_failures"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_failed_load_reaches_the_client_at_its_deadline_under_tp2_with_hma(inproc) -> None:
+    """Issue 30, item 6: a TP 2 engine (vLLM's KVOutputAggregator over its workers' outputs) whose
+    model reports failed loads by request (HMA), pulling from a frozen P, load deadline 300 ms.
+    Upstream's aggregator forwards the failure only with every worker's finished_recving, which the
+    hardened worker reports once P can no longer write (540 s for a frozen P): no error within 5 s.
+    Patched (connector_patch/pd/patch_output_aggregator.py): the error at the deadline, the blocks
+    still held; once P acknowledges D's cancel they go back."""
+    c = _case(inproc, "hma_tp2")
+    up, patched, acked = c["upstream_aggregator"], c["patched_aggregator"], c["patched_then_acknowledged"]
+    assert up["error_after_s"] is None and up["req"]["reports"] == [] and not up["patched"], up
+    for v in (patched, acked):
+        assert v["patched"] and v["error_after_s"] is not None and v["error_after_s"] < DEADLINE_S + 1.0, v
+        assert v["blocks_held_at_error"], v
+        assert v["req"]["report_effects"][0] == {"report": "failed", "in_scheduler_after": True,
+                                                 "own_blocks": 3, "own_freed": 0}, v["req"]
+    assert not patched["freed_at_end"]  # a frozen P: held (upstream's bound, 540 s)
+    assert acked["req"]["reports"] == ["failed", "released"] and acked["freed_at_end"], acked
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_p_never_writes_for_a_pull_whose_connection_dropped(inproc) -> None:
+    """Issue 30, item 4: D's pull waits at the real hardened P (still computing the prompt) when the
+    link between them goes down as under a REJECT rule (toxiproxy disabled: the connection closed,
+    reconnects refused) for longer than D's heartbeat timeout. D reads P as gone, fails the request
+    and frees its blocks; Y runs on them. The link heals, P's prefill ends. Before the fix P wrote
+    589,824 bytes into Y's 3 blocks; now it writes nothing, frees its own blocks and counts it. (How
+    soon P sees a link that refuses only one way: test_pd_side_channel_netns.py.)"""
+    from faults.toxiproxy import find_binary
+
+    if find_binary() is None:
+        pytest.skip("toxiproxy-server is not installed here: run `pdchaos setup`")
+    c = _case(inproc, "requester_lost")
+    assert c["waiting"] and c["x_freed"], c
+    assert c["x"]["final_status"] == "FINISHED_ERROR", c["x"]
+    assert c["x_done_after_s"] < 5.0, c  # D read P as gone: no deadline was waited for
+    assert c["y_reuses_x_blocks"] == c["y_blocks"] > 0, c
+    assert c["y_blocks_overwritten_by_p"] == 0 and c["y_blocks_intact"] == c["y_blocks"], c
+    assert c["sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["sent"]
+    assert c["p_failures"].get("p_requester_lost") == 1 and not c["p_may_write"], c
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

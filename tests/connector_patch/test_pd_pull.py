@@ -9,7 +9,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from connector_patch.pd.pull import PeerWatch, cancel_targets
+from connector_patch.pd.pull import PeerWatch, RequesterLinks, cancel_targets
 
 pytestmark = pytest.mark.timeout(30)
 EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
@@ -138,3 +138,64 @@ def test_bad_settings_are_refused() -> None:
         PeerWatch(0, 1.0)
     with pytest.raises(ValueError):
         PeerWatch(2, -1.0)
+
+
+def test_p_tells_a_pull_on_a_dropped_connection_from_one_on_a_new_connection() -> None:
+    """P's side (RequesterLinks) fed by a real ROUTER's monitor, read before each message as the
+    hardened listener does: a pull's connection drops and D reconnects, the kernel handing the new
+    connection the same descriptor. The old pull reads lost, the new one does not."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    mon = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+    links = RequesterLinks()
+
+    def read_links() -> None:
+        while mon.poll(0):
+            msg = parse_monitor_message(mon.recv_multipart())
+            (links.on_accepted if msg["event"] == zmq.EVENT_ACCEPTED else links.on_disconnected)(int(msg["value"]))
+
+    def pull_from_new_dealer():
+        d = ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect(f"tcp://127.0.0.1:{port}")
+        d.send(b"pull")
+        assert router.poll(5000)
+        parts = router.recv_multipart(copy=False)
+        read_links()
+        return d, parts[-1].get(zmq.SRCFD), links.tag(parts[-1].get(zmq.SRCFD))
+
+    try:
+        d1, fd1, tag1 = pull_from_new_dealer()
+        assert tag1 is not None and not links.lost(tag1)
+        d1.close()
+        end = time.monotonic() + 5
+        while not links.lost(tag1) and time.monotonic() < end:
+            time.sleep(0.01)
+            read_links()
+        assert links.lost(tag1)  # the first pull's connection dropped
+        d2, fd2, tag2 = pull_from_new_dealer()
+        assert tag2 != tag1  # (on Linux the kernel reuses the descriptor: a new generation of it)
+        assert links.lost(tag1) and not links.lost(tag2)
+        assert not links.lost(None) and links.tag(None) is None  # not known: upstream's behaviour
+        d2.close()
+    finally:
+        router.disable_monitor()
+        mon.close(linger=0)
+        router.close()
+        ctx.term()
+
+
+def test_requester_links_by_generation() -> None:
+    links = RequesterLinks()
+    assert links.tag(7) is None  # no accept seen: not known
+    links.on_accepted(7)
+    a = links.tag(7)
+    links.on_disconnected(7)
+    assert links.lost(a) and links.lost(links.tag(7))  # a message of the dropped connection read late
+    links.on_accepted(7)  # the descriptor reused by a new connection
+    b = links.tag(7)
+    assert links.lost(a) and not links.lost(b)
+    links.on_disconnected(99)  # a descriptor never accepted (before the monitor): ignored
+    assert links.tag(99) is None

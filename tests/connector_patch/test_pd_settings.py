@@ -20,6 +20,8 @@ def test_defaults_when_nothing_is_set() -> None:
     assert s.heartbeat_timeout_ms == 1500
     assert s.eos_hold_ms == 60000 and Settings.from_extra({"eos_hold_ms": 5000}).eos_hold_ms == 5000
     assert Settings.from_extra(None) == s
+    assert s.aggregate_failed_early is True
+    assert Settings.from_extra({"aggregate_failed_early": False}).aggregate_failed_early is False
     assert s.quiet_wait_max_ms == 1000 and Settings.from_extra({"quiet_wait_max_ms": 0}).quiet_wait_max_ms == 0  # 0: off
 
 
@@ -27,7 +29,8 @@ def test_defaults_when_nothing_is_set() -> None:
                                        ("kv_load_timeout_ms", "2000"), ("kv_load_timeout_ms", 2.5),
                                        ("kv_load_timeout_ms", True), ("quiet_wait_max_ms", -1),
                                        ("quiet_wait_max_ms", 5000), ("quiet_wait_max_ms", 1.5), ("heartbeat_ms", None), ("heartbeat_ms", 0),
-                                       ("eos_hold_ms", 0), ("eos_hold_ms", "60s"), ("eos_hold_ms", 7200000)])
+                                       ("eos_hold_ms", 0), ("eos_hold_ms", "60s"), ("eos_hold_ms", 7200000),
+                                       ("aggregate_failed_early", "yes"), ("aggregate_failed_early", 1)])
 def test_a_bad_setting_is_refused_naming_its_key(key, value) -> None:
     with pytest.raises(ValueError) as e:
         Settings.from_extra({key: value})

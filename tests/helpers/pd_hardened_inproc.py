@@ -80,6 +80,7 @@ from vllm.config import (  # noqa: E402
     set_current_vllm_config)
 from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_utils import (  # noqa: E402
@@ -397,8 +398,14 @@ class DNode:
     real worker-side connector, stepped as EngineCore.step() drives them: schedule(), the model
     runner's KV connector lifecycle (vLLM's mixin), update_from_output()."""
 
-    def __init__(self, connector: str, policy: str, timeout_ms: int = LONG_MS, num_blocks: int = NUM_BLOCKS):
-        self.vc = make_config(connector, policy, timeout_ms, num_blocks=num_blocks)
+    def __init__(self, connector: str, policy: str, timeout_ms: int = LONG_MS, num_blocks: int = NUM_BLOCKS,
+                 workers: int = 1, aggregate=None, extra: dict | None = None):
+        self.vc = make_config(connector, policy, timeout_ms, num_blocks=num_blocks, extra=extra)
+        # workers > 1: each step's output goes through vLLM's own KVOutputAggregator (``aggregate``:
+        # its method, patched or not), as a TP engine's executor does; the other workers are a
+        # stand-in that reports exactly what this one does (the same P, the same deadline)
+        self.workers, self.aggregate = workers, aggregate
+        self.aggregator = KVOutputAggregator(workers) if workers > 1 else None
         self.kcc = make_kv_cache_config(num_blocks)
         self.sched = Scheduler(vllm_config=self.vc, kv_cache_config=self.kcc,
                                structured_output_manager=StructuredOutputManager(self.vc), block_size=BLOCK,
@@ -482,6 +489,8 @@ class DNode:
                     with KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kvo:
                         mro = self._stand_in_forward(so)
                     mro.kv_connector_output = kvo
+            if self.aggregator is not None:
+                mro = self._aggregated(mro)
             pending = self._record(mro)
             held_before = {r: self._block_ids(r) for r in self.sched.requests}
             free_before = self.free_blocks()
@@ -503,6 +512,22 @@ class DNode:
         except Exception as e:  # noqa: BLE001 - a scheduler assertion is a finding of the case
             self.error = f"{type(e).__name__}: {str(e)[:200]}"
             traceback.print_exc()
+
+    def _aggregated(self, mro: ModelRunnerOutput) -> ModelRunnerOutput:
+        import copy
+
+        outs = [mro]
+        for _ in range(self.workers - 1):
+            twin = copy.copy(mro)
+            kvo = mro.kv_connector_output
+            if kvo is not None:
+                twin.kv_connector_output = copy.copy(kvo)
+                for f in ("finished_sending", "finished_recving", "failed_recving", "invalid_block_ids"):
+                    v = getattr(kvo, f)
+                    setattr(twin.kv_connector_output, f, set(v) if v is not None else None)
+            outs.append(twin)
+        fn = self.aggregate or KVOutputAggregator.aggregate  # None: the class's, as the node installed it
+        return fn(self.aggregator, outs, 0)
 
     def _stand_in_forward(self, so) -> ModelRunnerOutput:
         """No model: one constant token for each request whose scheduled tokens reach its end."""
@@ -1335,9 +1360,10 @@ def case_cancel_record_gone() -> dict:
 class SlowBootstrap:
     """A stand-in for P's bootstrap server that answers ``/query`` only once ``gate`` opens (then
     with the real bootstrap server's answer): D's bootstrap query is out as long as the case wants
-    (upstream waits up to VLLM_MOONCAKE_CONNECTOR_TIMEOUT, 3 tries, for a slow one)."""
+    (upstream waits up to VLLM_MOONCAKE_CONNECTOR_TIMEOUT, 3 tries, for a slow one). ``rewrite``
+    replaces text of the answer (a side-channel port by a proxy's, to put a link between D and P)."""
 
-    def __init__(self, real: str, gate: threading.Event):
+    def __init__(self, real: str, gate: threading.Event, rewrite: dict | None = None):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         outer = self
@@ -1349,6 +1375,8 @@ class SlowBootstrap:
                 outer.queries += 1
                 gate.wait(30)
                 body = httpx.get(real + self.path, timeout=10).content
+                for a, b in (rewrite or {}).items():
+                    body = body.replace(a.encode(), b.encode())
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -1463,6 +1491,129 @@ def case_queued_pull_after_record_gone() -> dict:
             "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
 
 
+class Toxiproxy:
+    """The real toxiproxy-server (``PD_INPROC_TOXIPROXY``, found by the test as the harness finds
+    it) on loopback: one proxy, the link between D and P's side channel. Disabling a proxy closes
+    its connections and its listener: D's connection is lost and every reconnect is refused, as
+    under a REJECT rule; enabling it again heals the link."""
+
+    def __init__(self, upstream_port: int):
+        import subprocess
+
+        binary = os.environ.get("PD_INPROC_TOXIPROXY", "")
+        if not binary:
+            raise RuntimeError("toxiproxy-server not found (PD_INPROC_TOXIPROXY unset)")
+        api_port = free_port()
+        self.api = f"http://127.0.0.1:{api_port}"
+        self.proc = subprocess.Popen([binary, "-host", "127.0.0.1", "-port", str(api_port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        KEEP.append(self)
+        end = time.monotonic() + 10
+        while True:
+            try:
+                httpx.get(self.api + "/version", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > end or self.proc.poll() is not None:
+                    self.close()
+                    raise RuntimeError("toxiproxy-server did not start within 10 s") from None
+                time.sleep(0.05)
+        self.port = free_port()
+        httpx.post(self.api + "/proxies", timeout=5, json={
+            "name": "side", "listen": f"127.0.0.1:{self.port}", "upstream": f"127.0.0.1:{upstream_port}",
+            "enabled": True}).raise_for_status()
+
+    def enabled(self, on: bool) -> None:
+        httpx.post(self.api + "/proxies/side", timeout=5, json={"enabled": on}).raise_for_status()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+
+def _hma_tp2(early: bool, ack: bool = False) -> dict:
+    """A TP 2 engine (its two workers' outputs aggregated by vLLM's KVOutputAggregator) of a model
+    whose failed loads are reported by request (HMA: several KV cache groups; here the worker is
+    told so, the scheduler keeps one group), pulling from a frozen P (takes the pull, never answers,
+    never acknowledges a cancel: D's pull settles only at upstream's bound, 540 s). The load's
+    deadline is 300 ms: when does the client get its error, and are the blocks still held then?"""
+    original = KVOutputAggregator.aggregate
+    original = getattr(original, "__pdchaos_original__", original)
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS, workers=2,
+                 aggregate=None if early else original, extra={"aggregate_failed_early": early})
+    node.worker.connector_worker._is_hma_required = True  # stand-in: report failed loads by request
+    p = FakePrefill([SILENT], on_cancel="ack" if ack else None)
+    r = rid("hma-tp2")
+    node.add(r, prompt(80), p.params("x-" + r))
+    t0 = time.monotonic()
+    node.step()
+    node.run_until(lambda: node.finished(r), 5)
+    error_after = None if r not in node.finish_at else round(node.finish_at[r] - t0, 2)
+    held = r in node.sched.requests and node.free_blocks() < node.free0
+    if ack:  # P acknowledges D's cancel (its first comes 2 s after the failure): the blocks go back
+        node.run_until(lambda: r not in node.sched.requests, 10)
+        node.settle(0.3)
+    out = {"error_after_s": error_after, "blocks_held_at_error": held, "req": node.req_facts(r),
+           "freed_at_end": r not in node.sched.requests and node.free_blocks() == node.free0,
+           "patched": getattr(KVOutputAggregator.aggregate, "__pdchaos_patch__", None) is not None}
+    p.close()
+    return out
+
+
+def case_hma_tp2() -> dict:
+    """(issue 30, item 6) upstream's aggregator (the patch off) and the patched one, side by side."""
+    return {"upstream_aggregator": _hma_tp2(False), "patched_aggregator": _hma_tp2(True),
+            "patched_then_acknowledged": _hma_tp2(True, ack=True)}
+
+
+def case_requester_lost() -> dict:
+    """(issue 30, item 4) D's pull reaches the REAL hardened P through a link (toxiproxy) while P
+    still computes the prompt; the link goes down as under a REJECT rule (the connection lost, every
+    reconnect refused) for longer than D's heartbeat timeout, so D reads P as gone: the client gets
+    its error and D frees the blocks (Y, needing them, runs on them). The link heals, then P's
+    prefill ends. P must not write for the pull whose connection it lost: D's blocks are Y's now."""
+    p = RealPrefill()
+    link = Toxiproxy(p.worker.side_channel_port)
+    gate = threading.Event()
+    gate.set()
+    boot = SlowBootstrap(f"http://127.0.0.1:{p.bootstrap.port}", gate, rewrite={f":{p.worker.side_channel_port}": f":{link.port}"})
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
+    node.kv_marker = 1.0
+    x, y = rid("lost-x"), rid("lost-y")
+    tid = "x-" + x
+    p.metadata("p-" + x, tid, [])  # P is computing X's prompt
+    loop = p.worker.sender_loop
+
+    def on_loop(fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(5)
+
+    node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
+    node.step()
+    waiting = node.run_until(lambda: on_loop(lambda: p.worker._waiters.get(tid, 0)) > 0, 10)  # P holds the pull
+    t_cut = time.monotonic()
+    link.enabled(False)
+    node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
+    x_done_after_s = round(time.monotonic() - t_cut, 2)
+    x_blocks = sorted(node.blocks.get(x, ()))
+    x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
+    node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
+    node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+    y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+    link.enabled(True)  # the blip heals
+    time.sleep(0.5)
+    sent = p.after_prefill("p-" + x, tid, wait_s=3.0)  # then P's prefill of X ends
+    intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
+    node.run_until(lambda: node.finished(y), 10)
+    node.settle(0.3)
+    link.close()
+    return {"waiting": waiting, "x_done_after_s": x_done_after_s, "x_freed": x_freed, "x": node.req_facts(x),
+            "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
+            "y_blocks_intact": intact, "y_blocks_overwritten_by_p": overwritten, "sent": sent,
+            "p_may_write": p.may_write(tid), "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
+
+
 def case_eos_hold() -> dict:
     """(issue 30, item 9) P's one token is EOS (FINISHED_STOPPED) and no D pulls the prompt (a
     proxy that answers from P, a client that left). The REAL hardened P, both sides: its scheduler
@@ -1516,6 +1667,8 @@ def case_eos_hold() -> dict:
 
 
 CASES = {
+    "hma_tp2": case_hma_tp2,
+    "requester_lost": case_requester_lost,
     "eos_hold": case_eos_hold,
     "queued_pull_after_record_gone": case_queued_pull_after_record_gone,
     "bootstrap_gap": case_bootstrap_gap,

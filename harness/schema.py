@@ -513,6 +513,21 @@ def collect(paths: list[str]) -> list[Path]:
     return out
 
 
+def at_concurrency(s: LoadedScenario, n: int) -> LoadedScenario:
+    """The same scenario with at least ``n`` workers, its rate scaled by as much (the claim must
+    hold under that load too): named ``<name>@c<n>``; unchanged when it already has ``n`` or more.
+    A scenario whose workload has no concurrency and rate is refused, naming it."""
+    w = s.model.workload
+    c, rate = getattr(w, "concurrency", None), getattr(w, "rate", None)
+    if not isinstance(c, int) or not isinstance(rate, (int, float)) or c < 1:
+        raise UsageError(f"{s.path}: --concurrency: its workload has no concurrency and rate to scale")
+    if c >= n:
+        return s
+    model = s.model.model_copy(update={"name": f"{s.name}@c{n}",
+                                       "workload": w.model_copy(update={"concurrency": n, "rate": rate * n / c})})
+    return LoadedScenario(model, s.path)
+
+
 def load_all(paths: list[str]) -> list[LoadedScenario]:
     """Load every scenario; report ALL errors at once, and duplicate names."""
     loaded, errors, seen = [], [], {}

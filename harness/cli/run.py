@@ -27,7 +27,7 @@ from ..plan import choose_profiles, order_for_reuse, plan_for_reuse, split_plan
 from ..pool import NodePool
 from ..runner import Runner, new_run_dir
 from ..services import start_toxiproxy
-from ..schema import load_all
+from ..schema import at_concurrency, load_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
                    help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
                         "--set devices.decode=3")
+    p.add_argument("--concurrency", type=int, metavar="N", default=None,
+                   help="run every selected scenario with at least N workers, its request rate scaled by as "
+                        "much (named NAME@cN): the same claims, under N requests at once")
     p.add_argument("--bench", type=int, metavar="N", default=0,
                    help="also run `pdchaos bench FAMILY --n N` first for each selected family that has a "
                         "benchmark, and keep its samples in the run folder (normal-path CDF and ratios in the "
@@ -173,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
         scenarios = [s for s in scenarios if args.filter in s.name]
         if not scenarios:
             raise UsageError(f"-k {args.filter!r}: no scenario name contains it")
+    if args.concurrency is not None:
+        if not 1 <= args.concurrency <= 64:
+            raise UsageError(f"--concurrency {args.concurrency}: between 1 and 64")
+        scenarios = [at_concurrency(s, args.concurrency) for s in scenarios]
     scenarios = order_for_reuse(scenarios)
     profiles = choose_profiles(scenarios, args.profile, args.profile_sets)
     if args.target:

@@ -83,14 +83,12 @@ def source_sha256(fn) -> str:
     return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
 
 
-def install(version: str | None = None) -> str:
-    """Apply the patch in this process (idempotent). Returns what was done, for the node's log."""
+def install(version: str) -> str:
+    """Apply the patch in this process (idempotent), ``version`` being the running vLLM's. Returns
+    what was done, for the node's log."""
     with _lock:
         if _installed:
             return "failed loads reported early under TP > 1 (already installed)"
-        if version is None:
-            import vllm
-            version = vllm.__version__
         version = version.split("+")[0]
         want = UPSTREAM_SHA256.get(version)
         if want is None:

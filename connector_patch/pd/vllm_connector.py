@@ -28,6 +28,7 @@ _require_upstream("HardenedMooncakeConnector")  # one line and nothing loaded on
 
 import msgspec
 import zmq
+import vllm
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
@@ -837,7 +838,7 @@ class HardenedMooncakeConnector(mc.MooncakeConnector):
                                                            else "worker"))
         if role == KVConnectorRole.SCHEDULER and settings.aggregate_failed_early:
             # the engine core process, where the executor aggregates its workers' outputs
-            logger.info("Hardened Mooncake: %s", patch_output_aggregator.install())
+            logger.info("Hardened Mooncake: %s", patch_output_aggregator.install(vllm.__version__))
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = HardenedMooncakeConnectorScheduler(vllm_config, self.engine_id,
                                                                           kv_cache_config)

@@ -1574,44 +1574,46 @@ def case_requester_lost() -> dict:
     prefill ends. P must not write for the pull whose connection it lost: D's blocks are Y's now."""
     p = RealPrefill()
     link = Toxiproxy(p.worker.side_channel_port)
-    gate = threading.Event()
-    gate.set()
-    boot = SlowBootstrap(f"http://127.0.0.1:{p.bootstrap.port}", gate, rewrite={f":{p.worker.side_channel_port}": f":{link.port}"})
-    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
-    node.kv_marker = 1.0
-    x, y = rid("lost-x"), rid("lost-y")
-    tid = "x-" + x
-    p.metadata("p-" + x, tid, [])  # P is computing X's prompt
-    loop = p.worker.sender_loop
+    try:
+        gate = threading.Event()
+        gate.set()
+        boot = SlowBootstrap(f"http://127.0.0.1:{p.bootstrap.port}", gate, rewrite={f":{p.worker.side_channel_port}": f":{link.port}"})
+        node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
+        node.kv_marker = 1.0
+        x, y = rid("lost-x"), rid("lost-y")
+        tid = "x-" + x
+        p.metadata("p-" + x, tid, [])  # P is computing X's prompt
+        loop = p.worker.sender_loop
 
-    def on_loop(fn):
-        async def run():
-            return fn()
-        return asyncio.run_coroutine_threadsafe(run(), loop).result(5)
+        def on_loop(fn):
+            async def run():
+                return fn()
+            return asyncio.run_coroutine_threadsafe(run(), loop).result(5)
 
-    node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
-    node.step()
-    waiting = node.run_until(lambda: on_loop(lambda: p.worker._waiters.get(tid, 0)) > 0, 10)  # P holds the pull
-    t_cut = time.monotonic()
-    link.enabled(False)
-    node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
-    x_done_after_s = round(time.monotonic() - t_cut, 2)
-    x_blocks = sorted(node.blocks.get(x, ()))
-    x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
-    node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
-    node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
-    y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
-    link.enabled(True)  # the blip heals
-    time.sleep(0.5)
-    sent = p.after_prefill("p-" + x, tid, wait_s=3.0)  # then P's prefill of X ends
-    intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
-    node.run_until(lambda: node.finished(y), 10)
-    node.settle(0.3)
-    link.close()
-    return {"waiting": waiting, "x_done_after_s": x_done_after_s, "x_freed": x_freed, "x": node.req_facts(x),
-            "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
-            "y_blocks_intact": intact, "y_blocks_overwritten_by_p": overwritten, "sent": sent,
-            "p_may_write": p.may_write(tid), "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
+        node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
+        node.step()
+        waiting = node.run_until(lambda: on_loop(lambda: p.worker._waiters.get(tid, 0)) > 0, 10)  # P holds the pull
+        t_cut = time.monotonic()
+        link.enabled(False)
+        node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
+        x_done_after_s = round(time.monotonic() - t_cut, 2)
+        x_blocks = sorted(node.blocks.get(x, ()))
+        x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
+        node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
+        node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+        y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+        link.enabled(True)  # the blip heals
+        time.sleep(0.5)
+        sent = p.after_prefill("p-" + x, tid, wait_s=3.0)  # then P's prefill of X ends
+        intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
+        node.run_until(lambda: node.finished(y), 10)
+        node.settle(0.3)
+        return {"waiting": waiting, "x_done_after_s": x_done_after_s, "x_freed": x_freed, "x": node.req_facts(x),
+                "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
+                "y_blocks_intact": intact, "y_blocks_overwritten_by_p": overwritten, "sent": sent,
+                "p_may_write": p.may_write(tid), "p_failures": dict(p.worker.failures.totals), "node": node.facts()}
+    finally:
+        link.close()  # also when the case fails: no toxiproxy-server outlives it
 
 
 def case_eos_hold() -> dict:

@@ -20,10 +20,10 @@ the one below. The upstream diff it stands for: ``diffs/kv_output_aggregator_fai
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
 import threading
+
+from connector_patch.quiet import source_sha256  # the same fingerprint the quiet-wait patches check
 
 TARGET = ("vllm.distributed.kv_transfer.kv_connector.utils", "KVOutputAggregator", "aggregate")
 UPSTREAM_SHA256 = {"0.32.0": "44ec1f79343018edd1e239301f9f6994cdc36cdf84e4d81a6d14f664c86b0bd6"}
@@ -77,10 +77,6 @@ def build(original):
     aggregate.__doc__ = original.__doc__
     aggregate.__pdchaos_patch__ = __name__
     return aggregate
-
-
-def source_sha256(fn) -> str:
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
 
 
 def install(version: str) -> str:

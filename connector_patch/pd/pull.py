@@ -83,7 +83,7 @@ KEEPALIVE_IDLE_S = 1
 KEEPALIVE_UNANSWERED = 60
 
 
-def side_channel_options(heartbeat_ms: int) -> list[tuple[str, int]]:  # noqa: ARG001 - D's, kept for the call
+def side_channel_options() -> list[tuple[str, int]]:
     """(pyzmq option name, value) for P's side channel."""
     return [("TCP_KEEPALIVE", 1), ("TCP_KEEPALIVE_IDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPALIVE_INTVL", 1),
             ("TCP_KEEPALIVE_CNT", KEEPALIVE_UNANSWERED)]

@@ -28,10 +28,10 @@ _require_upstream("HardenedMooncakeConnector")  # one line and nothing loaded on
 
 import msgspec
 import zmq
-import vllm
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+import vllm
 from vllm import envs
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
@@ -764,7 +764,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         """As upstream, but a message that is not [identity, payload] gets an ERROR reply and the
         listener goes on (upstream's unpacking raises and the listener thread exits for good)."""
         sock = self.async_zmq_ctx.socket(zmq.ROUTER)
-        for opt, value in side_channel_options(self.settings.heartbeat_ms):  # pull.py says why
+        for opt, value in side_channel_options():  # pull.py says why
             sock.setsockopt(getattr(zmq, opt), value)
         mon_addr = f"inproc://pdchaos-side-channel-{id(self)}"
         sock.monitor(mon_addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)

@@ -93,7 +93,7 @@ def _start(pair: NetnsPair, side: str, code: str, *args: str) -> subprocess.Pope
 
 def test_p_sees_a_refusing_link_in_one_ping_and_keeps_a_silent_requester() -> None:
     s = Settings.from_extra({})
-    p_opts = json.dumps(side_channel_options(s.heartbeat_ms))
+    p_opts = json.dumps(side_channel_options())
     with NetnsPair() as pair:
         p = _start(pair, "a", P, pair.ip_a, p_opts)
         procs = [p]

@@ -195,6 +195,7 @@ class Ctx:
     phase: str = "proxy"
     t0: float = 0.0
     times: dict[str, float] = field(default_factory=dict)  # phase -> ms
+    d_asked: float | None = None  # loop time the request to D was sent (None: D not asked)
 
 
 def _count(value: Any, what: str) -> int:
@@ -478,6 +479,10 @@ class PDProxy(NodeApp):
             return web.json_response(data, status=200)
         except ProxyError as err:
             self._error(err)
+            if ctx.d_asked is not None and "decode_ms" not in err.extra:
+                # how long D had the request: a failed load is timed from here (fail_fast), not
+                # from the client's send (time spent reaching P is not the load's)
+                err.extra["decode_ms"] = round((loop.time() - ctx.d_asked) * 1000.0, 1)
             status, what = err.status, f"{err.phase}/{err.type}"
             return web.json_response(err.body(), status=err.status)
         except Exception as exc:  # noqa: BLE001 - a bug here must still answer the client
@@ -564,7 +569,7 @@ class PDProxy(NodeApp):
         ctx.phase = "prefill"
         t = loop.time()
         p_task = asyncio.ensure_future(self._post("prefill", self.prefill, p_body))
-        d_task = asyncio.ensure_future(self._decode(d_body, taken))
+        d_task = asyncio.ensure_future(self._decode(ctx, d_body, taken))
         try:
             pending = {p_task, d_task}
             while pending:
@@ -650,7 +655,7 @@ class PDProxy(NodeApp):
                              hook="after_prefill")
         ctx.phase = "decode"
         t = loop.time()
-        out = await self._decode(d_body, taken)
+        out = await self._decode(ctx, d_body, taken)
         self._mark(ctx, "decode", t)
         return out
 
@@ -676,7 +681,7 @@ class PDProxy(NodeApp):
         self._layerwise_pending[key] = entry
         ctx.phase = "decode"
         t = loop.time()
-        d_task = asyncio.ensure_future(self._decode(d_body, taken, headers={"X-Request-Id": rid}))
+        d_task = asyncio.ensure_future(self._decode(ctx, d_body, taken, headers={"X-Request-Id": rid}))
         answered = False
         try:
             await asyncio.wait({d_task, entry["p_failed"]}, return_when=asyncio.FIRST_COMPLETED)
@@ -781,7 +786,7 @@ class PDProxy(NodeApp):
         d_body["kv_transfer_params"] = d_params
         ctx.phase = "decode"
         t = loop.time()
-        out = await self._decode(d_body, taken)
+        out = await self._decode(ctx, d_body, taken)
         self._mark(ctx, "decode", t)
         return out
 
@@ -814,7 +819,8 @@ class PDProxy(NodeApp):
             self._c["aborted"] += 1
             self._c["aborted_by"][hook] += 1
 
-    async def _decode(self, d_body: dict, taken: Taken, headers: dict | None = None) -> dict:
+    async def _decode(self, ctx: Ctx, d_body: dict, taken: Taken, headers: dict | None = None) -> dict:
+        ctx.d_asked = asyncio.get_running_loop().time()
         if taken.abort_decode_ms is None:
             return await self._post("decode", self.decode, d_body, headers)
         task = asyncio.ensure_future(self._post("decode", self.decode, d_body, headers))

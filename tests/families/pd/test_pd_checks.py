@@ -73,6 +73,29 @@ def test_correct_output_holds_ops_to_http_200_and_prompts_json() -> None:
     assert judged([meta(), *no_index], [{"prompt": "p", "expected": "abc"}]).ok is False
 
 
+def test_correct_output_compares_tokens_when_both_sides_carry_their_digest() -> None:
+    """Found at concurrency 4: vLLM's detokenizer spelt the same byte-piece tokens '' for the
+    reference and otherwise for the answer. With both digests the tokens decide; a different
+    digest is wrong whatever the text; without both, the text decides; a history cannot bring its
+    own reference digest (prompts.json's is the one)."""
+    same = op(1, 0, value="\ufffdeven", expected="")
+    same[0]["expected_ids"], same[1]["value_ids"] = "d1", "d1"
+    assert run("correct_output", [meta(), *same]).ok is True
+    other = op(1, 0)
+    other[0]["expected_ids"], other[1]["value_ids"] = "d1", "d2"
+    r = run("correct_output", [meta(), *other])
+    assert r.ok is False and "differ" in r.message
+    one_side = op(1, 0, value="\ufffdeven", expected="")
+    one_side[1]["value_ids"] = "d1"
+    assert run("correct_output", [meta(), *one_side]).ok is False
+    forged = op(1, 0, value="x", expected="")
+    forged[0].update(prompt_index=0, expected_ids="d9")
+    forged[1]["value_ids"] = "d9"
+    r = CHECKS["correct_output"](C.CheckInput([meta(), *forged], saved={"prompts": [
+        {"prompt": "p", "expected": "", "expected_ids": "d1"}]}), {})
+    assert r.ok is False and "prompts.json" in r.message
+
+
 def test_drained() -> None:
     good = [meta(), vllm("decode:0", "baseline"), vllm("decode:0", "final")]
     assert run("drained", good).ok is True
@@ -165,6 +188,21 @@ def test_fail_fast() -> None:
     assert r.ok is False and "504" in r.message
     hung = [meta(), *op(1, 0, phase="info", value=None, outcome="stalled", elapsed_ms=30000)]
     assert run("fail_fast", hung).ok is False
+    # timed from when D was asked where the proxy says (decode_ms): an op sent into a partition
+    # reached P 12.6 s later (TCP's retransmission after the heal), D failed its load at once
+    reached_late = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
+    reached_late[1].update(error_phase="decode", decode_ms=90.0)
+    assert run_as(hardened, reached_late).ok is True
+    slow_at_d = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
+    slow_at_d[1].update(error_phase="decode", decode_ms=4500.0)
+    assert run_as(hardened, slow_at_d).ok is False
+    # only for a failure at D, and never longer than the op itself (else the whole op is timed)
+    at_p = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
+    at_p[1].update(error_phase="prefill", decode_ms=90.0)
+    assert run_as(hardened, at_p).ok is False
+    bogus = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=4500.0)
+    bogus[1].update(error_phase="decode", decode_ms=9000.0)
+    assert run_as(hardened, bogus).ok is False
     # recompute: a failure after D was asked fails; one before (P's bootstrap) is another check's
     recompute = meta(topology={"kv_load_failure_policy": "recompute"})
     assert run_as(recompute, op(1, 0, phase="fail", value=None, outcome="http_500")).ok is False

@@ -410,6 +410,12 @@ def test_bad_upstream_answers_are_502_with_the_phase(r: Rig, who: str, mode: str
         if etype == "bad_status":
             assert e["upstream_status"] == 500 and e["upstream_message"] == f"{who} failed"
         assert took < TIMEOUT_S
+        # how long D had the request (fail_fast times a failed load from there): never more than
+        # the whole request; absent when D was never asked
+        if px is r.seq and who == "prefill":
+            assert "decode_ms" not in e, e
+        if who == "decode":
+            assert isinstance(e["decode_ms"], float) and 0 <= e["decode_ms"] <= took * 1000 + 1, e
 
 
 def test_bootstrap_500_and_unknown_engine_id(r: Rig) -> None:

@@ -135,6 +135,15 @@ def _first(ids: list, n: int = 5) -> list:
     return ids[:n]
 
 
+def same_output(o: dict) -> bool:
+    """An op's output is the one it expected: the same digest of what it is made of when the op
+    carries both (``value_ids`` / ``expected_ids``: e.g. a completion's token ids, which a
+    detokenizer may spell differently), else the same value."""
+    if o.get("value_ids") and o.get("expected_ids"):
+        return o["value_ids"] == o["expected_ids"]
+    return o.get("value") == o.get("expected")
+
+
 def op_elapsed_ms(o: dict) -> float:
     """How long an op took, ms: the larger of its own ``elapsed_ms`` and its journal timestamps
     (an op cannot understate its time); infinite when neither is a finite number (a stalled or
@@ -237,7 +246,7 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
             bad.append(f"no op was invoked after {label} before the end of the run")
         for w, ops in by_worker.items():
             first = ops[:within]
-            if not any(o.get("phase") == "ok" and o.get("value") == o.get("expected") for o in first):
+            if not any(o.get("phase") == "ok" and same_output(o) for o in first):
                 bad.append(f"after {label}, worker {w}'s op {first[0]['id']} was {first[0].get('outcome')}")
     if bad:
         return _r(False, f"{len(bad)} fault windows/workers without recovery within {within} ops; {bad[0]}",

@@ -40,14 +40,16 @@ path and its build stamp), the prompt and ``max_tokens``, so they are computed o
 Then the lookup workload's protocol: baseline probe, ``READY``, wait for SIGUSR1 (blocked in the
 main thread before any thread exists, taken with ``sigtimedwait``), paced workers for
 ``duration_s``, final probe (counters: ops by outcome, prompts reused, reference cache hits).
-Every request is an op ``f: "complete"``: at invoke ``expected`` (the reference text) and
-``prompt_index``; at completion ``phase``, ``value`` (the text, or None), ``outcome``, ``code``,
-``status`` (HTTP status or None), ``elapsed_ms``, ``completion_tokens``:
+Every request is an op ``f: "complete"``: at invoke ``expected`` (the reference text),
+``expected_ids`` (its tokens' digest, when D gave token ids) and ``prompt_index``; at completion
+``phase``, ``value`` (the text, or None), ``value_ids`` (the output tokens' digest, when given),
+``outcome``, ``code``, ``status`` (HTTP status or None), ``elapsed_ms``, ``completion_tokens``:
 
 * HTTP 200 with a completion text: ``ok``, outcome ``ok``;
 * another HTTP status (or a 200 without a text): ``fail``, outcome ``http_<status>``, code = the
   error type of the JSON body (``error.type`` / ``error.code`` / ``error`` / ``code``), else
-  ``no_text`` / ``not_json``; ``error_phase`` = the proxy's ``error.phase`` when it names one;
+  ``no_text`` / ``not_json``; ``error_phase`` = the proxy's ``error.phase`` when it names one,
+  ``decode_ms`` = its ``error.decode_ms`` (how long D had the request) when it gives one;
 * connection refused: ``fail``, outcome ``connect`` (the request never arrived);
 * connection reset or closed after the request was sent: ``info``, outcome ``connect`` (it may
   have been served);
@@ -162,6 +164,22 @@ def error_code(data: Any) -> str:
     return "not_json"
 
 
+def tokens_digest(data: Any) -> str | None:
+    """A digest of the generated token ids (vLLM's ``return_token_ids``), None when the answer has
+    none. The reference and every output are compared by it when both have one: the model's output
+    is its tokens, and vLLM's incremental detokenizer gives different text for the same tokens when
+    they are byte pieces of no whole character (an output of 16 such tokens read '' once and
+    '\ufffdeven~...' in every other run; measured at concurrency 4). Journals and prompts.json keep
+    the digest, never the ids."""
+    try:
+        ids = data["choices"][0]["token_ids"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:24]
+
+
 def completion_text(data: Any) -> str | None:
     try:
         text = data["choices"][0]["text"]
@@ -242,12 +260,15 @@ def reference_dir() -> Path:
     return cache_root() / "reference"
 
 
+REFERENCE_VERSION = 2  # 2: with the output tokens' digest
+
+
 def reference_key(fingerprint: str, prompt: str, max_tokens: int) -> str:
-    return hashlib.sha256(json.dumps([fingerprint, prompt, int(max_tokens)]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([fingerprint, prompt, int(max_tokens), REFERENCE_VERSION]).encode()).hexdigest()
 
 
-def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[str], int, int]:
-    """(the reference text of each prompt, cache hits, computed)."""
+def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tuple[str, str | None]], int, int]:
+    """((the reference text, its tokens' digest) of each prompt, cache hits, computed)."""
     folder = reference_dir()
     folder.mkdir(parents=True, exist_ok=True)
     fp = model_fingerprint(str(cfg["model"]))
@@ -258,7 +279,8 @@ def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[str
         try:
             cached = json.loads(path.read_text())
             if isinstance(cached, dict) and isinstance(cached.get("expected"), str):
-                out.append(cached["expected"])
+                ids = cached.get("expected_ids")
+                out.append((cached["expected"], ids if isinstance(ids, str) else None))
                 hits += 1
                 continue
         except (OSError, ValueError):
@@ -269,16 +291,18 @@ def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[str
         try:
             status, data = post_json(cfg["decode_url"].rstrip("/") + "/v1/completions",
                                      {"model": cfg["model"], "prompt": prompt, "max_tokens": max_tokens,
-                                      "temperature": 0}, min(rest, float(cfg["request_timeout_s"])))
+                                      "temperature": 0, "return_token_ids": True},
+                                     min(rest, float(cfg["request_timeout_s"])))
         except (OSError, http.client.HTTPException) as exc:
             raise PrepareError(f"reference {i}: D did not answer ({type(exc).__name__})") from None
         text = completion_text(data)
         if status != 200 or text is None:
             raise PrepareError(f"reference {i}: D answered HTTP {status} ({error_code(data)})")
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"expected": text, "max_tokens": max_tokens}))
+        digest = tokens_digest(data)
+        tmp.write_text(json.dumps({"expected": text, "expected_ids": digest, "max_tokens": max_tokens}))
         os.replace(tmp, path)
-        out.append(text)
+        out.append((text, digest))
         computed += 1
     return out, hits, computed
 
@@ -296,7 +320,8 @@ def prepare(cfg: dict) -> tuple[list[dict], dict]:
         raise PrepareError("D did not answer within the preparation time") from None
     except (OSError, http.client.HTTPException) as exc:
         raise PrepareError(f"D at {cfg['decode_url']} cannot be reached ({type(exc).__name__})") from None
-    items = [{"prompt": p, "expected": e, "prompt_tokens": n} for (p, n), e in zip(prompts, expected)]
+    items = [{"prompt": p, "expected": e, "expected_ids": d, "prompt_tokens": n}
+             for (p, n), (e, d) in zip(prompts, expected)]
     path = Path(cfg["prompts_path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -343,10 +368,13 @@ class Workload:
         op_id, idx = self._take()
         item = self.items[idx]
         body = {"model": self.cfg["model"], "prompt": item["prompt"], "max_tokens": int(self.cfg["output_tokens"]),
-                "temperature": 0}
+                "temperature": 0, "return_token_ids": True}
         t_inv = time.monotonic()
-        self.journal.write({"type": "op", "id": op_id, "process": worker, "f": "complete", "phase": "invoke",
-                            "t": t_inv, "prompt_index": idx, "expected": item["expected"]})
+        inv = {"type": "op", "id": op_id, "process": worker, "f": "complete", "phase": "invoke",
+               "t": t_inv, "prompt_index": idx, "expected": item["expected"]}
+        if item.get("expected_ids"):
+            inv["expected_ids"] = item["expected_ids"]
+        self.journal.write(inv)
         done: dict[str, Any] = {"type": "op", "id": op_id, "process": worker, "f": "complete", "value": None,
                                 "status": None, "completion_tokens": None}
         start = time.monotonic()
@@ -365,12 +393,18 @@ class Workload:
                 usage = data.get("usage") if isinstance(data, dict) else None
                 done.update(phase="ok", outcome="ok", code="", value=text,
                             completion_tokens=(usage or {}).get("completion_tokens"))
+                digest = tokens_digest(data)
+                if digest is not None:
+                    done["value_ids"] = digest
             else:
                 done.update(phase="fail", outcome=f"http_{status}",
                             code=error_code(data) if status != 200 else ("no_text" if data is not None else "not_json"))
                 err = data.get("error") if isinstance(data, dict) else None
                 if isinstance(err, dict) and isinstance(err.get("phase"), str):
                     done["error_phase"] = err["phase"][:40]  # the P/D proxy names where it failed
+                d_ms = err.get("decode_ms") if isinstance(err, dict) else None
+                if isinstance(d_ms, (int, float)) and not isinstance(d_ms, bool) and 0 <= d_ms < 1e8:
+                    done["decode_ms"] = float(d_ms)  # how long D had it (the P/D proxy says)
         t = time.monotonic()
         done.update(t=t, elapsed_ms=round((t - start) * 1000.0, 3))
         self.journal.write(done)

@@ -346,6 +346,10 @@ def test_workload_computes_references_and_runs(pd_pair: tuple[Server, Server], t
     assert all(o["phase"] == "ok" and o["outcome"] == "ok" and o["status"] == 200 for o in done.values())
     assert all(done[i]["value"] == inv[i]["expected"] for i in inv)
     assert all(inv[i]["expected"] == items[inv[i]["prompt_index"]]["expected"] for i in inv)
+    # the output tokens' digest (vLLM's return_token_ids), never the ids: on both sides, equal
+    assert all(isinstance(i["expected_ids"], str) and len(i["expected_ids"]) == 24 for i in items)
+    assert all(done[i]["value_ids"] == inv[i]["expected_ids"] == items[inv[i]["prompt_index"]]["expected_ids"]
+               for i in inv)
     assert 6 <= len(done) <= 10, len(done)  # 2 s at 4 requests/s
     probes = [r for r in records if r["type"] == "probe"]
     assert [p["when"] for p in probes] == ["baseline", "final"]

@@ -11,7 +11,13 @@ A family opts in with ``Family.explore_module``: a module with
 - ``render(schedule, name, target, seed) -> dict``: the scenario file for it (deadline, cap, pauses
   for ``no_busy_wait``, a ``triggers:`` entry per fault so that a window no request crossed is a
   harness error, never a pass, and ``expect: {target: pass}``);
-- ``MIN_WINDOW_S``: the shortest window shrinking may leave a fault.
+- ``MIN_WINDOW_S``: the shortest window shrinking may leave a fault;
+- optionally ``cover(rng) -> list[dict]``: schedules run first, before any random draw (e.g. each
+  fault kind alone once): a budget that ends early has still tried every kind, where random
+  combinations may miss one (a 20-minute control drew 12 schedules and no silent peer);
+- optionally ``signature(schedule) -> str``: what makes two findings the same (e.g. the fault
+  kinds): a finding whose signature and failing checks equal an earlier one's is recorded, not
+  shrunk again (the budget goes to new schedules).
 
 The core never names a family. A drawn schedule that does not validate (schema, recovery gaps) or
 that the launch profile leaves out is drawn again, never run. Shrinking is greedy and bounded by the
@@ -51,6 +57,7 @@ class Finding:
     shrunk_failing: list[str] = field(default_factory=list)
     shrink_runs: int = 0
     path: str | None = None
+    same_as: int | None = None  # the seed of an earlier finding with the same signature and checks
 
 
 @dataclass
@@ -162,14 +169,48 @@ class Explorer:
         self.say(f"explore: {MAX_REDRAWS} drawn schedules in a row did not validate (last: {why}); stopping")
         return None
 
+    def _covering(self, rng: random.Random):
+        """(seed, schedule, path) of the family's ``cover`` schedules that validate, in order."""
+        cover = getattr(self.mod, "cover", None)
+        if cover is None:
+            return
+        for schedule in cover(random.Random(rng.randrange(1, 1 << 30))):
+            seed = rng.randrange(1, 1 << 30)
+            path, why = self._materialize(schedule, seed, f"c{self.tally.schedules}")
+            if path is None:
+                self.tally.invalid += 1
+                self.say(f"explore: a covering schedule does not validate ({why[:200]}); skipped")
+                continue
+            yield seed, schedule, path
+
+    def _signature(self, schedule: dict) -> str | None:
+        sig = getattr(self.mod, "signature", None)
+        return sig(schedule) if sig is not None else None
+
     def explore(self) -> Tally:
         rng = random.Random(self.seed)
+        covering = self._covering(random.Random(rng.randrange(1, 1 << 30)))
+        seen: dict[tuple, int] = {}
+        pending: list[Finding] = []  # found while covering: shrunk once every kind was tried
         while self._room():
-            seed = rng.randrange(1, 1 << 30)
-            drawn = self._draw_valid(random.Random(seed), seed)
-            if drawn is None:
-                break
-            schedule, path = drawn
+            first = next(covering, None) if covering is not None else None
+            if first is not None:
+                seed, schedule, path = first
+            else:
+                if covering is not None:
+                    covering = None
+                    for f in pending:
+                        if self.shrink and self._room():
+                            self._shrink(f)
+                        self._write_finding(f)
+                    pending = []
+                    if not self._room():
+                        break
+                seed = rng.randrange(1, 1 << 30)
+                drawn = self._draw_valid(random.Random(seed), seed)
+                if drawn is None:
+                    break
+                schedule, path = drawn
             self.tally.schedules += 1
             res = self._run(path)
             line = (f"[{self.tally.schedules}] seed {seed}: {self._describe(schedule)} -> {res.verdict}"
@@ -183,9 +224,22 @@ class Explorer:
             else:
                 f = Finding(seed, res.verdict, list(res.failing), res.reason, schedule)
                 self.tally.findings.append(f)
-                if self.shrink:
-                    self._shrink(f)
-                self._write_finding(f)
+                sig = self._signature(schedule)
+                key = (sig, res.verdict, tuple(sorted(res.failing)))
+                if sig is not None and key in seen:
+                    f.same_as = seen[key]
+                    self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks): not shrunk again")
+                    self._write_finding(f)
+                elif covering is not None:
+                    seen[key] = seed
+                    pending.append(f)
+                else:
+                    seen[key] = seed
+                    if self.shrink:
+                        self._shrink(f)
+                    self._write_finding(f)
+        for f in pending:  # the budget ended while covering: written as found
+            self._write_finding(f)
         return self.tally
 
     @staticmethod
@@ -246,7 +300,7 @@ class Explorer:
                               "shrunk_failing": f.shrunk_failing, "shrink_runs": f.shrink_runs,
                               "faults": len(f.schedule["faults"]),
                               "shrunk_faults": len(f.shrunk["faults"]) if f.shrunk else None,
-                              "reproduction": f.path} for f in t.findings],
+                              "same_as": f.same_as, "reproduction": f.path} for f in t.findings],
                 "error_reasons": t.error_reasons}
 
 

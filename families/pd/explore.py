@@ -51,6 +51,39 @@ KINDS = ("stop", "stop", "fake_prefill_peer", "abort_while_decode_waits", "abort
          "hold_after_prefill", "bad_transfer_params", "side_channel_garbage")
 
 
+def cover(rng: random.Random) -> list[dict]:
+    """Each fault kind alone once (each fake-peer mode and each node's stop count as a kind), in a
+    seeded order, before explore's random combinations: every kind is tried in any budget that
+    runs this many schedules."""
+    kinds: list[dict] = [{"type": "stop", "node": n} for n in ("prefill:0", "decode:0")]
+    kinds += [{"type": "fake_prefill_peer", "mode": m, "count": 1} for m in FAKE_MODES]
+    for kind in dict.fromkeys(KINDS):
+        if kind not in ("stop", "fake_prefill_peer"):
+            kinds.append(_fault(rng, kind))
+    rng.shuffle(kinds)
+    out = []
+    for f in kinds:
+        concurrency = rng.choice([1, 2, 4])
+        rate = min(4.0, concurrency * rng.choice([0.5, 1.0]))
+        duration = 16.0
+        length = 6.0  # room for a pause (render) while the fault acts
+        at = round(rng.uniform(0.5, duration - (concurrency / rate + HEAL_S + 1.0) - length), 1)
+        out.append({"workload": {"duration": duration, "concurrency": concurrency, "rate": rate,
+                                 "request_timeout": 30.0},
+                    "faults": [{**f, "at": at, "for": length}]})
+    return out
+
+
+def signature(schedule: dict) -> str:
+    """The fault kinds of a schedule (a stop names its node, a fake peer its mode): two findings
+    with the same kinds and failing checks are one defect until shown otherwise."""
+    parts = []
+    for f in schedule["faults"]:
+        extra = f.get("node") or f.get("mode")
+        parts.append(f"{f['type']}({extra})" if extra else f["type"])
+    return "+".join(sorted(parts))
+
+
 def draw(rng: random.Random) -> dict:
     concurrency = rng.choice([1, 2, 4, 8])
     rate = min(4.0, concurrency * rng.choice([0.5, 1.0]))

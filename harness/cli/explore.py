@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
           f"refused before running", flush=True)
     for f in summary["findings"]:
         faults = f"{f['faults']} -> {f['shrunk_faults']} faults" if f["shrunk_faults"] is not None else \
-            f"{f['faults']} faults, not shrunk"
+            f"{f['faults']} faults, not shrunk" + (f": the same as seed {f['same_as']}" if f.get("same_as") else "")
         print(f"  finding seed {f['seed']}: {f['verdict']} [{', '.join(f['failing'])}] ({faults}, "
               f"{f['shrink_runs']} shrink runs): {f['reproduction']}", flush=True)
     for why in summary["error_reasons"][:5]:

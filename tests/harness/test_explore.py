@@ -96,6 +96,30 @@ def test_a_failing_schedule_is_shrunk_and_written_as_a_scenario(tmp_path: Path) 
     assert summary["schedules"] == tally.schedules and len(summary["findings"]) == len(tally.findings)
 
 
+def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrunk_again(tmp_path: Path) -> None:
+    """The family's covering schedules run before any random draw (a 20-minute control once drew
+    no silent peer in 12 schedules); findings made while covering are shrunk after it; a finding
+    with the same fault kinds and failing checks as an earlier one is recorded, not shrunk."""
+    from families.pd import explore as E
+
+    clock, runs, lines = Clock(), [], []
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3600, out_dir=tmp_path, run_one=_stand_in(clock, runs),
+                  load=_load, say=lines.append, clock=clock)
+    tally = ex.explore()
+    covering = E.cover(random.Random(1))
+    kinds = {E.signature(c) for c in covering}
+    assert len(kinds) == len(covering) == 2 + len(E.FAKE_MODES) + 5
+    first = [E.signature({"faults": [{"type": f.type, **({"node": f.node} if f.type == "stop" else {}),
+                                      **({"mode": f.mode} if f.type == "fake_prefill_peer" else {})}
+                                     for f in sc.faults]}) for sc in runs[:len(covering)]]
+    assert set(first) == kinds, first  # every kind alone, before anything else
+    stop_d = [f for f in tally.findings if f.same_as is None and "stop(decode:0)" in E.signature(f.schedule)]
+    repeats = [f for f in tally.findings if f.same_as is not None]
+    assert stop_d and stop_d[0].shrunk is not None  # the covering finding, shrunk once covering ended
+    assert all(f.shrunk is None and f.shrink_runs == 0 and f.path for f in repeats)
+    assert all(any(g.seed == f.same_as for g in tally.findings) for f in repeats)
+
+
 def test_the_budget_bounds_the_exploration(tmp_path: Path) -> None:
     clock, runs = Clock(), []
     ex = Explorer(FAM, "hardened", seed=9, budget_s=100, out_dir=tmp_path, run_one=_stand_in(clock, runs),

@@ -1209,3 +1209,35 @@ def test_npu_only_suites_are_refused_on_cpu_runners():
         select("pd-store", "cpu", REPO)
     assert [c["launch_profile"] for c in select("pd,pd-store", "ascend", REPO)] == ["ascend", "ascend-store"]
     assert select("pd", "cpu", REPO)[0]["launch_profile"] == ""
+
+
+# ------------------------------------------------------------------ the CPU nightly
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("target, rc, job_rc", [
+    ("hardened", 0, 0), ("hardened", 1, 1),   # a finding on hardened fails the job
+    ("upstream", 1, 0), ("upstream", 0, 1),   # the control must find something
+    ("hardened", 130, 130), ("upstream", 2, 2),  # interrupted / bad input: never a pass
+])
+def test_cpu_nightly_explore_judges_hardened_and_its_control(tmp_path, target, rc, job_rc):
+    """schedule_nightly_cpu.yaml's explore step, run as the workflow has it, with `python3`
+    replaced by a stub that records its arguments and exits as pdchaos explore would."""
+    wf = _load(WF / "schedule_nightly_cpu.yaml")
+    job = wf["jobs"]["explore"]
+    assert job["strategy"]["matrix"]["target"] == ["hardened", "upstream"]
+    step = next(s for s in job["steps"] if s.get("name") == "Explore")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$@" > "{tmp_path}/args"\nexit {rc}\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TARGET": target, "BUDGET": "20m",
+           "SEED": "7", "RUNS_DIR": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", "-c", step["run"]], cwd=REPO, env=env, capture_output=True, text=True, timeout=20)
+    assert proc.returncode == job_rc, proc.stdout + proc.stderr
+    assert (tmp_path / "args").read_text().split() == [
+        "-m", "harness.cli", "explore", "--family", "pd", "--target", target, "--budget", "20m", "--seed", "7",
+        "--runs-dir", str(tmp_path / "out")]
+    # the concurrency sweep is the README's suite at concurrency 4, strict, hardened
+    sweep = next(s for s in wf["jobs"]["concurrency"]["steps"] if "concurrency 4" in s.get("name", ""))
+    assert "--concurrency 4" in sweep["run"] and "--strict" in sweep["run"] and "scenarios/pd/" in sweep["run"]

@@ -33,7 +33,8 @@ optional:
 Before READY: ``ceil(duration_s * rate * 1.2) + concurrency`` unique prompts of words from the
 tiny model's corpus vocabulary (stacks/vllm_cpu/build_tiny_model.py, so they tokenize densely),
 and each prompt's reference: the greedy output of D alone for that prompt and ``max_tokens``,
-asked one request at a time. References are cached in
+asked one request at a time until two answers agree (tokens and text; at most 3). References are
+cached in
 ``${XDG_CACHE_HOME:-~/.cache}/pdchaos/reference/<sha256>.json``, the hash over the model (its
 path and its build stamp), the prompt and ``max_tokens``, so they are computed once per machine.
 
@@ -79,7 +80,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from nodekit.control import process_stats
@@ -260,20 +261,56 @@ def reference_dir() -> Path:
     return cache_root() / "reference"
 
 
-REFERENCE_VERSION = 2  # 2: with the output tokens' digest
+REFERENCE_VERSION = 3  # 2: with the output tokens' digest; 3: two computations agree
 
 
 def reference_key(fingerprint: str, prompt: str, max_tokens: int) -> str:
     return hashlib.sha256(json.dumps([fingerprint, prompt, int(max_tokens), REFERENCE_VERSION]).encode()).hexdigest()
 
 
-def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tuple[str, str | None]], int, int]:
-    """((the reference text, its tokens' digest) of each prompt, cache hits, computed)."""
+REFERENCE_TRIES = 3  # a reference is kept when two of at most this many computations agree
+
+
+def _one_reference(cfg: dict, prompt: str, i: int, deadline: float) -> tuple[str, str | None]:
+    rest = deadline - time.monotonic()
+    if rest <= 0:
+        raise PrepareError(f"references not ready within the preparation time (at reference {i})")
+    try:
+        status, data = post_json(cfg["decode_url"].rstrip("/") + "/v1/completions",
+                                 {"model": cfg["model"], "prompt": prompt, "max_tokens": int(cfg["output_tokens"]),
+                                  "temperature": 0, "return_token_ids": True},
+                                 min(rest, float(cfg["request_timeout_s"])))
+    except (OSError, http.client.HTTPException) as exc:
+        raise PrepareError(f"reference {i}: D did not answer ({type(exc).__name__})") from None
+    text = completion_text(data)
+    if status != 200 or text is None:
+        raise PrepareError(f"reference {i}: D answered HTTP {status} ({error_code(data)})")
+    return text, tokens_digest(data)
+
+
+def agreed_reference(compute: Callable[[], tuple[str, str | None]]) -> tuple[tuple[str, str | None], bool]:
+    """(the output two computations agree on, whether any disagreed). A fresh D once answered a
+    reference prompt with other tokens ('' for what it and every other serving answered
+    otherwise; measured twice, on a busy machine too): kept, such a reference made every later run
+    using that prompt deviate. Raises PrepareError when no two of REFERENCE_TRIES agree."""
+    seen: list[tuple[str, str | None]] = []
+    for _ in range(REFERENCE_TRIES):
+        got = compute()
+        if got in seen:
+            return got, len(seen) > 1
+        seen.append(got)
+    raise PrepareError(f"D gave {REFERENCE_TRIES} different outputs for one reference prompt")
+
+
+def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tuple[str, str | None]], int, int, int]:
+    """((the reference text, its tokens' digest) of each prompt, cache hits, computed, computed
+    with a disagreement). Each is computed until two computations agree (:func:`agreed_reference`),
+    then cached."""
     folder = reference_dir()
     folder.mkdir(parents=True, exist_ok=True)
     fp = model_fingerprint(str(cfg["model"]))
     max_tokens = int(cfg["output_tokens"])
-    out, hits, computed = [], 0, 0
+    out, hits, computed, disagreed = [], 0, 0, 0
     for i, prompt in enumerate(prompts):
         path = folder / f"{reference_key(fp, prompt, max_tokens)}.json"
         try:
@@ -285,26 +322,21 @@ def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tup
                 continue
         except (OSError, ValueError):
             pass
-        rest = deadline - time.monotonic()
-        if rest <= 0:
+        if deadline - time.monotonic() <= 0:
             raise PrepareError(f"references not ready within the preparation time ({i} of {len(prompts)})")
         try:
-            status, data = post_json(cfg["decode_url"].rstrip("/") + "/v1/completions",
-                                     {"model": cfg["model"], "prompt": prompt, "max_tokens": max_tokens,
-                                      "temperature": 0, "return_token_ids": True},
-                                     min(rest, float(cfg["request_timeout_s"])))
-        except (OSError, http.client.HTTPException) as exc:
-            raise PrepareError(f"reference {i}: D did not answer ({type(exc).__name__})") from None
-        text = completion_text(data)
-        if status != 200 or text is None:
-            raise PrepareError(f"reference {i}: D answered HTTP {status} ({error_code(data)})")
+            (text, digest), differed = agreed_reference(lambda: _one_reference(cfg, prompt, i, deadline))
+        except PrepareError as exc:
+            if str(exc).startswith("D gave"):
+                raise PrepareError(f"reference {i}: {exc}") from None
+            raise
+        disagreed += differed
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        digest = tokens_digest(data)
         tmp.write_text(json.dumps({"expected": text, "expected_ids": digest, "max_tokens": max_tokens}))
         os.replace(tmp, path)
         out.append((text, digest))
         computed += 1
-    return out, hits, computed
+    return out, hits, computed, disagreed
 
 
 def prepare(cfg: dict) -> tuple[list[dict], dict]:
@@ -315,7 +347,7 @@ def prepare(cfg: dict) -> tuple[list[dict], dict]:
     try:
         prompts = make_prompts(cfg, count, deadline)
         t1 = time.monotonic()
-        expected, hits, computed = references(cfg, [p for p, _ in prompts], deadline)
+        expected, hits, computed, disagreed = references(cfg, [p for p, _ in prompts], deadline)
     except Deadline:
         raise PrepareError("D did not answer within the preparation time") from None
     except (OSError, http.client.HTTPException) as exc:
@@ -330,7 +362,7 @@ def prepare(cfg: dict) -> tuple[list[dict], dict]:
     toks = [n for _, n in prompts]
     return items, {"prompts": len(items), "tokens_min": min(toks), "tokens_median": statistics.median(toks),
                    "tokens_max": max(toks), "prompts_s": round(t1 - t0, 2), "reference_hits": hits,
-                   "reference_computed": computed, "references_s": round(time.monotonic() - t1, 2)}
+                   "reference_computed": computed, "reference_disagreed": disagreed, "references_s": round(time.monotonic() - t1, 2)}
 
 
 # --------------------------------------------------------------------------- the workload

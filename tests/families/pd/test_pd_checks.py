@@ -349,3 +349,21 @@ def test_proxy_hook_faults_set_and_clear_their_hook(name, params, first) -> None
     fault.stop()  # healed once
     assert ctx.calls[-1][:2] == ("proxy", "clear") and len([c for c in ctx.calls if c[1] == "clear"]) == 1
     assert fault.effect()[key] == 2  # counted from the proxy's own counters, before and after
+
+
+def test_a_reference_is_kept_only_when_two_computations_agree() -> None:
+    """A fresh D once answered a reference prompt with other tokens than every later serving: one
+    computation is not a reference. Two agreeing answers are; the third decides a disagreement;
+    three different answers are an error, never a reference."""
+    from families.pd.workload import PrepareError, agreed_reference
+
+    def answers(*outs):
+        it = iter(outs)
+        return lambda: next(it)
+
+    assert agreed_reference(answers(("a", "d1"), ("a", "d1"))) == (("a", "d1"), False)
+    assert agreed_reference(answers(("", "d0"), ("a", "d1"), ("a", "d1"))) == (("a", "d1"), True)
+    assert agreed_reference(answers(("a", "d1"), ("b", "d2"), ("a", "d1"))) == (("a", "d1"), True)
+    assert agreed_reference(answers(("a", "d1"), ("a", "d2"), ("a", "d2")))[0] == ("a", "d2")  # tokens count
+    with pytest.raises(PrepareError, match="3 different outputs"):
+        agreed_reference(answers(("a", "1"), ("b", "2"), ("c", "3")))

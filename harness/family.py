@@ -105,6 +105,14 @@ class Family:
     fuzz_module: ClassVar[str | None] = None
     # extra top-level commands: name -> (module with add_arguments/run, help)
     commands: ClassVar[dict[str, tuple[str, str]]] = {}
+    setup_default: ClassVar[bool] = False
+    """``pdchaos setup`` without ``--family`` installs this family's steps (the README's main job
+    needs them); the others' when named (``--family NAME``) or with ``--all``."""
+    failed_words: ClassVar[tuple[str, str]] = ("failed", "failed (the client was told)")
+    """What an op of phase ``fail`` is in this family's language (reports/data.py's class
+    ``fail-open``): (a table column's word, the plots' legend). The lookup client returns 0 (fail-open);
+    a P/D request gets an HTTP error (it fails fast). Written into each journal's meta line, so the
+    reports never import a family."""
     gauges: ClassVar[tuple[tuple[str, str], ...]] = ()
     """Node gauges the reports plot over time from ``sample`` probes, one panel each, one line per
     node role: (counter, axis label). The counter is a key of a probe's ``counters``, matched

@@ -49,6 +49,21 @@ def split_plan(plan: list[tuple], profiles: dict[str, Any] | None = None) -> tup
     return keep, left_out
 
 
+def missing_setup(plan: list[tuple], profiles: dict[str, Any] | None = None) -> list[str]:
+    """The ``pdchaos setup`` commands the planned runs need first, one line each ("what is
+    missing: run `COMMAND`"): a family's node stack that is not installed
+    (``Family.unavailable`` returning a :class:`harness.setup.MissingSetup`). Other reasons a run
+    cannot be made here (no root, no toxiproxy) skip that run when it comes."""
+    from .setup import MissingSetup
+
+    out: dict[str, str] = {}
+    for sc in dict.fromkeys(sc for sc, _ in plan):
+        why = sc.family.unavailable(sc, (profiles or {}).get(sc.family.name))
+        if isinstance(why, MissingSetup):
+            out.setdefault(why.command, f"{sc.name} (family {sc.family.name}): {why}")
+    return list(out.values())
+
+
 def choose_profiles(scenarios: list, spec: str | None, sets: list[str]) -> dict[str, Any]:
     """The launch profile of each selected family that has them (``--profile``/``--set``), by
     family name: data the runner hands to each topology; none when none is asked for (each family

@@ -125,6 +125,7 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
             "checks": Runner._check_config(sc), "not_applicable": na, "expect": m.expected(target),
             "targets": list(m.targets), "baseline_target": fam.baseline_target,
             "gauges": [list(g) for g in getattr(fam, "gauges", ())],  # what reports plot (no family import)
+            "failed_words": list(fam.failed_words),
             "primary_ops": list(fam.primary_ops), "op_kinds": list(fam.op_kinds or fam.primary_ops),
             "planned_ops": m.workload.planned_ops(),
             "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,

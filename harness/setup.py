@@ -32,6 +32,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -218,18 +219,42 @@ def is_step(obj: Any) -> bool:
             and callable(getattr(obj, "check", None)) and callable(getattr(obj, "install", None)))
 
 
-def all_steps() -> tuple[list[Any], list[str]]:
-    """The core steps, then every family's (``Family.setup_steps()``), first of each name kept (a
-    family naming a step another marked optional makes it a default one); and the problems
-    found collecting them (a family that does not load, a non-step)."""
+class MissingSetup(str):
+    """A reason a scenario cannot run that one ``pdchaos setup`` command fixes (a family's node
+    stack is not installed): ``pdchaos run`` stops with it before anything starts (exit 2),
+    where other reasons skip the run. ``command`` is that command."""
+
+    command: str
+
+    def __new__(cls, why: str, command: str) -> "MissingSetup":
+        obj = super().__new__(cls, f"{why}: run `{command}`")
+        obj.command = command
+        return obj
+
+
+def all_steps(families: Iterable[str] | None = None, every: bool = True) -> tuple[list[Any], list[str]]:
+    """The core steps, then the families' (``Family.setup_steps()``): every family's when
+    ``every``, else those that set up by default (``Family.setup_default``: what the README's main
+    job needs) and those named in ``families``; first of each name kept (a family naming a step
+    another marked optional makes it a default one); and the problems found collecting them (a
+    family that does not load, a non-step)."""
     steps, problems = core_steps(), []
     try:
         from .family import all_families
 
-        families = all_families()
+        loaded = all_families()
     except Exception as exc:  # a broken plugin family: say so, still set up the rest
         return steps, problems + [f"families: could not load: {exc}"]
-    for fam in families:
+    named = set(families or ())
+    unknown = sorted(named - {f.name for f in loaded})
+    if unknown:
+        from .errors import UsageError
+
+        raise UsageError(f"--family {unknown[0]!r}: no such family; families: "
+                         f"{', '.join(sorted(f.name for f in loaded))}")
+    for fam in loaded:
+        if not (every or getattr(fam, "setup_default", False) or fam.name in named):
+            continue
         try:
             extra = list(fam.setup_steps() or [])
         except Exception as exc:
@@ -253,6 +278,7 @@ class Result:
     state: str  # "present", "installed", "would install", "cannot install" (dry run), "failed", "optional"
     detail: str
     how: str = ""
+    seconds: float = 0.0  # how long the step took (check and install)
 
     def __post_init__(self) -> None:  # one line each, whatever a step's message holds
         self.detail, self.how = " ".join(str(self.detail).split()), " ".join(str(self.how).split())
@@ -271,7 +297,15 @@ def _failure(exc: BaseException) -> tuple[str, str]:
 
 
 def run_step(step: Any, dry_run: bool = False, selected: bool = True) -> Result:
-    """check(), then (unless present, ``dry_run`` or not ``selected``) install() and check() again."""
+    """check(), then (unless present, ``dry_run`` or not ``selected``) install() and check() again;
+    the result says how long that took."""
+    t0 = time.monotonic()
+    r = _run_step(step, dry_run, selected)
+    r.seconds = time.monotonic() - t0
+    return r
+
+
+def _run_step(step: Any, dry_run: bool, selected: bool) -> Result:
     try:
         status = step.check()
         if status is not None:
@@ -328,7 +362,7 @@ def run_setup(steps: list[Any], dry_run: bool = False, problems: Iterable[str] =
     for step in steps:
         r = run_step(step, dry_run, selected=not getattr(step, "optional", False) or step.name in picked)
         results.append(r)
-        out(f"setup: {r.name} ... {describe(r)}")
+        out(f"setup: {r.name} ... {describe(r)} [{r.seconds:.1f} s]")
     problems = list(problems)
     missing = [r for r in results if not r.ok]
     if not missing and not problems:

@@ -32,7 +32,8 @@ def _subtitle(r) -> str:
         parts.append({"as_expected": "as expected"}.get(r.outcome, r.outcome.upper()))
     st = r.stats
     if st is not None:
-        parts.append(f"{st.n} ops, {st.fail_open} fail-open, {st.errors} errors, {st.stalls} stalled")
+        failed = r.timeline.failed_words[0] if r.timeline is not None else D.GENERIC_FAILED_WORDS[0]
+        parts.append(f"{st.n} ops, {st.fail_open} {failed}, {st.errors} errors, {st.stalls} stalled")
     return " · ".join(parts)
 
 

@@ -25,7 +25,7 @@ from .load import Run
 from .tables import fmt_ms, ratio
 
 METRICS = {"p50": "ms", "p99": "ms", "max": "ms", "fail_open": "count", "stalls": "count"}
-_ALIASES = {"fail-open": "fail_open", "failopen": "fail_open", "stall": "stalls", "stalled": "stalls"}
+_ALIASES = {"fail-open": "fail_open", "failopen": "fail_open", "failed": "fail_open", "stall": "stalls", "stalled": "stalls"}
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def format_table(rows: list[dict], regs: list[dict], name_a: str, name_b: str, *
     each cell ``A → B (×B/A)``, ``!`` marking a cell over a threshold, then the benchmark ratios
     and the noise floor (when given)."""
     flagged = {(r["scenario"], r["target"], r["metric"]) for r in regs}
-    head = ["scenario", "target", "verdict A → B", "p50 ms", "p99 ms", "max ms", "fail-open", "stalls"]
+    head = ["scenario", "target", "verdict A → B", "p50 ms", "p99 ms", "max ms", "failed", "stalls"]
     body = []
     for row in rows:
         va, vb = row["verdict_a"] or "–", row["verdict_b"] or "–"
@@ -353,7 +353,7 @@ def format_markdown(doc: dict[str, Any], *, max_bytes: int = DEFAULT_MAX_BYTES, 
         return ("**" + txt + "** ⚠" if (row["scenario"], row["target"], m) in flagged else txt)
 
     blocks.append(("### Latency per scenario (ms, A → B (×B/A))",
-                   ["| scenario | target | p50 | p99 | max | fail-open | stalls |",
+                   ["| scenario | target | p50 | p99 | max | failed | stalls |",
                     "|---|---|---:|---:|---:|---:|---:|"],
                    [f"| {_md_cell(row['scenario'])} | {_md_cell(row['target'])} | "
                     + " | ".join(lat(row, m) for m in METRICS) + " |" for row in rows]))

@@ -7,7 +7,9 @@ Outcome classes (one per op, from the merged op of ``nodekit.journal.ops``):
 ==============  ===============================================================================
 ``ok``          phase "ok": the call succeeded (its value may still be wrong; ``correct_hits``
                 judges that, not the plots).
-``fail-open``   phase "fail": the call failed and the client knew it and returned 0 / False.
+``fail-open``   phase "fail": the call failed and the client knew it: in the family's words
+                (the meta line's ``failed_words``): lookup's client returned 0 (fail-open), a
+                P/D request got an HTTP error (failed fast).
 ``error``       phase "info" with any outcome but "stalled": indeterminate, the call raised.
 ``stalled``     outcome "stalled": the call never returned (no completion record, or the runner
                 wrote one with outcome "stalled" when it gave up).
@@ -88,6 +90,19 @@ class Timeline:
     tolerance_ms: float | None
     points: list[Point]
     bands: list[Band]
+    failed_words: tuple[str, str] = ("failed", "failed (the client was told)")  # see failed_words()
+
+
+GENERIC_FAILED_WORDS = ("failed", "failed (the client was told)")
+
+
+def failed_words(records: list[dict]) -> tuple[str, str]:
+    """What the family calls an op of class ``fail-open`` (its meta line's ``failed_words``:
+    column word, legend), else the generic words (a journal from before they were written)."""
+    w = J.meta(records).get("failed_words")
+    if isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) and x and len(x) <= 60 for x in w):
+        return w[0], w[1]
+    return GENERIC_FAILED_WORDS
 
 
 def t0_of(records: list[dict]) -> float:
@@ -168,7 +183,7 @@ def timeline(records: list[dict], scenario: str = "", target: str = "") -> Timel
     end = max([end] + [p.x for p in points] + [p.x_complete for p in points if p.x_complete is not None])
     return Timeline(scenario=scenario or str(m.get("scenario", "")), target=target or str(m.get("target", "")),
                     t0=t0, end=max(end, 0.0), deadline_ms=d, tolerance_ms=tol, points=points,
-                    bands=fault_bands(records, t0))
+                    bands=fault_bands(records, t0), failed_words=failed_words(records))
 
 
 def nice_bucket(duration_s: float, target_buckets: int = 40) -> float:

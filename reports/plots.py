@@ -34,10 +34,20 @@ _LABEL_PT = 7.5  # fault window labels
 # also have their own marker shapes, so the classes read apart without colour too.
 STYLE = {
     "ok": dict(color="#4477AA", marker="o", ms=3.0, alpha=0.6, label="ok"),
-    "fail-open": dict(color="#EE7733", marker="o", ms=4.5, alpha=0.85, label="fail-open (returned 0)"),
+    "fail-open": dict(color="#EE7733", marker="o", ms=4.5, alpha=0.85, label="failed"),  # label: the family's
     "error": dict(color="#CC3311", marker="X", ms=6.0, alpha=0.9, label="error (raised)"),
     "stalled": dict(color="#AA3377", marker="^", ms=7.0, alpha=0.95, label="stalled (never returned)"),
 }
+
+
+def style(cls: str, tl: D.Timeline) -> dict:
+    """An outcome class's style; the failed class in its family's words (the journal's meta line:
+    lookup's "fail-open (returned 0)", P/D's "failed fast (an HTTP error)")."""
+    if cls == "fail-open":
+        return {**STYLE[cls], "label": tl.failed_words[1]}
+    return STYLE[cls]
+
+
 QUANTILE_STYLE = {"p50": ("#4477AA", "-"), "p95": ("#228833", "-"), "p99": ("#EE7733", "-"),
                   "max": ("#AA3377", ":")}
 # Pale fills for fault windows, one per fault name.
@@ -136,7 +146,7 @@ def draw_latency(ax, tl: D.Timeline, ylim: tuple[float, float], colours: dict[st
         pts = [p for p in tl.points if p.cls == cls and math.isfinite(p.latency_ms)]
         if not pts:
             continue
-        st = STYLE[cls]
+        st = style(cls, tl)
         y = np.maximum([p.latency_ms for p in pts], ylim[0] * 1.05)  # a 0 ms op still shows, at the floor
         (h,) = ax.plot([p.x for p in pts], y, ls="none", marker=st["marker"], ms=st["ms"], color=st["color"],
                        alpha=st["alpha"], mew=0, zorder=4,
@@ -178,7 +188,7 @@ def draw_throughput(ax, tl: D.Timeline, th: dict, colours: dict[str, str], ymax:
             continue
         # Stacked steps, one patch per class (ax.bar makes a patch per bucket, which is slow).
         h = ax.stairs(bottom + v, edges, baseline=bottom.copy(), fill=True, color=STYLE[cls]["color"], alpha=0.85,
-                      lw=0, label=STYLE[cls]["label"].split(" (")[0], zorder=3)
+                      lw=0, label=style(cls, tl)["label"].split(" (")[0], zorder=3)
         bottom += v
         handles.append(h)
     top = ymax if ymax is not None else (float(bottom.max()) if bottom.size else 0.0)
@@ -272,7 +282,7 @@ def before_after_png(before: D.Timeline, after: D.Timeline, path: str | Path, *,
         n_b = sum(1 for p in before.points if p.cls == cls)
         n_a = sum(1 for p in after.points if p.cls == cls)
         if n_b or n_a:
-            st = STYLE[cls]
+            st = style(cls, after)
             leg.append(Line2D([], [], ls="none", marker=st["marker"], ms=st["ms"] + 1, color=st["color"],
                               label=f"{st['label']}: {before.target} {n_b}, {after.target} {n_a}"))
     tl = before if before.deadline_ms else after

@@ -185,9 +185,19 @@ LATENCY_HEAD = ["scenario", "target", "ops", "ok", "fail-open", "raised", "stall
                 "max ms", "ops/s"]
 
 
+def failed_column(run: Run) -> str:
+    """The word for failed ops in a table of this run: its families' own when they share one
+    (lookup: fail-open; P/D: failed fast), else the generic one."""
+    words = {r.timeline.failed_words[0] for s in run.scenarios() for tg in run.targets(s)
+             if (r := run.get(s, tg)) is not None and r.timeline is not None}
+    return words.pop() if len(words) == 1 else D.GENERIC_FAILED_WORDS[0]
+
+
 def latency_table(run: Run) -> Table:
     """Per scenario and target: op counts by outcome class, latency quantiles, throughput."""
-    t = Table(list(LATENCY_HEAD), numeric=frozenset(range(2, len(LATENCY_HEAD))))
+    head = list(LATENCY_HEAD)
+    head[head.index("fail-open")] = failed_column(run)
+    t = Table(head, numeric=frozenset(range(2, len(LATENCY_HEAD))))
     for s in run.scenarios():
         for tg in run.targets(s):
             r = run.get(s, tg)

@@ -29,6 +29,7 @@ class LayerwiseFamily(Family):
     fault_modules = (f"{PKG}.faults",)
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("transfer",)
+    failed_words = ("failed", "failed (finished with an error)")
     client_tally = True  # its workload counts its ops per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
 

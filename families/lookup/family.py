@@ -25,6 +25,7 @@ class LookupFamily(Family):
     # ``upstream`` runs vllm-ascend's real code and needs the conformance env: named by a scenario
     default_targets = ("hardened", "legacy")
     baseline_target = "legacy"
+    failed_words = ("fail-open", "fail-open (returned 0)")  # the lookup failed; the scheduler computes
     Topology = LookupTopologySpec
     Workload = LookupWorkloadSpec
     fault_modules = (f"{PKG}.fault_server", f"{PKG}.fault_peers", f"{PKG}.fault_backend", f"{PKG}.fault_requests",
@@ -97,12 +98,14 @@ class LookupFamily(Family):
             from stacks.vllm_cpu.steps import PdStackStep
 
             if PdStackStep().check() is None:
-                return "the P/D node env (vLLM 0.32.0) is not installed (pd-node-stack): run `pdchaos setup`"
+                from harness.setup import MissingSetup
+
+                return MissingSetup("the P/D node env (vLLM 0.32.0) is not installed (pd-node-stack)", "pdchaos setup")
             return None
         if any(runs_ascend(scenario.topology, t) for t in scenario.targets):
             from stacks.ascend_cpu.steps import ascend_unavailable
 
-            return ascend_unavailable()
+            return ascend_unavailable("lookup")
         return None
 
     def setup_steps(self) -> list[Any]:

@@ -27,6 +27,8 @@ class PDFamily(Family):
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     op_kinds = ("complete", "reset")  # reset: the workload's prefix-cache resets (workload.resets)
+    failed_words = ("failed fast", "failed fast (an HTTP error)")  # e.g. the load deadline's 502
+    setup_default = True  # `pdchaos setup` installs its node stack: the README's main job runs it
     client_tally = True  # the workload counts its requests per outcome in its final probe (harness_integrity)
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"
@@ -68,7 +70,9 @@ class PDFamily(Family):
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
-                return f"the P/D node stack is not installed ({step.name}): run `pdchaos setup`"
+                from harness.setup import MissingSetup
+
+                return MissingSetup(f"the P/D node stack is not installed ({step.name})", "pdchaos setup")
         vllm = vllm_beside_python() if prof.vllm == "path" else Path(prof.vllm) if prof.vllm != "node-env" else None
         if vllm is not None and not vllm.exists():
             return f"profile {prof.name}: no vllm command at {vllm}: install vLLM there"

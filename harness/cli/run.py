@@ -23,7 +23,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..progress import Progress
 from ..outputs import run_status, write_summary
-from ..plan import choose_profiles, order_for_reuse, plan_for_reuse, split_plan
+from ..plan import choose_profiles, missing_setup, order_for_reuse, plan_for_reuse, split_plan
 from ..pool import NodePool
 from ..runner import Runner, new_run_dir
 from ..services import start_toxiproxy
@@ -201,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"not run: {sc.name} [{target}]: {why}", flush=True)
     if not plan:
         raise UsageError("nothing to run: every selected scenario/target is left out (see above)")
+    if not args.dry_run:
+        need = missing_setup(plan, profiles)
+        if need:  # before anything starts: one command installs what is missing
+            raise UsageError("a node stack these scenarios need is not installed; nothing was started:\n"
+                             + "\n".join(need))
     if args.dry_run:
         return dry_run(scenarios, plan, profiles=profiles)
     run_dir = new_run_dir(args.runs_dir)

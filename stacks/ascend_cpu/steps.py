@@ -24,9 +24,13 @@ class AscendStackStep(EnvStep):
         return f"{TORCH}, {VLLM}, {ASCEND} in {env.path}" if env.installed() else None
 
 
-def ascend_unavailable() -> str | None:
-    """Why the conformance env cannot be used here (not installed), or None."""
+def ascend_unavailable(family: str = "layerwise") -> str | None:
+    """Why the conformance env cannot be used here (not installed: the one command that installs
+    it, for ``family``'s scenarios), or None."""
+    from harness.setup import MissingSetup
+
     step = AscendStackStep()
     if step.check() is None:
-        return f"the conformance node env is not installed ({step.name}): run `pdchaos setup`"
+        return MissingSetup(f"the conformance node env is not installed ({step.name})",
+                            f"pdchaos setup --family {family}")
     return None

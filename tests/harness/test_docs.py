@@ -84,7 +84,7 @@ def test_readme_is_short_with_both_commands_on_its_first_screen_and_links_that_r
     assert len(lines) <= 200, len(lines)
     first_screen = "\n".join(lines[:45])
     assert "python3 -m pip install -e '.[dev]' && pdchaos setup && pdchaos run scenarios/pd/ --strict" in first_screen
-    assert "python -m pytest" in first_screen
+    assert "pdchaos setup --all && python -m pytest" in first_screen
     broken = [(str(md.relative_to(ROOT)), t) for md in [readme, *sorted((ROOT / "docs").rglob("*.md")),
                                                         ROOT / "connector_patch" / "DESIGN.md"]
               for t, p in _links(md) if not p.exists()]

@@ -4,6 +4,7 @@ happens only when the dry run says everything is already there)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import setup as S
+from harness.errors import UsageError
 from harness.family import _FAMILIES, Family
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +27,18 @@ def pdchaos(*args: str, env: dict | None = None, timeout: float = 30) -> subproc
 
 
 def step_lines(out: str) -> dict[str, str]:
-    return {ln.split(" ... ", 1)[0].removeprefix("setup: "): ln.split(" ... ", 1)[1]
+    """step -> what its line says, without the time it took (every line ends ``[1.2 s]``)."""
+    return {ln.split(" ... ", 1)[0].removeprefix("setup: "): re.sub(r" \[\d+\.\d s\]$", "", ln.split(" ... ", 1)[1])
             for ln in out.splitlines() if ln.startswith("setup: ") and " ... " in ln}
 
 
+def default_steps() -> tuple[list, list]:
+    """What `pdchaos setup` without --family/--all runs."""
+    return S.all_steps(every=False)
+
+
 def complete_here() -> bool:
-    return all(s.check() is not None for s in S.all_steps()[0])
+    return all(s.check() is not None for s in default_steps()[0])
 
 
 def env_without_toxiproxy(tmp_path: Path) -> dict:
@@ -43,7 +51,7 @@ def env_without_toxiproxy(tmp_path: Path) -> dict:
 
 
 def test_dry_run_reports_every_step():
-    steps, problems = S.all_steps()
+    steps, problems = default_steps()
     names = [s.name for s in steps]
     assert names[:3] == ["toxiproxy-server", "iptables", "iproute2"] and not problems
     res = pdchaos("setup", "--dry-run")
@@ -72,7 +80,7 @@ def test_second_real_run_is_idempotent_and_fast():
     assert second.stderr == ""
     assert elapsed < 2.0, f"second run took {elapsed:.2f} s"
     t0 = time.monotonic()
-    assert S.run_setup(S.all_steps()[0], out=lambda s: None) == 0
+    assert S.run_setup(default_steps()[0], out=lambda s: None) == 0
     assert time.monotonic() - t0 < 2.0
 
 
@@ -128,14 +136,14 @@ def test_failing_steps_exit_2_one_line_each_no_traceback():
     rc = S.run_setup([MissingTool(), InstallsNothing()], out=out.append, err=err.append)
     assert rc == 2
     assert out[0].startswith("setup: no-such-tool ... FAILED: FileNotFoundError: ")
-    assert out[1] == ("setup: installs-nothing ... FAILED: install() finished (did something) "
-                      "but check() still finds nothing")
+    assert re.fullmatch(r"setup: installs-nothing \.\.\. FAILED: install\(\) finished \(did something\) "
+                        r"but check\(\) still finds nothing \[\d+\.\d s\]", out[1]), out[1]
     assert out[-1] == "setup: incomplete: 2 of 2 missing"
     assert [e.split(":")[1].strip() for e in err] == ["no-such-tool", "installs-nothing"]
     assert not any("Traceback" in s or "\n" in s for s in out + err)
     out.clear()
     assert S.run_setup([MissingTool()], dry_run=True, out=out.append, err=err.append) == 1
-    assert out[0] == "setup: no-such-tool ... would install: install"
+    assert re.fullmatch(r"setup: no-such-tool \.\.\. would install: install \[\d+\.\d s\]", out[0]), out[0]
 
 
 def test_unknown_only_is_bad_input():
@@ -166,3 +174,41 @@ def test_ci_wrapper_still_works():
         pytest.skip("toxiproxy-server v2.12.0 not on PATH: the script would build it")
     res = subprocess.run(["bash", ".ci/install-toxiproxy.sh"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and "nothing to do" in res.stdout, res.stdout + res.stderr
+
+
+def test_setup_by_default_installs_what_the_main_job_needs_and_other_families_when_named():
+    """`pdchaos setup`: the core steps and the families that set up by default (P/D: its node
+    stack and model); `--family NAME` adds one; `--all` every family (what CI runs)."""
+    default = [s.name for s in S.all_steps(every=False)[0]]
+    assert {"toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model"} <= set(default)
+    assert "ascend-conf-stack" not in default
+    named = [s.name for s in S.all_steps(["layerwise"], every=False)[0]]
+    assert set(default) < set(named) and "ascend-conf-stack" in named
+    assert {s.name for s in S.all_steps(every=True)[0]} == set(named)
+    with pytest.raises(UsageError, match="--family 'nope': no such family"):
+        S.all_steps(["nope"], every=False)
+    res = pdchaos("setup", "--family", "nope")
+    assert res.returncode == 2 and "no such family" in res.stderr and "Traceback" not in res.stderr
+    res = pdchaos("setup", "--only", "iptables", "--all")
+    assert res.returncode == 2 and "leave out --family and --all" in res.stderr
+
+
+def test_every_step_line_says_its_time():
+    lines: list[str] = []
+    assert S.run_setup([S.AptStep("iptables", "iptables", ("iptables",))], out=lines.append) in (0, 2)
+    assert re.search(r"^setup: iptables \.\.\. .* \[\d+\.\d s\]$", lines[0]), lines
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_node_stack_is_missing_names_the_one_command_and_starts_nothing(tmp_path):
+    """With an empty node-env cache (XDG_CACHE_HOME): exit 2 before anything starts, one command
+    per missing stack, no run folder."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    runs = tmp_path / "runs"
+    res = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/ascend-cpu/layerwise-baseline.yaml",
+                          "scenarios/pd/baseline.yaml", "--runs-dir", str(runs)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=50)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "nothing was started" in res.stderr and "Traceback" not in res.stderr
+    assert "run `pdchaos setup --family layerwise`" in res.stderr and "run `pdchaos setup`" in res.stderr
+    assert not runs.exists()

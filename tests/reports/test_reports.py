@@ -148,6 +148,45 @@ def test_classify_mapping():
     assert D.classify({"phase": "info", "outcome": "stalled"}) == "stalled"
 
 
+@pytest.mark.timeout(10)
+def test_a_failed_op_is_named_in_its_familys_words():
+    """A P/D request that failed fast with an HTTP 502 is no lookup "fail-open (returned 0)": the
+    words come from the journal's meta line (the runner writes the family's failed_words), a
+    journal without them gets the generic ones, a table of one family uses its column word."""
+    from harness.family import get_family
+    from reports.tables import failed_column
+
+    def tl(words):
+        meta = {**tiny_records()[0], **({"failed_words": words} if words is not None else {})}
+        return D.timeline([meta] + tiny_records()[1:], "tiny", "hardened")
+
+    pd_words, lookup_words = get_family("pd").failed_words, get_family("lookup").failed_words
+    assert pd_words == ("failed fast", "failed fast (an HTTP error)")
+    assert lookup_words == ("fail-open", "fail-open (returned 0)")
+    assert P.style("fail-open", tl(list(pd_words)))["label"] == "failed fast (an HTTP error)"
+    assert P.style("fail-open", tl(list(lookup_words)))["label"] == "fail-open (returned 0)"
+    assert P.style("fail-open", tl(None))["label"] == D.GENERIC_FAILED_WORDS[1]
+    assert P.style("fail-open", tl(["x" * 100, "y"]))["label"] == D.GENERIC_FAILED_WORDS[1]  # malformed: generic
+    assert P.style("ok", tl(list(pd_words))) == P.STYLE["ok"]
+
+    class OneRun:  # the part of reports.load.Run that failed_column reads
+        def __init__(self, tls):
+            self.tls = tls
+
+        def scenarios(self):
+            return list(self.tls)
+
+        def targets(self, s):
+            return ["hardened"]
+
+        def get(self, s, t):
+            from types import SimpleNamespace
+            return SimpleNamespace(timeline=self.tls[s])
+
+    assert failed_column(OneRun({"a": tl(list(pd_words)), "b": tl(list(pd_words))})) == "failed fast"
+    assert failed_column(OneRun({"a": tl(list(pd_words)), "b": tl(list(lookup_words))})) == "failed"
+
+
 @pytest.mark.timeout(20)
 def test_renderers_make_pngs_even_from_an_empty_journal(tmp_path, tiny):
     empty = D.timeline([{"type": "meta", "scenario": "e", "target": "legacy", "t0": 5.0}], "e", "legacy")

@@ -112,6 +112,8 @@ class _ScenarioBase(_Strict):
     cap: Duration = Field(30.0, description="hard wall-clock cap of one scenario run, from the workload's start "
                           "(t0): node start-up has its own timeouts")
     random_faults: RandomFaults | None = None
+    quick: bool = Field(False, description="one of the few scenarios of the first-result path (`pdchaos run "
+                        "PATH --quick` runs only these): a new user's first before/after in minutes")
 
     @model_validator(mode="after")
     def _sane(self):

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
                    help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
                         "--set devices.decode=3")
+    p.add_argument("--quick", action="store_true",
+                   help="only the scenarios marked `quick: true` (the first-result path: e.g. a silent prefill "
+                        "peer, before and after), then the paths of their before/after plots")
     p.add_argument("--concurrency", type=int, metavar="N", default=None,
                    help="run every selected scenario with at least N workers, its request rate scaled by as "
                         "much (named NAME@cN): the same claims, under N requests at once")
@@ -172,6 +175,10 @@ def dry_run(scenarios: list, plan: list[tuple], out=None, profiles: dict | None 
 
 def run(args: argparse.Namespace) -> int:
     scenarios = load_all(args.paths)  # validates everything before anything starts
+    if args.quick:
+        scenarios = [s for s in scenarios if s.model.quick]
+        if not scenarios:
+            raise UsageError("--quick: no selected scenario is marked `quick: true`")
     if args.filter:
         scenarios = [s for s in scenarios if args.filter in s.name]
         if not scenarios:
@@ -251,6 +258,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: reports not generated: {type(exc).__name__}: {exc}", file=sys.stderr)
     interrupted = runner.interrupted
     progress.final(results, run_dir, elapsed)
+    if args.quick and not args.no_report:
+        for png in sorted((run_dir / "plots").glob("*--before-after*.png")):
+            print(f"before/after: {png}", flush=True)
+        if (run_dir / "summary.md").is_file():
+            print(f"summary: {run_dir / 'summary.md'}", flush=True)
     if interrupted:
         print("interrupted: every process of the run was stopped", file=sys.stderr)
         return 130

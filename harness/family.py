@@ -110,8 +110,8 @@ class Family:
     needs them); the others' when named (``--family NAME``) or with ``--all``."""
     failed_words: ClassVar[tuple[str, str]] = ("failed", "failed (the client was told)")
     """What an op of phase ``fail`` is in this family's language (reports/data.py's class
-    ``fail-open``): (a table column's word, the plots' legend). The lookup client returns 0 (fail-open);
-    a P/D request gets an HTTP error (it fails fast). Written into each journal's meta line, so the
+    ``fail-open``): (a table column's word, the plots' legend): a client that returns 0 fails open,
+    a request that gets an HTTP error fails fast. Written into each journal's meta line, so the
     reports never import a family."""
     gauges: ClassVar[tuple[tuple[str, str], ...]] = ()
     """Node gauges the reports plot over time from ``sample`` probes, one panel each, one line per

@@ -8,8 +8,8 @@ Outcome classes (one per op, from the merged op of ``nodekit.journal.ops``):
 ``ok``          phase "ok": the call succeeded (its value may still be wrong; ``correct_hits``
                 judges that, not the plots).
 ``fail-open``   phase "fail": the call failed and the client knew it: in the family's words
-                (the meta line's ``failed_words``): lookup's client returned 0 (fail-open), a
-                P/D request got an HTTP error (failed fast).
+                (the meta line's ``failed_words``): e.g. a client that returned 0 (fail-open),
+                a request that got an HTTP error (failed fast).
 ``error``       phase "info" with any outcome but "stalled": indeterminate, the call raised.
 ``stalled``     outcome "stalled": the call never returned (no completion record, or the runner
                 wrote one with outcome "stalled" when it gave up).

@@ -42,7 +42,7 @@ STYLE = {
 
 def style(cls: str, tl: D.Timeline) -> dict:
     """An outcome class's style; the failed class in its family's words (the journal's meta line:
-    lookup's "fail-open (returned 0)", P/D's "failed fast (an HTTP error)")."""
+    e.g. "fail-open (returned 0)" for a client that returns 0, "failed fast (an HTTP error)")."""
     if cls == "fail-open":
         return {**STYLE[cls], "label": tl.failed_words[1]}
     return STYLE[cls]

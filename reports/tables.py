@@ -187,7 +187,7 @@ LATENCY_HEAD = ["scenario", "target", "ops", "ok", "fail-open", "raised", "stall
 
 def failed_column(run: Run) -> str:
     """The word for failed ops in a table of this run: its families' own when they share one
-    (lookup: fail-open; P/D: failed fast), else the generic one."""
+    (e.g. fail-open, failed fast), else the generic one."""
     words = {r.timeline.failed_words[0] for s in run.scenarios() for tg in run.targets(s)
              if (r := run.get(s, tg)) is not None and r.timeline is not None}
     return words.pop() if len(words) == 1 else D.GENERIC_FAILED_WORDS[0]

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this step (repeatable): toxiproxy-server, iptables, iproute2, or a family's step")
     p.add_argument("--family", action="append", default=[], metavar="NAME",
-                   help="also this family's steps (repeatable; e.g. layerwise: vllm-ascend's conformance env)")
+                   help="also this family's steps (repeatable; `pdchaos list` names the families)")
     p.add_argument("--all", action="store_true", help="every family's steps (what CI needs)")
 
 

@@ -245,7 +245,11 @@ class Explorer:
     @staticmethod
     def _describe(schedule: dict) -> str:
         w = schedule["workload"]
-        faults = ", ".join(f"{f['type']}@{f['at']:g}s+{f['for']:g}s" for f in schedule["faults"])
+        def what(f: dict) -> str:  # its kind's own words too (a node, a mode), never its timing
+            extra = [str(v) for k, v in f.items() if k not in ("type", "at", "for") and isinstance(v, str)]
+            return f"{f['type']}({', '.join(extra)})" if extra else f["type"]
+
+        faults = ", ".join(f"{what(f)}@{f['at']:g}s+{f['for']:g}s" for f in schedule["faults"])
         return f"concurrency {w.get('concurrency')}, rate {w.get('rate')}/s; {faults}"
 
     # ------------------------------------------------------------------ shrinking

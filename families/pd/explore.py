@@ -122,9 +122,11 @@ def _dur(v: float) -> str:
 def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     w = dict(schedule["workload"])
     faults = [dict(f) for f in schedule["faults"]]
-    # 2.5 s with no request starting: room for two of the nodes' samples with nothing in flight
-    # (1.5 s left 10 of 38 drawn runs at concurrency 4-8 without a quiet interval to judge)
-    pause = next(({"at": _dur(f["at"] + 0.5), "for": "2500ms"} for f in faults if f["for"] >= 3.5), None)
+    # 3.5 s with no request starting: room for two of the nodes' samples with nothing in flight
+    # after the last requests end (1.5 s left 10 of 38 drawn runs at concurrency 4-8 without a
+    # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
+    # its 2 s deadline inside the pause, then a node's 1.5 s tail; the suite's pauses are 3.5 s too)
+    pause = next(({"at": _dur(f["at"] + 0.5), "for": "3500ms"} for f in faults if f["for"] >= 4.0), None)
     if pause is not None:
         w["pauses"] = [pause]
     doc: dict[str, Any] = {

@@ -365,8 +365,11 @@ def test_a_load_failed_at_its_deadline_keeps_its_blocks_until_the_prefill_cannot
     assert 0 < c["x_freed_after_s"] - c["x_error_after_s"] < 1.0, (c["x_error_after_s"], c["x_freed_after_s"])
     assert c["at_y_scheduled"] == {"p_may_write": False, "p_cancelled": True}
     assert c["y_first_scheduled_after_s"] >= c["x_freed_after_s"]
-    # P's prefill then ended: it wrote nothing, freed its blocks, and Y's KV is intact
-    assert c["p_failures"] == {"p_cancelled": 1}
+    # P's prefill then ended: it wrote nothing, freed its blocks, and Y's KV is intact. P counted
+    # the cancel; when D's connection for the pull had closed by then, it also counted the pull's
+    # requester as lost (item 4: either stops the write; seen once in a loaded full run)
+    assert c["p_failures"].get("p_cancelled") == 1 and set(c["p_failures"]) <= {"p_cancelled", "p_requester_lost"}, \
+        c["p_failures"]
     assert c["p_sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["p_sent"]
     assert c["y_blocks_overwritten_by_p"] == 0 and c["y_blocks_intact_after"] == c["y_blocks"] > 0
 

@@ -190,19 +190,16 @@ def test_fail_fast() -> None:
     assert run("fail_fast", hung).ok is False
     # timed from when D was asked where the proxy says (decode_ms): an op sent into a partition
     # reached P 12.6 s later (TCP's retransmission after the heal), D failed its load at once
-    reached_late = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
-    reached_late[1].update(error_phase="decode", decode_ms=90.0)
-    assert run_as(hardened, reached_late).ok is True
-    slow_at_d = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
-    slow_at_d[1].update(error_phase="decode", decode_ms=4500.0)
-    assert run_as(hardened, slow_at_d).ok is False
+    def failed_load(elapsed_ms: float, error_phase: str, decode_ms: float) -> list[dict]:
+        o = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=elapsed_ms)
+        o[1].update(error_phase=error_phase, decode_ms=decode_ms)
+        return o
+
+    assert run_as(hardened, failed_load(13157.0, "decode", 90.0)).ok is True  # reached P late, failed at once
+    assert run_as(hardened, failed_load(13157.0, "decode", 4500.0)).ok is False  # slow at D
     # only for a failure at D, and never longer than the op itself (else the whole op is timed)
-    at_p = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=13157.0)
-    at_p[1].update(error_phase="prefill", decode_ms=90.0)
-    assert run_as(hardened, at_p).ok is False
-    bogus = op(4, 1, phase="fail", value=None, outcome="http_502", elapsed_ms=4500.0)
-    bogus[1].update(error_phase="decode", decode_ms=9000.0)
-    assert run_as(hardened, bogus).ok is False
+    assert run_as(hardened, failed_load(13157.0, "prefill", 90.0)).ok is False
+    assert run_as(hardened, failed_load(4500.0, "decode", 9000.0)).ok is False
     # recompute: a failure after D was asked fails; one before (P's bootstrap) is another check's
     recompute = meta(topology={"kv_load_failure_policy": "recompute"})
     assert run_as(recompute, op(1, 0, phase="fail", value=None, outcome="http_500")).ok is False

@@ -230,11 +230,11 @@ class Explorer:
                     f.same_as = seen[key]
                     self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks): not shrunk again")
                     self._write_finding(f)
-                elif covering is not None:
-                    seen[key] = seed
-                    pending.append(f)
                 else:
                     seen[key] = seed
+                    if covering is not None:
+                        pending.append(f)
+                        continue
                     if self.shrink:
                         self._shrink(f)
                     self._write_finding(f)

@@ -168,10 +168,8 @@ def error_code(data: Any) -> str:
 def tokens_digest(data: Any) -> str | None:
     """A digest of the generated token ids (vLLM's ``return_token_ids``), None when the answer has
     none. The reference and every output are compared by it when both have one: the model's output
-    is its tokens, and vLLM's incremental detokenizer gives different text for the same tokens when
-    they are byte pieces of no whole character (an output of 16 such tokens read '' once and
-    '\ufffdeven~...' in every other run; measured at concurrency 4). Journals and prompts.json keep
-    the digest, never the ids."""
+    is its tokens (vLLM's incremental detokenizer spells many byte-piece tokens as ''). Journals and
+    prompts.json keep the digest, never the ids."""
     try:
         ids = data["choices"][0]["token_ids"]
     except (KeyError, IndexError, TypeError):
@@ -288,7 +286,8 @@ def _one_reference(cfg: dict, prompt: str, i: int, deadline: float) -> tuple[str
     return text, tokens_digest(data)
 
 
-def agreed_reference(compute: Callable[[], tuple[str, str | None]]) -> tuple[tuple[str, str | None], bool]:
+def agreed_reference(compute: Callable[[], tuple[str, str | None]],
+                     what: str = "one reference prompt") -> tuple[tuple[str, str | None], bool]:
     """(the output two computations agree on, whether any disagreed). A fresh D once answered a
     reference prompt with other tokens ('' for what it and every other serving answered
     otherwise; measured twice, on a busy machine too): kept, such a reference made every later run
@@ -299,7 +298,7 @@ def agreed_reference(compute: Callable[[], tuple[str, str | None]]) -> tuple[tup
         if got in seen:
             return got, len(seen) > 1
         seen.append(got)
-    raise PrepareError(f"D gave {REFERENCE_TRIES} different outputs for one reference prompt")
+    raise PrepareError(f"{what}: D gave {REFERENCE_TRIES} different outputs")
 
 
 def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tuple[str, str | None]], int, int, int]:
@@ -324,12 +323,8 @@ def references(cfg: dict, prompts: list[str], deadline: float) -> tuple[list[tup
             pass
         if deadline - time.monotonic() <= 0:
             raise PrepareError(f"references not ready within the preparation time ({i} of {len(prompts)})")
-        try:
-            (text, digest), differed = agreed_reference(lambda: _one_reference(cfg, prompt, i, deadline))
-        except PrepareError as exc:
-            if str(exc).startswith("D gave"):
-                raise PrepareError(f"reference {i}: {exc}") from None
-            raise
+        (text, digest), differed = agreed_reference(lambda: _one_reference(cfg, prompt, i, deadline),
+                                                    f"reference {i}")
         disagreed += differed
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"expected": text, "expected_ids": digest, "max_tokens": max_tokens}))

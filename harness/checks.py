@@ -136,12 +136,15 @@ def _first(ids: list, n: int = 5) -> list:
 
 
 def same_output(o: dict) -> bool:
-    """An op's output is the one it expected: the same digest of what it is made of when the op
-    carries both (``value_ids`` / ``expected_ids``: e.g. a completion's token ids, which a
-    detokenizer may spell differently), else the same value."""
+    """An op's output is the one it expected: the same value, and also the same digest of what
+    it is made of when the op carries both (``value_ids`` / ``expected_ids``: e.g. a completion's
+    token ids). Text alone is never enough where both digests exist, nor the digest alone (a
+    forged history kept the digest and garbled the text)."""
+    if o.get("value") != o.get("expected"):
+        return False
     if o.get("value_ids") and o.get("expected_ids"):
         return o["value_ids"] == o["expected_ids"]
-    return o.get("value") == o.get("expected")
+    return True
 
 
 def op_elapsed_ms(o: dict) -> float:

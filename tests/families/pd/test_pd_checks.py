@@ -74,13 +74,16 @@ def test_correct_output_holds_ops_to_http_200_and_prompts_json() -> None:
 
 
 def test_correct_output_compares_tokens_when_both_sides_carry_their_digest() -> None:
-    """Found at concurrency 4: vLLM's detokenizer spelt the same byte-piece tokens '' for the
-    reference and otherwise for the answer. With both digests the tokens decide; a different
-    digest is wrong whatever the text; without both, the text decides; a history cannot bring its
-    own reference digest (prompts.json's is the one)."""
-    same = op(1, 0, value="\ufffdeven", expected="")
+    """Found at concurrency 4: a reference whose tokens differed from every serving's. With both
+    digests the text and the tokens must both match (a kept digest with garbled text fails; a
+    different digest is wrong whatever the text); without both, the text decides; a history
+    cannot bring its own reference digest (prompts.json's is the one)."""
+    same = op(1, 0)
     same[0]["expected_ids"], same[1]["value_ids"] = "d1", "d1"
     assert run("correct_output", [meta(), *same]).ok is True
+    garbled = op(1, 0, value="WRONG TEXT")  # the digest kept, the text garbled (a forged history)
+    garbled[0]["expected_ids"], garbled[1]["value_ids"] = "d1", "d1"
+    assert run("correct_output", [meta(), *garbled]).ok is False
     other = op(1, 0)
     other[0]["expected_ids"], other[1]["value_ids"] = "d1", "d2"
     r = run("correct_output", [meta(), *other])

@@ -158,7 +158,7 @@ def test_malformed_reply_fails_open_fast_with_its_code(peers, kind):
         with LookupClient(p["endpoint"], timeout_ms=DEADLINE_MS) as c:
             hit, elapsed = lookup_timed(c, PARTIAL)
             assert (hit, c.last_outcome, c.last_code) == (0, "protocol", REPLY_KINDS[kind])
-            assert elapsed < DEADLINE_MS / 1000  # detected, not waited out
+            assert elapsed < DEADLINE_MS / 1000 + TOLERANCE_S  # bounded; "protocol" shows it was not waited out
             assert c.counters["socket_rebuilds"] == 1
     finally:
         control_call(p["control"], "set_mode", mode="malformed", reply="empty")
@@ -182,8 +182,12 @@ def test_set_mode_refuses_bad_values(peers):
 def test_legacy_peer_is_detected_by_the_hardened_client(peers):
     with LookupClient(peers["legacy"]["endpoint"], timeout_ms=DEADLINE_MS) as c:
         hit, elapsed = lookup_timed(c, PARTIAL)
+        # "protocol", not "timeout", is what shows the reply was recognised before the deadline
+        # (the client turns any answer it validates after the deadline into TIMEOUT). The wall
+        # time is bounded_return's claim, with its tolerance: CI saw 0.21 s once, on a loaded
+        # machine, for an exchange the client itself timed at 1.2 ms.
         assert (hit, c.last_outcome, c.last_code) == (0, "protocol", "LEGACY_REPLY")
-        assert elapsed < DEADLINE_MS / 1000
+        assert elapsed < DEADLINE_MS / 1000 + TOLERANCE_S
 
 
 @pytest.mark.timeout(20)

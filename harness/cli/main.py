@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("harness.cli.compare", "compare two runs"),
     "doctor": ("harness.cli.doctor", "list the tools present and what their absence disables"),
     "setup": ("harness.cli.setup", "install what the families' scenarios need (idempotent; toxiproxy-server, iptables)"),
+    "lock": ("harness.cli.lock", "resolve the node stacks' lock files (uv, hashes; setup then installs from them)"),
     "node": ("harness.cli.node", "run one node of a topology (any family's node kinds)"),
     "fuzz": ("harness.cli.fuzz", "fuzz a live node of a family: pdchaos fuzz FAMILY ..."),
     "docs": ("harness.cli.docs", "generate the per-scenario tables in docs/scenarios/ from the scenario files "

@@ -17,6 +17,11 @@ class EnvStep:
     def env(self) -> NodeEnv:
         raise NotImplementedError
 
+    def lock_spec(self) -> Any:
+        """The env's :class:`~harness.nodeenv.lock.LockSpec` (``pdchaos lock`` resolves it), or None
+        when the env installs from no lock."""
+        return None
+
     def present(self, env: NodeEnv) -> str | None:
         """What is installed (for ``already present``), or None when something is missing."""
         return f"{env.path}" if env.installed() else None

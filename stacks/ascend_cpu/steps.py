@@ -11,12 +11,17 @@ class AscendStackStep(EnvStep):
     ``ascend-conf-<hash>`` (the conformance env: real vllm-ascend code on CPU)."""
 
     name = "ascend-conf-stack"
-    size = "~9.5 GB, 3-6 min with a warm pip cache"
+    size = "~9 GB, installed from its lock with uv"
 
     def env(self) -> NodeEnv:
         from .recipe import ascend_conf_env
 
         return ascend_conf_env()
+
+    def lock_spec(self):
+        from .recipe import LOCK
+
+        return LOCK
 
     def present(self, env: NodeEnv) -> str | None:
         from .recipe import ASCEND, TORCH, VLLM

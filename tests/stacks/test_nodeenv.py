@@ -1,4 +1,4 @@
-"""harness/nodeenv: the pure parts (Requires-Dist filtering, pin hashing, the vllm dist-info
+"""harness/nodeenv: the pure parts (the committed lock files against their specs, pin hashing, the vllm dist-info
 alias, the tiny model's stamp), a real (tiny) venv for the stamp/resume logic, the CPU shim
 against a stand-in ``torch.accelerator``, the opt-in setup steps, and — when the P/D node stack is
 installed here — the real smoke (``vllm serve`` of the tiny model, plain and with Mooncake)."""
@@ -23,7 +23,8 @@ import pytest
 
 from harness import setup as S
 from harness.family import _FAMILIES, Family
-from harness.nodeenv import pip as nodepip
+from harness.nodeenv import lock as lockmod
+from stacks.ascend_cpu import recipe as asc_stack
 from stacks.vllm_cpu import recipe as pd_stack, tiny_model
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, pin_hash, run_logged, tree_hash
 
@@ -31,65 +32,89 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIM_SRC = ROOT / "stacks" / "vllm_cpu" / "pdchaos_cpu_shim"
 pytestmark = pytest.mark.timeout(60)
 
-METADATA = """\
-Metadata-Version: 2.1
-Name: vllm-cpu
-Version: 0.32.0
-Requires-Python: <3.15,>=3.11
-Requires-Dist: regex
-Requires-Dist: transformers<5.20.0,>=5.16.1
-Requires-Dist: protobuf!=6.30.*,>=5.29.6; platform_machine != "s390x"
-Requires-Dist: protobuf==7.36.1; platform_machine == "s390x"
-Requires-Dist: six>=1.16.0; python_version > "3.11"
-Requires-Dist: py-cpuinfo
-Requires-Dist: py-cpuinfo; platform_machine == "aarch64"
-Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"
-Requires-Dist: torch==2.13.0; platform_system == "Darwin"
-Requires-Dist: TorchAudio; platform_machine != "s390x"
-Requires-Dist: torchvision
-Requires-Dist: torchcodec>=0.14; platform_machine != "riscv64"
-Requires-Dist: torch-tensorrt-ish>=1.0
-Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"
-Requires-Dist: pandas; extra == "bench"
-Requires-Dist: mistral_common[audio]; extra == "audio"
-Requires-Dist: b12x==1.5.1; (extra=="b12x")
-Requires-Dist: fastapi[standard]<0.137.0,>=0.133.0
-Provides-Extra: bench
+# --------------------------------------------------------------------------- lock files
 
-A description that mentions
-Requires-Dist: not-a-requirement
-"""
+LOCKED_STACKS = [(pd_stack, "pd-node-stack"), (asc_stack, "ascend-conf-stack")]
 
 
-# --------------------------------------------------------------------------- pure parts
-
-def test_requires_dist_filtering():
-    reqs = nodepip.requires_from_metadata(METADATA, pd_stack.DROP_REQUIRES)
-    assert reqs == [
-        "regex",
-        "transformers<5.20.0,>=5.16.1",
-        'protobuf!=6.30.*,>=5.29.6; platform_machine != "s390x"',
-        'protobuf==7.36.1; platform_machine == "s390x"',
-        'six>=1.16.0; python_version > "3.11"',
-        "py-cpuinfo",
-        'py-cpuinfo; platform_machine == "aarch64"',
-        "torch-tensorrt-ish>=1.0",  # only the four torch distributions are dropped, not a prefix
-        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
-        "fastapi[standard]<0.137.0,>=0.133.0",
-    ]
-    # markers are kept verbatim so pip evaluates them for the venv's interpreter
-    assert all("extra" not in r for r in reqs)
-    assert nodepip.requires_from_metadata(METADATA, drop=()).count('torchvision') == 1
+def _header_inputs(path):
+    """What a lock file's header says it was resolved from (its ``#   `` lines)."""
+    lines = [ln[4:] for ln in path.read_text().splitlines() if ln.startswith("#   ")]
+    return lines
 
 
-def test_requires_dist_markers_are_valid_requirements():
-    """Every kept line is a requirement pip can read (checked with pip's own parser)."""
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:
-        from pip._vendor.packaging.requirements import Requirement
-    for r in nodepip.requires_from_metadata(METADATA, pd_stack.DROP_REQUIRES):
-        Requirement(r)
+@pytest.mark.parametrize("stack", [s for s, _ in LOCKED_STACKS], ids=[n for _, n in LOCKED_STACKS])
+def test_every_lock_is_committed_current_and_hashed(stack):
+    """A lock for every Python version the stack lists, made from exactly what its LockSpec asks for
+    (a spec changed without `pdchaos lock` fails here), each pin with its hashes."""
+    spec = stack.LOCK
+    for version in spec.pythons:
+        path = spec.path(version)
+        assert path.is_file(), f"{path} missing: run `pdchaos lock --all`"
+        text = path.read_text()
+        assert text.startswith(f"{lockmod.HEADER}: {spec.name}, Python {version}, {lockmod.PLATFORM};")
+        assert f"--exclude-newer {spec.exclude_newer} from:" in text
+        assert _header_inputs(path) == [*spec.requirements, *(f"override {o}" for o in spec.overrides),
+                                        *(f"leave out {e}" for e in spec.excludes)]
+        pins = lockmod.locked_pins(path)
+        assert len(pins) > 100 and len({n.lower() for n, _ in pins}) == len(pins)
+        # every pin is followed by at least one hash (uv refuses --require-hashes otherwise)
+        hashed, current = set(), None
+        for line in text.splitlines():
+            if re.match(r"[A-Za-z0-9]", line):
+                current = line.split("==")[0]
+            elif line.strip().startswith("--hash=sha256:") and current:
+                hashed.add(current)
+        assert hashed == {n for n, _ in pins}
+        names = {n.lower() for n, _ in pins}
+        assert not names & {e.lower() for e in spec.excludes}
+        for req in (*spec.requirements, *spec.overrides):
+            name, _, version_pin = req.partition("==")
+            if version_pin:
+                assert (name, version_pin) in pins, f"{req} not pinned as asked in {path.name}"
+        if spec.build:
+            assert [f"{n}=={v}" for n, v in lockmod.locked_pins(spec.build_path(version))] == list(spec.build)
+
+
+def test_a_new_lock_is_a_new_env_and_a_missing_one_says_the_command(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("x==1 \\\n    --hash=sha256:00\n")
+    b.write_text("x==2 \\\n    --hash=sha256:00\n")
+    assert lockmod.lock_key(a) != lockmod.lock_key(b) and len(lockmod.lock_key(a)) == 12
+    assert lockmod.lock_key(a, tmp_path / "absent.txt") == "missing"
+    assert lockmod.locked_pins(a) == [("x", "1")]
+    assert f"lock {pd_stack.LOCK.path().name} {lockmod.lock_key(pd_stack.LOCK.path())}" in pd_stack.PINS
+    env = NodeEnv("x", ["p"], root=tmp_path)
+    with pytest.raises(NodeEnvError, match=r"no lock file .*absent\.txt .*`pdchaos lock`"):
+        lockmod.install_lock(env, tmp_path / "absent.txt", 10)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lock", "--python", "3"], "--python '3': give a version such as 3.11"),
+    (["lock", "--python", "3.9"], "--python 3.9: pd-node-stack is locked for 3.11, 3.12, 3.13 only"),
+    (["lock", "--family", "nope"], "--family 'nope': no such family"),
+])
+def test_lock_bad_flags_are_one_line_exit_2(argv, message, capsys):
+    from harness.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("stack", [s for s, _ in LOCKED_STACKS], ids=[n for _, n in LOCKED_STACKS])
+def test_an_installed_env_holds_exactly_its_lock(stack):
+    """Two machines get the same bytes: the env's distributions are the lock's pins (the hashes were
+    checked by uv when it installed them), plus what the recipe adds itself."""
+    env = stack.pd_node_env(out=lambda s: None) if stack is pd_stack else stack.ascend_conf_env(out=lambda s: None)
+    if not env.installed():
+        pytest.skip(f"{env.name} is not installed here (pdchaos setup --all)")
+    have = {(d.metadata["Name"].lower().replace("_", "-"), d.version)
+            for d in importlib.metadata.distributions(path=[str(env.site_packages())])}
+    want = {(n.lower().replace("_", "-"), v) for path in stack.LOCK.paths() for n, v in lockmod.locked_pins(path)}
+    own = {n for n, _ in have - want}
+    assert want <= have, sorted(want - have)[:5]
+    assert own <= {"pip", "setuptools", "vllm", "pdchaos-cpu-shim", "pdchaos-npu-stubs"}, sorted(own)
 
 
 def test_pin_hash_is_stable_and_names_the_env(tmp_path):

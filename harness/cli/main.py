@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("harness.cli.doctor", "list the tools present and what their absence disables"),
     "setup": ("harness.cli.setup", "install what the families' scenarios need (idempotent; toxiproxy-server, iptables)"),
     "lock": ("harness.cli.lock", "resolve the node stacks' lock files (uv, hashes; setup then installs from them)"),
+    "measure": ("harness.cli.measure", "measure set-up, the quick path, the main job and the tests on this "
+                                       "checkout; write docs/measurements.json and the README's figures"),
     "node": ("harness.cli.node", "run one node of a topology (any family's node kinds)"),
     "fuzz": ("harness.cli.fuzz", "fuzz a live node of a family: pdchaos fuzz FAMILY ..."),
     "docs": ("harness.cli.docs", "generate the per-scenario tables in docs/scenarios/ from the scenario files "

@@ -146,6 +146,41 @@ def test_failing_steps_exit_2_one_line_each_no_traceback():
     assert re.fullmatch(r"setup: no-such-tool \.\.\. would install: install \[\d+\.\d s\]", out[0]), out[0]
 
 
+class Gate:
+    """A step whose install waits for ``gate`` (set by another step's install): it can only finish
+    when the two run at the same time."""
+
+    def __init__(self, name, gate, opens=None, beside=False):
+        self.name, self.gate, self.opens, self.side_by_side, self.done = name, gate, opens, beside, False
+
+    def check(self):
+        return "there" if self.done else None
+
+    def install(self):
+        if self.opens is not None:
+            self.opens.set()
+        if self.gate is not None and not self.gate.wait(10):
+            raise RuntimeError("ran alone: the other step never started")
+        self.done = True
+        return "installed"
+
+
+def test_a_side_by_side_step_runs_beside_the_others_and_lines_keep_their_order():
+    import threading
+
+    started = threading.Event()
+    steps = [Gate("go-build", started, beside=True), Gate("apt-a", None, opens=started), Gate("apt-b", None)]
+    out = []
+    assert S.run_setup(steps, out=out.append) == 0
+    assert [ln.split(" ... ")[0] for ln in out[:3]] == ["setup: go-build", "setup: apt-a", "setup: apt-b"]
+    assert out[-1] == "setup: complete (3 of 3 present)"
+    # without the mark, the same two steps would run one after the other: the gated one fails
+    started.clear()
+    steps = [Gate("go-build", started), Gate("apt-a", None, opens=started)]
+    steps[0].gate.wait = lambda timeout: started.is_set()  # do not wait 10 s to show it
+    assert S.run_setup(steps, out=out.append, err=lambda s: None) == 2
+
+
 def test_unknown_only_is_bad_input():
     res = pdchaos("setup", "--only", "nope")
     assert res.returncode == 2

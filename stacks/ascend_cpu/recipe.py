@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.nodeenv.lock import LockSpec, install_lock, lock_key
+from harness.nodeenv.lock import LockSpec, install_lock, lock_key, step_key
 from harness.nodeenv.pip import import_check, install_local_package, source_key
 from harness.nodeenv.venv import NodeEnv, Step
 
@@ -101,8 +101,8 @@ def ascend_conf_env(out=print) -> NodeEnv:
     """The conformance env (not installed by this call: ``.ensure()`` does that)."""
     stubs_key = source_key(stubs_source())
     steps = [
-        Step("locked", f"{LOCK.path().name} {lock_key(LOCK.path())}", _locked, LOCKED_TIMEOUT_S),
-        Step("vllm-ascend", f"{LOCK.build_path().name} {lock_key(LOCK.build_path())}", _ascend, BUILD_TIMEOUT_S),
+        Step("locked", step_key(LOCK.path()), _locked, LOCKED_TIMEOUT_S),
+        Step("vllm-ascend", step_key(LOCK.build_path()), _ascend, BUILD_TIMEOUT_S),
         Step("npu-stubs", stubs_key, _stubs, BUILD_TIMEOUT_S),
         import_check(stubs_key, VERIFY_CODE),
     ]

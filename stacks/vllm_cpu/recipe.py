@@ -28,7 +28,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.nodeenv.lock import LockSpec, install_lock, lock_key
+from harness.nodeenv.lock import LockSpec, install_lock, lock_key, step_key
 from harness.nodeenv.pip import import_check, install_local_package, source_key
 from harness.nodeenv.venv import NodeEnv, NodeEnvError, Step, run_logged
 
@@ -140,7 +140,7 @@ def pd_node_env(out=print) -> NodeEnv:
     """The P/D node env (not installed by this call: ``.ensure()`` does that)."""
     shim_key = source_key(shim_source())
     steps = [
-        Step("locked", f"{LOCK.path().name} {lock_key(LOCK.path())}", _locked, LOCKED_TIMEOUT_S),
+        Step("locked", step_key(LOCK.path()), _locked, LOCKED_TIMEOUT_S),
         Step("vllm-dist-info", VLLM_ALIAS_VERSION, _vllm_alias, 10),
         Step("libibverbs", LIBIBVERBS_PKG, _libibverbs, 2 * APT_TIMEOUT_S),
         Step("cpu-shim", shim_key, _shim, PIP_TIMEOUT_S),

@@ -85,7 +85,7 @@ def run_timed(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
 
 _TALLY = re.compile(r"(\d+) scenario runs in ([\d.]+)s: (\d+) as expected, (\d+) deviations, (\d+) skipped, "
                     r"(\d+) errors")
-_PYTEST = re.compile(r"=+ (.*) in ([\d.]+)s")
+_PYTEST = re.compile(r"^[=\s]*(.*?) in ([\d.]+)s\b", re.M)  # with or without -q's missing "=" rule
 _STEP = re.compile(r"^setup: (\S+) \.\.\. (.*) \[([\d.]+) s\]$", re.M)
 
 
@@ -161,7 +161,16 @@ def minutes(seconds: float) -> str:
 
 
 def figures(m: dict) -> dict[str, str]:
-    """The README's figures, by key, as the README prints them."""
+    """The README's figures, by key, as the README prints them; a step whose output could not be
+    read has none (then the README's marks for it name what is missing: MeasureError)."""
+    try:
+        return _figures(m)
+    except (KeyError, TypeError) as exc:
+        raise MeasureError(f"the measurement lacks {exc} (a command's closing line was not found in its "
+                           "output)") from None
+
+
+def _figures(m: dict) -> dict[str, str]:
     f: dict[str, str] = {}
     if "setup_s" in m:
         f["setup"] = minutes(m["setup_s"]) + (" with empty caches" if m.get("cold") else "")
@@ -323,7 +332,7 @@ def write(m: dict, root: Path = ROOT) -> list[Path]:
         old = json.loads((root / JSON).read_text())
     except (OSError, ValueError):
         old = {}
-    m = {**{k: v for k, v in old.items() if k != "bootstrap"}, **m}
+    m = {**{k: v for k, v in old.items() if k not in ("bootstrap", "sources")}, **m}
     (root / JSON).write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
     md = root / MD
     md.write_text(fill_md(md.read_text() if md.is_file() else "# Measured here (2 shared cores)\n", m))

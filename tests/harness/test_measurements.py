@@ -58,6 +58,8 @@ def test_the_commands_measured_are_the_readmes_own():
     assert M.readme_command("quick") == ["pdchaos", "run", "scenarios/pd/", "--quick"]
     text = "```bash\npip install x && pdchaos setup && pdchaos run scenarios/a/ --strict\n```\nsooner: `pdchaos run b/ --quick`"
     assert M.readme_command("main", text)[2] == "scenarios/a/" and M.readme_command("quick", text)[2] == "b/"
+    lines = "```sh\npython3 -m pip install -e '.[dev]'\nPDCHAOS_X=1 pdchaos setup; pdchaos run 'a b/' --strict  # 21 min\n```"
+    assert M.readme_command("main", lines) == ["pdchaos", "run", "a b/", "--strict"]
     with pytest.raises(M.MeasureError, match="names no main command"):
         M.readme_command("main", "no block")
 
@@ -102,6 +104,7 @@ def test_a_figure_the_measurement_lacks_is_an_error_and_marks_are_filled():
     ("45 runs and 1560 tests", ["1560 tests", "45 runs"]),
     ("a run 56.1s long", ["56.1s"]),
     ("[docs/x.md](docs/x.md) v2.12.0, 9/9 killed, Python 3.11", []),
+    ("[takes 5 min](docs/x.md)", ["5 min"]),
     ("<!-- measured:setup -->57 s<!-- /measured -->", []),
 ])
 def test_figures_outside_marks_are_found(text, found):
@@ -120,6 +123,24 @@ def test_the_table_is_replaced_in_place(tmp_path):
     figs = M.figures(m)
     assert figs["setup"] == "1 min 10 s".replace("10", "05") and figs["main_runs"] == "45 runs"
     assert figs["env_pd_node"] == "6.0 GB"
+
+
+def test_a_silent_command_still_meets_its_deadline_and_write_changes_nothing_on_a_missing_figure(tmp_path):
+    with pytest.raises(M.MeasureError, match="did not finish within 1 s"):
+        M.run_timed(["sh", "-c", "sleep 20"], 1, echo=lambda s: None)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("<!-- measured:main -->x<!-- /measured -->")
+    (tmp_path / "docs" / "measurements.md").write_text("# m\n")
+    with pytest.raises(M.MeasureError):
+        M.write({"date": "d", "commit": "c"}, root=tmp_path)
+    assert not (tmp_path / "docs" / "measurements.json").exists()
+    assert (tmp_path / "docs" / "measurements.md").read_text() == "# m\n"
+
+
+def test_a_partial_measurement_is_not_written():
+    res = subprocess.run([sys.executable, "-m", "harness.cli", "measure", "--steps", "setup"],
+                         capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert res.returncode == 2 and "printed, not written" in res.stderr and res.stderr.count("\n") == 1
 
 
 def test_bad_steps_are_one_line_exit_2():

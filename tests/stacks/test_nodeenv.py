@@ -74,6 +74,9 @@ def test_every_lock_is_committed_current_and_hashed(stack):
                 assert (name, version_pin) in pins, f"{req} not pinned as asked in {path.name}"
         if spec.build:
             assert [f"{n}=={v}" for n, v in lockmod.locked_pins(spec.build_path(version))] == list(spec.build)
+    # no lock file the spec does not list (a Python version dropped from the spec leaves none behind)
+    listed = {p.name for v in spec.pythons for p in spec.paths(v)}
+    assert {p.name for p in spec.folder.glob("*.txt")} == listed
 
 
 def test_a_new_lock_is_a_new_env_and_a_missing_one_says_the_command(tmp_path):
@@ -85,7 +88,7 @@ def test_a_new_lock_is_a_new_env_and_a_missing_one_says_the_command(tmp_path):
     assert lockmod.locked_pins(a) == [("x", "1")]
     assert f"lock {pd_stack.LOCK.path().name} {lockmod.lock_key(pd_stack.LOCK.path())}" in pd_stack.PINS
     env = NodeEnv("x", ["p"], root=tmp_path)
-    with pytest.raises(NodeEnvError, match=r"no lock file .*absent\.txt .*`pdchaos lock`"):
+    with pytest.raises(NodeEnvError, match=r"no lock file .*absent\.txt .*LockSpec and run `pdchaos lock`"):
         lockmod.install_lock(env, tmp_path / "absent.txt", 10)
 
 

@@ -55,7 +55,7 @@ LOCK = LockSpec(
 
 # What makes the env: a change here (a new lock) is a new env folder (a new hash), never a changed one.
 PINS = (f"lock {LOCK.path().name} {lock_key(*LOCK.paths())}",
-        f"{ASCEND} --no-build-isolation COMPILE_CUSTOM_KERNELS=0")
+        f"{ASCEND} --no-build-isolation " + " ".join(f"{k}={v}" for k, v in sorted(ASCEND_BUILD_ENV.items())))
 
 LOCKED_TIMEOUT_S = 2400.0
 BUILD_TIMEOUT_S = 900.0
@@ -102,7 +102,7 @@ def ascend_conf_env(out=print) -> NodeEnv:
     stubs_key = source_key(stubs_source())
     steps = [
         Step("locked", step_key(LOCK.path()), _locked, LOCKED_TIMEOUT_S),
-        Step("vllm-ascend", step_key(LOCK.build_path()), _ascend, BUILD_TIMEOUT_S),
+        Step("vllm-ascend", step_key(LOCK.build_path()) + " " + PINS[1], _ascend, BUILD_TIMEOUT_S),
         Step("npu-stubs", stubs_key, _stubs, BUILD_TIMEOUT_S),
         import_check(stubs_key, VERIFY_CODE),
     ]

@@ -87,6 +87,11 @@ def test_a_new_lock_is_a_new_env_and_a_missing_one_says_the_command(tmp_path):
     assert lockmod.lock_key(a, tmp_path / "absent.txt") == "missing"
     assert lockmod.locked_pins(a) == [("x", "1")]
     assert f"lock {pd_stack.LOCK.path().name} {lockmod.lock_key(pd_stack.LOCK.path())}" in pd_stack.PINS
+    # the conformance stack's build settings name its env and its build step (a change rebuilds it)
+    for k, v in asc_stack.ASCEND_BUILD_ENV.items():
+        assert f"{k}={v}" in asc_stack.PINS[1]
+        assert f"{k}={v}" in next(st.key for st in asc_stack.ascend_conf_env(out=lambda s: None).steps
+                                  if st.name == "vllm-ascend")
     env = NodeEnv("x", ["p"], root=tmp_path)
     with pytest.raises(NodeEnvError, match=r"no lock file .*absent\.txt .*LockSpec and run `pdchaos lock`"):
         lockmod.install_lock(env, tmp_path / "absent.txt", 10)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .nodeenv.venv import cache_root, tree_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 JSON = Path("docs/measurements.json")
 MD = Path("docs/measurements.md")
@@ -150,16 +152,7 @@ def env_sizes(cache: Path) -> dict[str, float]:
     envs = cache / "envs"
     for d in sorted(envs.glob("*")) if envs.is_dir() else []:
         if d.is_dir() and (d / "stamp.json").is_file():
-            seen, total = set(), 0
-            for dirpath, _dirs, files in os.walk(d):
-                for f in files:
-                    try:
-                        st = os.lstat(os.path.join(dirpath, f))
-                    except OSError:
-                        continue
-                    if (st.st_dev, st.st_ino) not in seen:
-                        seen.add((st.st_dev, st.st_ino))
-                        total += st.st_size
+            total = tree_bytes(d)
             try:
                 name = json.loads((d / "stamp.json").read_text()).get("name", d.name)
             except (OSError, ValueError):
@@ -346,8 +339,6 @@ def measure(steps: list[str], cold: bool, echo: Callable[[str], None] = print) -
         if cold_dir is not None:
             shutil.rmtree(cold_dir, ignore_errors=True)
     if "env_gb" not in m:
-        from .nodeenv.venv import cache_root
-
         m["env_gb"] = env_sizes(cache_root())
     return m
 

@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"--python {bad[0]!r}: give a version such as 3.11")
     steps, problems = all_steps(args.family, every=args.all)
-    for p in problems:
-        raise UsageError(p)
+    if problems:
+        raise UsageError(problems[0])
     specs = [(s.name, spec) for s in steps if (spec := getattr(s, "lock_spec", lambda: None)()) is not None]
     if not specs:
         print("no selected node stack installs from a lock")

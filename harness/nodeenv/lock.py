@@ -82,10 +82,6 @@ class LockSpec:
     def paths(self, python: str | None = None) -> list[Path]:
         return [self.path(python), *([self.build_path(python)] if self.build else [])]
 
-    def inputs_text(self) -> str:
-        return "\n".join([*self.requirements, "overrides:", *self.overrides, "excludes:", *self.excludes,
-                          f"exclude-newer: {self.exclude_newer}", *self.extra, "build:", *self.build])
-
 
 def lock_key(*paths: Path) -> str:
     """A short hash of lock files' bytes ("missing" when one is not there): part of the env's pins,

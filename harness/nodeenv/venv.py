@@ -326,11 +326,19 @@ class NodeEnv:
                           env=child_env({"PYTHONNOUSERSITE": "1", **(env or {})}), cwd=cwd)
 
     def size_bytes(self) -> int:
-        total = 0
-        for dirpath, _dirs, files in os.walk(self.path):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, f)).st_size
-                except OSError:
-                    pass
-        return total
+        return tree_bytes(self.path)
+
+
+def tree_bytes(root: Path) -> int:
+    """Apparent size of every file under ``root``, each inode once (uv hard-links from its cache)."""
+    seen, total = set(), 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total

@@ -1,0 +1,98 @@
+"""A harness fault carried out by Chaos Mesh: the fault's window starts when its object reports
+``AllInjected`` and ends when it reports ``AllRecovered`` (or is gone), both times journalled.
+
+:class:`ChaosMeshFault` wraps the fault the scenario names (``kill``, ``partition``, ...): what
+that fault declares (the failure categories it causes, its tail) stays the same, so the checks
+judge the history as they do locally; only the injection differs. Its effect counts what the
+controller reported (``injected``, ``recovered``): a window whose object never reported injected
+did nothing, and ``fault_effect`` fails it as a harness error, never as a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from faults.base import Fault
+
+INJECT_TIMEOUT_S = 30.0
+RECOVER_TIMEOUT_S = 60.0
+
+
+def condition(obj: dict | None, name: str) -> bool:
+    """Whether a Chaos Mesh object's status has condition ``name`` ("AllInjected",
+    "AllRecovered") with status "True"."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == name and str(c.get("status")) == "True":
+            return True
+    return False
+
+
+class ChaosMeshFault(Fault):
+    """``inner``'s fault through a Chaos Mesh object: ``manifest`` and ``kube`` are the object and
+    the cluster, or callables that give them when the window opens (the run's roles are known then)."""
+
+    def __init__(self, inner: Fault, manifest: Any, kube: Any) -> None:
+        super().__init__(inner.params, inner.ctx)
+        self.inner, self._manifest, self._kube = inner, manifest, kube
+        self.manifest: dict | None = manifest if isinstance(manifest, dict) else None
+        self.kube = None if callable(kube) and not hasattr(kube, "apply") else kube
+        self.name = inner.name
+        self._created = False
+        self._counts = {"injected": 0, "recovered": 0}
+
+    # what the scenario's fault declares, unchanged
+    def expected_categories(self) -> tuple[str, ...]:
+        return self.inner.expected_categories()
+
+    def possible_categories(self) -> tuple[str, ...]:
+        return self.inner.possible_categories()
+
+    def tail_after_heal(self) -> float | None:
+        return None
+
+    def required_effect(self) -> dict[str, float]:
+        return {**self.inner.required_effect(), "injected": 1, "recovered": 1}
+
+    def effect(self) -> dict[str, Any] | None:
+        # A pod-kill's own counts (kill's acted/seen, which the journal's meta line names) are what
+        # the controller reports: AllInjected means it killed every selected pod. A network fault's
+        # count (packets stopped) has no such report: it stays missing, and fault_effect then
+        # judges the window a harness error rather than take the object's word for packets.
+        out = {}
+        if (self.manifest or {}).get("kind") == "PodChaos":
+            out = {k: self._counts["injected"] for k in self.inner.required_effect()}
+        return {**out, **self._counts}
+
+    def _ref(self) -> tuple[str, str, str, str]:
+        m = self.manifest
+        return m["apiVersion"], m["kind"], m["metadata"]["name"], m["metadata"]["namespace"]
+
+    def start(self) -> None:
+        if self.manifest is None:
+            self.manifest = self._manifest()
+        if self.kube is None:
+            self.kube = self._kube()
+        api, kind, name, ns = self._ref()
+        self._created = True
+        self.kube.apply(self.manifest)
+        self.ctx.event("chaos_created", kind=kind, name=name)
+        self.kube.wait(api, kind, ns, lambda items: any(i["metadata"]["name"] == name and condition(i, "AllInjected")
+                                                        for i in items),
+                       INJECT_TIMEOUT_S, f"{kind} {name} injected")
+        self._counts["injected"] = 1
+        self.ctx.event("chaos_injected", kind=kind, name=name, t_wall=time.time())
+
+    def stop(self) -> None:
+        if not self._created:
+            return
+        api, kind, name, ns = self._ref()
+        self.kube.delete(api, kind, name, ns)
+        # Chaos Mesh recovers what it injected when the object goes (its finalizer): the window
+        # ends when the object says AllRecovered or is gone
+        self.kube.wait(api, kind, ns, lambda items: not any(i["metadata"]["name"] == name and not condition(i, "AllRecovered")
+                                                            for i in items),
+                       RECOVER_TIMEOUT_S, f"{kind} {name} recovered")
+        self._created = False
+        self._counts["recovered"] = 1
+        self.ctx.event("chaos_recovered", kind=kind, name=name, t_wall=time.time())

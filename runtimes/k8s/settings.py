@@ -1,0 +1,56 @@
+"""The k8s runtime's block of a launch profile (``cluster:``): where and how the node pods run.
+
+The defaults follow the conventions of the deployments this runtime stands in for: one workload
+per role labelled ``role: prefill|decode|proxy|store`` (llm-d, SGLang), a LeaderWorkerSet per
+vLLM role where its CRD is installed (vllm-ascend's multi-node nightly), plain Deployments
+otherwise; NPUs as the extended resource ``huawei.com/ascend-1980`` and the model in a shared
+cache volume mounted at ``/root/.cache`` (vllm-ascend's template), ``/dev/shm`` in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LABEL_RE = r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,251}[A-Za-z0-9])?$"
+
+
+class Attach(BaseModel):
+    """Attach mode: the user's own deployment, found by label selectors per role."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespace: str = Field(..., pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    selectors: dict[str, str] = Field(..., min_length=1, description="role -> label selector, e.g. "
+                                      "prefill:0: role=prefill")
+    ports: dict[str, dict[str, int]] = Field(default_factory=dict, description="role -> endpoint name -> "
+                                             "container port (http, bootstrap), where the pods serve them")
+
+
+class ClusterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image: str = Field(..., min_length=1, description="the node image: pd-chaos and the node stack installed")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    namespace_prefix: str = Field("pdchaos", pattern=r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$",
+                                  description="a run's namespace is PREFIX-RUNID, created and deleted by the run")
+    workload: Literal["auto", "lws", "deployment"] = Field(
+        "auto", description="auto: a LeaderWorkerSet for the vLLM roles when its CRD is installed, else Deployments")
+    npu_resource: str = Field("huawei.com/ascend-1980", pattern=LABEL_RE)
+    npu_per_pod: int = Field(0, ge=0, le=16, description="NPUs each vLLM pod requests (0: none, a CPU node)")
+    cpu: str = Field("2", pattern=r"^[0-9]+(\.[0-9]+|m)?$")
+    memory: str = Field("8Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)?$")
+    model_cache_claim: str | None = Field(None, description="a PersistentVolumeClaim with the model, mounted "
+                                          "at model_cache_path (none: an emptyDir)")
+    model_cache_path: str = Field("/root/.cache", pattern=r"^/\S*$")
+    service_account: str = Field("pdchaos-node", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+    control_port: int = Field(5599, ge=1024, le=65535, description="each node's control channel in its pod")
+    ready_timeout_s: float = Field(600.0, gt=0, le=3600)
+    attach: Attach | None = Field(None, description="the user's deployment that `pdchaos run --attach` selects nodes in")
+    mode: Literal["deploy", "attach"] = Field("deploy", description="deploy: each run makes its own namespace and "
+                                              "nodes; attach: the nodes are the pods `attach` selects (--attach)")
+
+    @model_validator(mode="after")
+    def _attach_needs_selectors(self) -> "ClusterSettings":
+        if self.mode == "attach" and self.attach is None:
+            raise ValueError("mode attach: name the deployment in cluster.attach (namespace, selectors)")
+        return self

@@ -1,0 +1,41 @@
+"""``pdchaos run scenarios/pd/ --profile k8s --dry-run``: every workload and Chaos Mesh object per
+scenario and target, against a golden file (PDCHAOS_UPDATE_GOLDEN=1 rewrites it after a
+deliberate change); nothing is started and no cluster is asked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+GOLDEN = REPO / "tests" / "golden" / "dry_run_k8s.txt"
+
+
+@pytest.mark.timeout(120)
+def test_the_k8s_dry_run_matches_its_golden_file_and_asks_no_cluster(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PDCHAOS_KUBECONFIG": str(tmp_path / "no-such-kubeconfig"),
+           "KUBECONFIG": str(tmp_path / "no-such-kubeconfig")}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd/", "--profile", "k8s",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], cwd=REPO, capture_output=True,
+                          text=True, timeout=110, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "runs").exists()
+    if os.environ.get("PDCHAOS_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(proc.stdout)
+    assert proc.stdout == GOLDEN.read_text(), "differs from tests/golden/dry_run_k8s.txt"
+    out = proc.stdout
+    runs = out.count("\n== ") + out.startswith("== ")
+    assert out.count("runtime objects:") == runs and runs >= 40
+    assert out.count("kind: Namespace") == runs and out.count("kind: LeaderWorkerSet") == 2 * runs
+    # every fault is said: a Chaos Mesh object, exec, or pd-chaos's own peers and hooks
+    assert out.count("# fault ") == out.count("# fault ") and "Chaos Mesh PodChaos kill-1" in out
+    assert out.count("kind: NetworkChaos") == 4 and "action: partition" in out and "action: delay" in out
+    assert "exec in the pod of decode:0: kill -STOP -1" in out
+    # a toxic Chaos Mesh lacks is refused before anything starts, listed like other exclusions
+    assert out.count("not run: pd-bootstrap-reset") == 2
+    assert "--cpu-core" not in out  # pods are hosts of their own: nothing pins cores
+    assert f"dry run: {runs} scenario/target run(s); nothing was started" in out

@@ -1,0 +1,75 @@
+"""The k8s runtime's objects, as data (runtimes/k8s/manifests.py): labels that find a run's
+leftovers, one workload per role with the conventional role label, LeaderWorkerSet or Deployment,
+NPU resources and the shared model cache, the node's command in its pod, and each fault's Chaos
+Mesh object (or none)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtimes.k8s import manifests as M
+from runtimes.k8s.settings import ClusterSettings
+
+pytestmark = pytest.mark.timeout(30)
+S = ClusterSettings(image="img:1", model_cache_claim="models", npu_per_pod=1)
+ARGV = ["/usr/bin/python3.11", "-m", "harness.cli", "node", "vllm", "--port", "8100", "--server-log",
+        "/tmp/run-7/server-logs/p.log", "--control", "ipc:///tmp/x/prefill-0-ctl.sock"]
+EP = {"http": "http://prefill-0.ns.svc:8100", "bootstrap": "http://prefill-0.ns.svc:8998"}
+ROLES = ["prefill:0", "decode:0", "proxy"]
+
+
+def test_every_object_carries_the_run_and_managed_by_labels() -> None:
+    objs = [M.namespace(S, "r1"), M.service_account(S, "r1"),
+            *M.workload(S, "r1", "hardened", "prefill:0", "vllm", ARGV, {}, EP, "/tmp/run-7", lws=True),
+            M.chaos_object("kill", {"node": "prefill:0"}, ROLES, "r1", S, 0)]
+    for o in objs:
+        lab = o["metadata"]["labels"]
+        assert lab["app.kubernetes.io/managed-by"] == "pd-chaos" and lab[M.RUN_LABEL] == "r1", o["kind"]
+        assert o["kind"] == "Namespace" or o["metadata"]["namespace"] == "pdchaos-r1"
+
+
+def test_a_vllm_role_is_a_leaderworkerset_with_npus_and_the_model_cache() -> None:
+    lws, svc = M.workload(S, "r1", "hardened", "prefill:0", "vllm", ARGV, {"A": "1"}, EP, "/tmp/run-7", lws=True)
+    assert lws["kind"] == "LeaderWorkerSet" and lws["spec"]["leaderWorkerTemplate"]["size"] == 1
+    pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert pod["metadata"]["labels"]["role"] == "prefill"
+    c = pod["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"huawei.com/ascend-1980": "1"}
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["spec"]["volumes"]
+    assert c["args"][0] == "python3" and c["args"][-1] == "tcp://*:5599"  # the control channel on TCP
+    assert "/var/run/pdchaos/run/server-logs/p.log" in c["args"]  # the run folder's paths, in the pod
+    assert sorted(p["port"] for p in svc["spec"]["ports"]) == [5599, 8100, 8998]
+    dep, _ = M.workload(S, "r1", "hardened", "prefill:0", "vllm", ARGV, {}, EP, None, lws=False)
+    assert dep["kind"] == "Deployment" and dep["spec"]["strategy"] == {"type": "Recreate"}
+    proxy, _ = M.workload(S, "r1", "hardened", "proxy", "pd-proxy", ARGV, {}, {}, None, lws=True)
+    assert proxy["kind"] == "Deployment"  # only vLLM roles are LeaderWorkerSets
+    assert "limits" not in proxy["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_faults_map_to_chaos_mesh_objects_with_their_direction() -> None:
+    kill = M.chaos_object("kill", {"node": "prefill:0"}, ROLES, "r1", S, 1)
+    assert kill["kind"] == "PodChaos" and kill["spec"]["action"] == "pod-kill" and kill["spec"]["gracePeriod"] == 0
+    assert kill["spec"]["selector"]["labelSelectors"][M.ROLE_LABEL] == "prefill-0"
+    part = M.chaos_object("partition", {"direction": "client->server"}, ROLES, "r1", S, 2)
+    assert part["kind"] == "NetworkChaos" and part["spec"]["direction"] == "to"
+    assert part["spec"]["selector"]["expressionSelectors"][0]["values"] == ["decode-0", "proxy"]
+    assert part["spec"]["target"]["selector"]["labelSelectors"][M.ROLE_LABEL] == "prefill-0"
+    lat = M.chaos_object("latency", {"latency": 2.0, "jitter": 0.0}, ROLES, "r1", S, 0)
+    assert lat["spec"]["action"] == "delay" and lat["spec"]["delay"]["latency"] == "2000ms"
+    bw = M.chaos_object("bandwidth", {"rate": 64}, ROLES, "r1", S, 0)  # the toxic's KB/s
+    assert bw["spec"]["bandwidth"]["rate"] == "512kbit"  # Chaos Mesh's kbps would be kilobytes
+    assert M.chaos_object("bandwidth_limit", {"rate_kbit": 512}, ROLES, "r1", S, 0)["spec"]["bandwidth"]["rate"] == "512kbit"
+    up = M.chaos_object("latency", {"latency": 1.0, "stream": "upstream"}, ROLES, "r1", S, 0)
+    assert up["spec"]["target"]["selector"]["labelSelectors"][M.ROLE_LABEL] == "prefill-0"  # towards P
+    assert lat["spec"]["selector"]["labelSelectors"][M.ROLE_LABEL] == "prefill-0"  # downstream: from P
+    assert M.chaos_object("latency", {"latency": 1.0, "toxicity": 0.5}, ROLES, "r1", S, 0) is None
+    stress = M.chaos_object("cpu_pressure", {"node": "decode:0", "workers": 2, "load": 80}, ROLES, "r1", S, 0)
+    assert stress["kind"] == "StressChaos" and stress["spec"]["stressors"]["cpu"] == {"workers": 2, "load": 80}
+    assert M.chaos_object("reset_peer", {}, ROLES, "r1", S, 0) is None
+    assert M.chaos_object("fake_prefill_peer", {"mode": "silent"}, ROLES, "r1", S, 0) is None
+    assert M.chaos_object("kill", {"node": "decode:7"}, ROLES, "r1", S, 0) is None  # no such role
+
+
+def test_names_are_dns_labels() -> None:
+    assert M.dns_name("fake-prefill:0") == "fake-prefill-0" and M.role_class("fake-prefill:0") == "prefill"
+    assert len(M.namespace_name(S, "x" * 100)) <= 63

@@ -15,7 +15,7 @@ deadline and keeps its blocks until every worker's ``finished_recving``, as it d
 Active only in an engine of the hardened P/D target (installed by its scheduler-side connector, in
 the engine core process where the executor aggregates), switched off with
 ``aggregate_failed_early: false``; refused (upstream's code kept) when the function differs from
-the one below. The upstream diff it stands for: ``diffs/kv_output_aggregator_failed_early.diff``.
+the one below. The upstream diff it stands for: ``connector_patch/upstream/vllm/0.32.0/03-kv-output-aggregator-failed-early.diff``.
 """
 
 from __future__ import annotations

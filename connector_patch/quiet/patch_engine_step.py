@@ -6,7 +6,7 @@ for remote KV or P keeps blocks for D (up to the abort timeout, 480 s by default
 is :func:`connector_patch.quiet.backoff.wait_quietly`: 1 ms after any progress (as upstream), then
 growing eightfold up to the cap, and cut short at once by anything on the engine's input queue or a wake
 from a worker's connector (:mod:`.channel`). Everything else is upstream's body unchanged.
-The upstream diff it stands for: ``diffs/engine_core_quiet_wait.diff``.
+The upstream diff it stands for: ``connector_patch/upstream/vllm/0.32.0/01-engine-core-quiet-wait.diff``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Upstream only stamps the time of the read; ``SpinCondition.wait`` then busy-poll
 spin window from the gap since the previous read (:func:`connector_patch.quiet.spin.spin_window_s`):
 dense traffic keeps spinning (no added latency while a model runs), a reader whose engine only
 waits sleeps on the writer's notification at once. ``wait`` itself is upstream's, unchanged.
-The upstream diff it stands for: ``diffs/shm_broadcast_adaptive_spin.diff``.
+The upstream diff it stands for: ``connector_patch/upstream/vllm/0.32.0/02-shm-broadcast-adaptive-spin.diff``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ at once (:mod:`.patch_spin_record_read`) does, and a dropped notification would 
 beside a written buffer. Here the idle poll is bounded (``IDLE_POLL_MS``): the reader then looks
 at the buffer again, so a lost notification costs at most that, and an idle reader wakes about
 50 times a second (microseconds each) instead of spinning. Everything else is upstream's.
-The upstream diff it stands for: ``diffs/shm_broadcast_adaptive_spin.diff``.
+The upstream diff it stands for: ``connector_patch/upstream/vllm/0.32.0/02-shm-broadcast-adaptive-spin.diff``.
 """
 
 from __future__ import annotations

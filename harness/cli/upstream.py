@@ -1,0 +1,80 @@
+"""``pdchaos upstream check [--project NAME] [--diff NN] [--no-own]``: prove the upstream diffs.
+
+For every upstream release a family names (harness/upstream.py), each diff's own tests must fail on the
+code before it and pass with it, and upstream's own tests for every file the series changes must pass
+with the whole series applied. Needs ``pdchaos setup --only upstream-tests-<project>`` (the sdist's tests
+and pytest beside the node env).
+
+Exit codes: 0 every diff proven and upstream's tests passed; 1 something not proven (one line each);
+2 bad input or a missing set-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from ..errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+    c = sub.add_parser("check", help="run each diff's tests before and after it, and upstream's own tests",
+                       description="run each diff's tests before and after it, and upstream's own tests")
+    c.add_argument("--project", action="append", default=[], metavar="NAME",
+                   help="only this upstream project (vllm, vllm-ascend; repeatable)")
+    c.add_argument("--diff", action="append", default=[], metavar="NN",
+                   help="only the diffs whose name starts with this (e.g. 12; repeatable)")
+    c.add_argument("--no-own", action="store_true", help="leave out upstream's own tests (only the diffs' tests)")
+    c.add_argument("--list", action="store_true", help="list the diffs and their headers, run nothing")
+    c.add_argument("--jobs", type=int, default=2, metavar="N", help="pytest runs side by side (default 2)")
+
+
+def projects() -> list:
+    from ..family import all_families
+
+    seen: dict[tuple[str, str], object] = {}
+    for fam in all_families():
+        for p in fam.upstream_projects() or []:
+            seen.setdefault((p.project, p.version), p)
+    return list(seen.values())
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..upstream import check, line_for
+
+    found = projects()
+    names = sorted({p.project for p in found})
+    unknown = [n for n in args.project if n not in names]
+    if unknown:
+        raise UsageError(f"--project {unknown[0]!r}: no family runs it; projects: {', '.join(names)}")
+    chosen = [p for p in found if not args.project or p.project in args.project]
+    if not 1 <= args.jobs <= 16:
+        raise UsageError(f"--jobs {args.jobs}: between 1 and 16")
+    for d in args.diff:
+        if not d or not d.replace("-", "").isalnum():
+            raise UsageError(f"--diff {d!r}: give the start of a diff's name, e.g. 12")
+    if args.list:
+        for p in chosen:
+            print(f"{p.label}:")
+            for d in p.series():
+                print(f"  {d.name}: {d.header.get('Subject', '')}")
+                print(f"      guarantee: {d.header.get('Guarantee', '')}")
+                print(f"      files: {', '.join(f.path for f in d.files)}")
+        return 0
+    for p in chosen:
+        if not (p.sdist_dir() / ".complete").is_file() or not (p.test_tools() / ".complete").is_file():
+            raise UsageError(f"{p.label}: upstream's tests are not set up: run `pdchaos setup --only "
+                             f"upstream-tests-{p.project}`")
+    problems: list[str] = []
+    t0 = time.monotonic()
+    for p in chosen:
+        print(f"{p.label}: {len(p.series())} diffs", flush=True)
+        results, own, probs = check(p, out=lambda s: print(s, flush=True), only=args.diff or None,
+                                    own=not args.no_own, jobs=args.jobs)
+        problems += probs
+    print(f"upstream check: {len(problems)} problem(s) in {time.monotonic() - t0:.0f} s")
+    for line in problems:
+        print(f"  {line}")
+    return 1 if problems else 0

@@ -1,0 +1,176 @@
+"""``pdchaos upstream check`` judged on a small made-up project (a package, its "sdist" test tree and a
+series of three diffs), so the rules are proven against diffs they must refuse, without vLLM:
+
+* a diff whose test fails before it and passes after it is proven;
+* a diff whose test already passes on the unfixed code is not (it does not show the defect);
+* a diff whose ``Tests:`` field names a test that never runs is not (a misspelt name proves nothing);
+* upstream's own tests run with the whole series, and a series that breaks one is a problem.
+
+The real series are checked by the same code in CI (``.ci/run``) and the nightly."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from connector_patch.upstream import read_diff
+from harness.upstream import UpstreamProject, check, line_for
+
+pytestmark = pytest.mark.timeout(120)
+
+HEADER = "Subject: {s}\nDefect: d\nGuarantee: g\nScenarios: none\nTests: {t}\n\n"
+
+
+def _file_diff(path: str, old: str | None, new: str) -> str:
+    olines, nlines = ([] if old is None else old.splitlines()), new.splitlines()
+    head = f"diff --git a/{path} b/{path}\n" + ("new file mode 100644\n--- /dev/null\n" if old is None
+                                                   else f"--- a/{path}\n") + f"+++ b/{path}\n"
+    hunk = f"@@ -{1 if olines else 0},{len(olines)} +1,{len(nlines)} @@\n"
+    return head + hunk + "".join(f"-{ln}\n" for ln in olines) + "".join(f"+{ln}\n" for ln in nlines)
+
+
+def _project(tmp_path: Path, monkeypatch, series: list[tuple[str, str, str]], own_test: str) -> UpstreamProject:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    lock = tmp_path / "tools.txt"
+    lock.write_text("# nothing: the test's own Python has pytest\n")
+    p = UpstreamProject(project="toy", version="1.0", package="toy", sdist_url="file:///nowhere",
+                        sdist_sha256="0" * 64, python=lambda: Path(sys.executable),
+                        site_packages=lambda: p.test_tools(), series=lambda: diffs,
+                        own_tests={"toy/": ["tests/test_own.py"]}, tools_lock=lock)
+    site = p.test_tools()  # the "installed" package sits in the tools folder, which is on PYTHONPATH
+    (site / "toy").mkdir(parents=True)
+    (site / "toy" / "__init__.py").write_text("")
+    (site / "toy" / "mod.py").write_text("def f():\n    return 1\n")
+    sdist = p.sdist_dir()
+    (sdist / "tests").mkdir(parents=True)
+    (sdist / "tests" / "test_own.py").write_text(own_test)
+    (sdist / ".complete").write_text("made by the test\n")
+    diffs = []
+    for name, tests, body in series:
+        f = tmp_path / "series" / name
+        f.parent.mkdir(exist_ok=True)
+        f.write_text(HEADER.format(s=name, t=tests) + body)
+        diffs.append(read_diff(f))
+    return p
+
+
+FIX = _file_diff("toy/mod.py", "def f():\n    return 1\n", "def f():\n    return 2\n")
+FIX_TEST = _file_diff("tests/test_fix.py", None, "from toy.mod import f\n\n\ndef test_f_is_two():\n    assert f() == 2\n")
+ADD_G = _file_diff("toy/g.py", None, "def g():\n    return 3\n")
+WEAK_TEST = _file_diff("tests/test_weak.py", None, "def test_nothing_of_the_fix():\n    assert 1 + 1 == 2\n")
+G_TEST = _file_diff("tests/test_g.py", None, "def test_g():\n    from toy.g import g\n    assert g() == 3\n")
+
+
+def test_a_proven_diff_one_that_shows_no_defect_and_one_naming_a_test_that_never_runs(tmp_path, monkeypatch):
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-weak.diff", "tests/test_weak.py::test_nothing_of_the_fix", ADD_G + WEAK_TEST),
+        ("03-misspelt.diff", "tests/test_g.py::test_g tests/test_g.py::test_gg", G_TEST
+         + _file_diff("toy/h.py", None, "H = 1\n")),
+    ], own_test="from toy.mod import f\n\n\ndef test_f_is_positive():\n    assert f() > 0\n")
+    lines: list[str] = []
+    results, own, problems = check(p, out=lines.append, jobs=2)
+    by = {r.name: r for r in results}
+    assert by["01-fix.diff"].ok, line_for(by["01-fix.diff"])
+    assert by["01-fix.diff"].before.failed and by["01-fix.diff"].after.passed
+    assert not by["02-weak.diff"].ok and by["02-weak.diff"].before.passed
+    assert "PASSES BEFORE THE FIX" in line_for(by["02-weak.diff"])
+    misspelt = by["03-misspelt.diff"]  # pytest refuses the unknown id (exit 4) and runs nothing
+    assert not misspelt.ok and "tests/test_g.py::test_gg" in misspelt.unrun and misspelt.after.error
+    assert "NEVER RAN" in line_for(misspelt)
+    assert own is not None and own.passed and not own.failed
+    assert sorted(pr.split(": ", 1)[0] for pr in problems) == ["toy 1.0 02-weak.diff", "toy 1.0 03-misspelt.diff"]
+    # the cached "installed" package and test tree are untouched
+    assert (p.test_tools() / "toy" / "mod.py").read_text() == "def f():\n    return 1\n"
+    assert not (p.sdist_dir() / "tests" / "test_fix.py").exists()
+
+
+def test_a_series_that_breaks_upstreams_own_tests_is_a_problem(tmp_path, monkeypatch):
+    """An own test that passes on the pinned release and fails with the series is a regression; one
+    that fails on the pinned release too (here: it needs a device this host lacks) cannot run here and
+    is listed, not judged."""
+    own = ("import os\nfrom toy.mod import f\n\n\ndef test_f_is_one():\n    assert f() == 1\n\n\n"
+           "def test_needs_a_device():\n    assert os.path.exists('/dev/no-such-device')\n\n\n"
+           "def test_f_exists():\n    assert callable(f)\n")
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST)],
+                 own_test=own)
+    results, own_out, problems = check(p, out=lambda s: None)
+    assert results[0].ok
+    assert own_out is not None and own_out.pinned is not None
+    assert [n.rsplit("::", 1)[1] for n in own_out.regressions] == ["test_f_is_one"]
+    assert [n.rsplit("::", 1)[1] for n in own_out.cannot_run_here] == ["test_needs_a_device"]
+    assert [n.rsplit("::", 1)[1] for n in own_out.passed] == ["test_f_exists"]
+    assert len(problems) == 1 and "1 failed that pass on the pinned release" in problems[0]
+    assert "passes on the pinned release: tests/test_own::test_f_is_one" in problems[0]
+
+
+def test_own_tests_that_fail_on_the_pinned_release_too_are_not_a_problem(tmp_path, monkeypatch):
+    own = ("import os\n\n\ndef test_needs_a_device():\n    assert os.path.exists('/dev/no-such-device')\n\n\n"
+           "def test_plain():\n    pass\n")
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST)],
+                 own_test=own)
+    _, own_out, problems = check(p, out=lambda s: None)
+    assert problems == [] and len(own_out.cannot_run_here) == 1 and len(own_out.passed) == 1
+    assert "1 fail on the pinned release too (not run here)" in own_out.counts()
+
+
+def test_a_diff_whose_code_does_not_apply_is_not_proven(tmp_path, monkeypatch):
+    stale = _file_diff("toy/mod.py", "def f():\n    return 7\n", "def f():\n    return 2\n")
+    p = _project(tmp_path, monkeypatch, [("01-stale.diff", "tests/test_fix.py::test_f_is_two", stale + FIX_TEST)],
+                 own_test="def test_x():\n    pass\n")
+    results, _, problems = check(p, out=lambda s: None, own=False)
+    assert not results[0].ok and results[0].problem
+    assert problems and "01-stale.diff" in problems[0]
+
+
+def test_the_test_tool_locks_are_hashed_and_name_the_python_they_are_for() -> None:
+    """stacks/upstream_tests/<project>-py3NN.txt: installed with --require-hashes and --no-deps, so every
+    pin carries a hash; a lock per Python version a node env may use."""
+    import re
+
+    folder = Path(__file__).resolve().parents[2] / "stacks" / "upstream_tests"
+    locks = sorted(folder.glob("*.txt"))
+    assert {p.name for p in locks} >= {"vllm-py311.txt", "vllm-py312.txt", "vllm-ascend-py311.txt",
+                                       "vllm-ascend-py312.txt"}
+    for lock in locks:
+        assert re.fullmatch(r"[a-z-]+-py3\d\d\.txt", lock.name), lock.name
+        pins, hashed, current = set(), set(), None
+        for line in lock.read_text().splitlines():
+            if re.match(r"[A-Za-z0-9]", line):
+                current = line.split("==")[0].lower()
+                assert "==" in line, f"{lock.name}: {line!r} is not pinned"
+                pins.add(current)
+            elif line.strip().startswith("--hash=sha256:") and current:
+                hashed.add(current)
+        assert "pytest" in pins and pins == hashed, f"{lock.name}: unhashed {sorted(pins - hashed)}"
+
+
+def test_a_named_test_skipped_before_its_diff_shows_no_defect(tmp_path, monkeypatch):
+    """A skip (or a non-strict xfail, which JUnit reports as skipped) before the diff is not a failure."""
+    skip_test = _file_diff("tests/test_skip.py", None, "import pytest\nfrom toy.mod import f\n\n\ndef test_weak():\n"
+                           "    if f() != 2:\n        pytest.skip('old code')\n")
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two tests/test_skip.py::test_weak",
+                                          FIX + FIX_TEST + skip_test)], own_test="def test_x():\n    pass\n")
+    results, _, problems = check(p, out=lambda s: None, own=False)
+    assert results[0].before.skipped and not results[0].ok and problems
+
+
+def test_a_named_test_is_matched_by_its_own_file_not_one_whose_name_it_prefixes() -> None:
+    from harness.upstream import _same_test
+
+    assert _same_test("tests/test_a.py::test_x", "tests/test_a::test_x")
+    assert _same_test("tests/test_a.py::TestK::test_x", "tests/test_a/TestK::test_x[1]")
+    assert not _same_test("tests/test_a.py::test_x", "tests/test_ab::test_x")
+
+
+def test_an_own_test_the_series_skips_or_removes_is_a_problem(tmp_path, monkeypatch):
+    """Passing on the pinned release and skipped (or gone) with the series hides a regression."""
+    own = ("import pytest\nimport toy.mod as m\n\n\n@pytest.mark.skipif(m.f() != 1, reason='changed')\n"
+           "def test_f_is_one():\n    assert m.f() == 1\n\n\ndef test_plain():\n    pass\n")
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST)],
+                 own_test=own)
+    _, own_out, problems = check(p, out=lambda s: None)
+    assert [n.rsplit("::", 1)[1] for n in own_out.lost] == ["test_f_is_one"]
+    assert len(problems) == 1 and "skipped or gone with the series: tests/test_own::test_f_is_one" in problems[0]

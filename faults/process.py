@@ -9,7 +9,6 @@ its ``server``).
 
 from __future__ import annotations
 
-import signal
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -66,6 +65,7 @@ class Down(_NodeFault):
     """The node is stopped cleanly (nothing bound on its endpoints) and started again at heal."""
 
     name = "node_down"
+    node_ops = ("stop",)
 
     def act(self, role: str) -> bool | None:
         return self.ctx.stop_node(role)
@@ -80,6 +80,7 @@ class Kill(_NodeFault):
     on the same endpoints at heal."""
 
     name = "kill"
+    node_ops = ("kill",)
 
     def act(self, role: str) -> bool | None:
         return self.ctx.kill_node(role)
@@ -94,12 +95,13 @@ class Stop(_NodeFault):
     SIGCONT at heal."""
 
     name = "stop"
+    node_ops = ("freeze",)
 
     def act(self, role: str) -> bool | None:
-        return self.ctx.signal_node(role, signal.SIGSTOP)
+        return self.ctx.freeze_node(role)
 
     def undo(self, role: str) -> None:
-        self.ctx.signal_node(role, signal.SIGCONT)
+        self.ctx.thaw_node(role)
 
 
 class RestartParams(NodeParams):
@@ -112,6 +114,7 @@ class Restart(_NodeFault):
     at that moment are lost). Nothing is left to heal."""
 
     name = "restart"
+    node_ops = ("restart",)
     Params = RestartParams
 
     def act(self, role: str) -> bool | None:

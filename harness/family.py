@@ -81,6 +81,11 @@ class Family:
     default_targets: ClassVar[tuple[str, ...] | None] = None
     # The target whose verdicts are the "before" in reports (today's upstream code, or a model of it).
     baseline_target: ClassVar[str | None] = None
+    # Targets that claim what another target claims (``{"patched": "hardened"}``: upstream's code with
+    # the upstream diffs applied must give the hardened verdicts). A scenario runs one only when it is
+    # asked for by name (``--target patched``) and the scenario runs its base target; where the
+    # scenario gives it no expectation of its own, the base target's is its expectation.
+    derived_targets: ClassVar[dict[str, str]] = {}
     Topology: ClassVar[type[Spec]] = Spec
     Workload: ClassVar[type[WorkloadSpec]] = WorkloadSpec
     # Modules that register this family's faults (``faults.base.register`` with ``family = name``)
@@ -229,6 +234,28 @@ class Family:
         """What ``pdchaos setup`` installs for this family (harness/setup.py steps)."""
         return []
 
+    def repro_steps(self, scenario: Any, target: str, run_dir: Path) -> list[tuple[str, str]]:
+        """``pdchaos repro``'s steps a user could follow without pd-chaos, as (what, shell command
+        or "") pairs in the family's words: e.g. the requests its workload sent (never the prompts
+        themselves), and its own faults' effects as commands where one exists. ``run_dir`` is the
+        finished run's ``<scenario>/<target>`` folder. Default: the ``repro`` module beside the
+        family's module, if it has one (``repro_steps(scenario, target, run_dir)``), else none."""
+        package = type(self).__module__.rpartition(".")[0]
+        name = f"{package}.repro" if package else "repro"
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                return []
+            raise
+        fn = getattr(mod, "repro_steps", None)
+        return [(str(a), str(b)) for a, b in fn(scenario, target, run_dir)] if callable(fn) else []
+
+    def upstream_projects(self) -> list[Any]:
+        """The upstream releases this family's nodes run and whose fixes are kept as diffs against them
+        (:class:`harness.upstream.UpstreamProject`): ``pdchaos upstream check`` proves each series."""
+        return []
+
     # ------------------------------------------------------------------ launch profiles
     def profile_names(self) -> list[str]:
         """The built-in launch profiles (where and how the family's nodes start: device, node
@@ -300,3 +327,10 @@ def known_families() -> list[str]:
 
 def all_families() -> list[Family]:
     return [get_family(n) for n in known_families()]
+
+
+def installed_families() -> list[Family]:
+    """The built-in families and the installed plugins: what the generated docs describe. A family
+    loaded by module path in this process (a test's toy family) is not among them."""
+    names = set(builtin_families()) | {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return [get_family(n) for n in sorted(names)]

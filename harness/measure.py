@@ -219,7 +219,7 @@ def table(m: dict) -> str:
     rows = [("when", f"{m.get('date')} at commit {m.get('commit')}, {m.get('machine')}"),
             ("`pip install -e '.[dev]'`", minutes(m["install_s"]) if "install_s" in m else "not measured")]
     if "setup_s" in m:
-        steps = ", ".join(f"{k} {v:.1f} s" for k, v in m.get("setup_steps", {}).items())
+        steps = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(m.get("setup_steps", {}).items()))
         rows.append(("`pdchaos setup`" + (" (empty node-env and uv caches: every Python download and install; toxiproxy, iptables and iproute2 "
                                        "are system-wide and were there)" if m.get("cold") else ""),
                      f"{minutes(m['setup_s'])} ({steps})"))

@@ -27,9 +27,27 @@ import time
 from typing import IO, Mapping, Sequence
 
 from .errors import HarnessError
+from .runtime import NodeHandle
 
 READY_LINE = b"READY"
 _TAIL_BYTES = 2000
+
+
+def _seen_stopped(pid: int, wait_s: float = 1.0) -> bool | None:
+    """The process is in state T (stopped) in /proc, within ``wait_s``; None without /proc."""
+    path = f"/proc/{pid}/stat"
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state in ("T", "t"):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
 
 
 def node_command(kind: str, args: Sequence[str] = ()) -> list[str]:
@@ -37,8 +55,9 @@ def node_command(kind: str, args: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "harness.cli", "node", kind, *[str(a) for a in args]]
 
 
-class ProcHandle:
-    """A started process: ``.pid``, ``.proc``, ``.alive``, ``.stop(timeout_s)``, ``.kill()``.
+class ProcHandle(NodeHandle):
+    """A started process: ``.pid``, ``.proc``, ``.alive``, ``.stop(timeout_s)``, ``.kill()``,
+    ``.freeze()``/``.thaw()`` (the local runtime's node handle, runtimes/local).
 
     ``stop`` and ``kill`` are idempotent and never raise; both return the exit code (a negative
     signal number when a signal ended it, as in ``subprocess``)."""
@@ -53,6 +72,10 @@ class ProcHandle:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ state
+    @property
+    def instance(self) -> int:
+        return self.pid
+
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -107,6 +130,21 @@ class ProcHandle:
             self._reap_group()
             self._finish()
             return self.proc.returncode
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to the whole process group (a node that runs a server as its child, e.g. vLLM,
+        freezes, thaws or dies with it)."""
+        with self._lock:
+            self._signal_group(sig)
+
+    def freeze(self) -> bool | None:
+        """SIGSTOP to the group; whether the node's process was then seen stopped (state T in
+        /proc; None where that cannot be read)."""
+        self.signal(signal.SIGSTOP)
+        return _seen_stopped(self.pid)
+
+    def thaw(self) -> None:
+        self.signal(signal.SIGCONT)
 
     def _reap_group(self) -> None:
         """Children of the node that outlived it are still in its group: end them too. Safe here:

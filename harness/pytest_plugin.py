@@ -23,6 +23,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "without it contributes no item)")
 
 
+def _collects_scenarios(args: list[str]) -> bool:
+    """Whether this pytest call collects scenario items: ``--pdchaos``, or a path given under a
+    ``scenarios`` folder (``pytest scenarios/lookup``)."""
+    if "--pdchaos" in args:
+        return True
+    return any(not a.startswith("-") and "scenarios" in Path(a.split("::")[0]).parts for a in args)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """pyproject.toml's addopts run tests/ in two pytest-xdist workers (``-n 2``); scenario items
+    run one after another, each with the machine to itself as in ``pdchaos run`` (two at once would
+    change the timing their verdicts rest on, and each worker would start its own Toxiproxy, node
+    pool and run folder): a call that collects scenarios gets ``-n 0``."""
+    if _collects_scenarios(args) and early_config.pluginmanager.hasplugin("xdist"):
+        args.extend(["-n", "0"])
+
+
 def pytest_collect_file(parent: pytest.Collector, file_path: Path):
     if file_path.suffix not in (".yaml", ".yml"):
         return None

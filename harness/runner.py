@@ -163,13 +163,16 @@ class Runner:
         """Every scenario against each of its targets, in file order, targets in the scenario's order."""
         return self.run_plan([(sc, t) for sc in scenarios for t in sc.model.targets])
 
-    def run_plan(self, plan: list[tuple[LoadedScenario, str]]) -> list[Result]:
-        """These (scenario, target) runs in this order (targets not selected are left out)."""
-        for sc, target in plan:
-            if self.targets and target not in self.targets:
-                continue
+    def run_plan(self, plan: list[tuple[LoadedScenario, str]],
+                 choose: Callable[[list], int] | None = None) -> list[Result]:
+        """These (scenario, target) runs (targets not selected are left out): in this order, or
+        each next one ``choose(runs not yet started)`` picks (its position in that list; e.g.
+        harness.plan.WarmOrder.choose)."""
+        remaining = [(sc, t) for sc, t in plan if not self.targets or t in self.targets]
+        while remaining:
             if self._stop.is_set():
                 return self.results
+            sc, target = remaining.pop(choose(remaining) if choose is not None else 0)
             if self.on_start:
                 self.on_start(sc.name, target)
             res = self.run_one(sc, target)
@@ -195,7 +198,11 @@ class Runner:
         if why:
             return self._abandon(jw, meta, res, "skipped", why)
         try:
-            topo = sc.family.topology(sc, target, d, jw.write, self.services, profile)
+            from .runtime import runtime_of
+
+            services = {**self.services, "runtime": runtime_of(profile), "runtime_profile": profile,  # where its nodes run
+                        "interrupted": self._stop}
+            topo = sc.family.topology(sc, target, d, jw.write, services, profile)
         except Exception as exc:  # noqa: BLE001 - e.g. the namespaces could not be made
             return self._abandon(jw, meta, res, "error", f"topology: {type(exc).__name__}: {exc}")
         part = d / "ops.part.jsonl"
@@ -262,7 +269,9 @@ class _ScenarioRun:
         reason = "done"
         try:
             registry = load_registry(self.sc.family.name)
-            self.faults = [make_fault(registry, f, self.topo) for f in self.sc.faults]
+            # each as the run's runtime carries it out (itself locally; a Chaos Mesh object on a cluster)
+            self.faults = [self.topo.placement.wrap_fault(make_fault(registry, f, self.topo), f, i)
+                           for i, f in enumerate(self.sc.faults)]
             self.topo.start()
             for i, fault in enumerate(self.faults):  # slow preparations happen before t0, not in the window
                 self.prepared.append(fault)
@@ -340,7 +349,7 @@ class _ScenarioRun:
         handles = topo.handles() + ([self.workload] if self.workload is not None else [])
         topo.close()
         kept = {id(h) for h in topo.kept()}
-        leftovers = [f"pid {h.pid} ({h.name})" for h in handles if h.alive and id(h) not in kept] + topo.leftovers()
+        leftovers = [f"{h.name} ({h.instance})" for h in handles if h.alive and id(h) not in kept] + topo.leftovers()
         if leftovers:
             topo.event("leftovers", what_left=leftovers)
         # every node may write its own part of the journal (the workload writes its ops): the

@@ -277,7 +277,32 @@ def all_steps(families: Iterable[str] | None = None, every: bool = True) -> tupl
                 steps.append(obj)
             elif getattr(same[0], "optional", False):
                 same[0].optional = False
+    if every:  # the runtimes' own (a cluster's control plane for the tests), what CI sets up
+        steps += _runtime_steps(problems, [s.name for s in steps])
     return steps, problems
+
+
+def _runtime_steps(problems: list[str], taken: list[str]) -> list[Any]:
+    """The steps of every runtime that does not set up by default (harness/runtime.py)."""
+    from .runtime import load_runtime, runtime_names
+
+    out = []
+    for name in runtime_names():
+        try:
+            rt = load_runtime(name)
+            if rt.setup_default:
+                continue
+            steps = list(rt.setup_steps() or [])
+        except Exception as exc:  # noqa: BLE001 - a broken runtime: say so, set up the rest
+            problems.append(f"runtime {name!r}: could not list its set-up steps: {type(exc).__name__}: {exc}")
+            continue
+        for obj in steps:
+            if not is_step(obj):
+                problems.append(f"runtime {name!r}: setup_steps() returned {obj!r}, not a step")
+            elif obj.name not in taken:
+                out.append(obj)
+                taken.append(obj.name)
+    return out
 
 
 @dataclass

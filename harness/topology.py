@@ -14,11 +14,11 @@ This object is the FaultContext of faults/base.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
-import signal
 import socket
 import tempfile
 import threading
@@ -30,7 +30,8 @@ from typing import Any, Callable
 from nodekit.control import ControlClient, ControlError
 
 from .errors import HarnessError
-from .procs import ProcHandle, node_command, start_process
+from .procs import node_command
+from .runtime import Launch, NodeHandle, load_runtime
 
 PROBE_TIMEOUT_MS = 1000
 LAST_PROBE_TIMEOUT_MS = 300  # before a stop or kill: a frozen node must not hold the fault up
@@ -83,6 +84,26 @@ def _given(port: int) -> int:
     return port
 
 
+PORT_SLICE_ENV = "PDCHAOS_PORT_SLICE"
+
+
+def _port_slice(low: int, high: int) -> tuple[int, int]:
+    """``PDCHAOS_PORT_SLICE=I/N``: this process (and the nodes it starts, which inherit it) hands
+    out ports from the I-th of N equal parts of [low, high) only, so N harness processes on one
+    machine (e.g. pytest's workers) never pick the same port. Unset: the whole range."""
+    raw = os.environ.get(PORT_SLICE_ENV, "").strip()
+    if not raw:
+        return low, high
+    try:
+        i, n = (int(x) for x in raw.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise HarnessError(f"{PORT_SLICE_ENV}={raw!r}: expected I/N with 0 <= I < N") from None
+    part = (high - low) // n
+    return low + i * part, low + (i + 1) * part - _PORT_MARGIN
+
+
 def free_tcp_port() -> int:
     """A TCP port on loopback that is free now and was not handed out lately by this process.
 
@@ -93,13 +114,13 @@ def free_tcp_port() -> int:
     port outside that range to a connection. The memory of ports handed out keeps one topology,
     which asks for many before any node binds, from getting one twice. Where the ephemeral range
     starts too low to leave room, it falls back to ``bind(0)``."""
-    high = min(_ephemeral_low(), 65536) - _PORT_MARGIN
+    low, high = _port_slice(_PORT_LOW, min(_ephemeral_low(), 65536) - _PORT_MARGIN)
     with _PORTS_LOCK:
-        if high - _PORT_LOW >= 1024:  # from a random start, the first port free and not given
-            span = high - _PORT_LOW
+        if high - low >= 1024:  # from a random start, the first port free and not given
+            span = high - low
             start = _PORT_RANDOM.randrange(span)
             for i in range(span):
-                port = _PORT_LOW + (start + i) % span
+                port = low + (start + i) % span
                 if port not in _PORTS_GIVEN and _port_free(port):
                     return _given(port)
         else:
@@ -126,11 +147,12 @@ class NodeSpec:
 
 @dataclass
 class Node:
-    """A running node: its role, kind, process (and log), control channel and endpoints."""
+    """A running node: its role, kind, handle (harness/runtime.py: a process or a pod, and its
+    log), control channel and endpoints."""
 
     role: str
     kind: str
-    proc: ProcHandle
+    handle: NodeHandle
     control_ep: str | None
     client: ControlClient | None
     endpoints: dict[str, str] = field(default_factory=dict)
@@ -141,32 +163,7 @@ class Node:
 
     @property
     def log(self) -> str | None:
-        return self.proc.log_path
-
-
-def _gone(proc: Any, wait_s: float = 2.0) -> bool:
-    """The process has exited (waits a little: a SIGKILL is not instant)."""
-    end = time.monotonic() + wait_s
-    while proc.alive and time.monotonic() < end:
-        time.sleep(0.01)
-    return not proc.alive
-
-
-def _seen_stopped(pid: int, wait_s: float = 1.0) -> bool | None:
-    """The process is in state T (stopped) in /proc, within ``wait_s``; None without /proc."""
-    path = f"/proc/{pid}/stat"
-    end = time.monotonic() + wait_s
-    while True:
-        try:
-            with open(path, encoding="ascii", errors="replace") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return None
-        if state in ("T", "t"):
-            return True
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.01)
+        return self.handle.log_path
 
 
 class BaseTopology:
@@ -194,7 +191,7 @@ class BaseTopology:
         # left by a runner that was killed outright can be recognised and swept by the next run
         self.tmp = Path(tempfile.mkdtemp(prefix=f"pdc-{os.getpid()}-"))
         self.nodes: dict[str, Node] = {}
-        self._retired: list[ProcHandle] = []  # processes stopped, killed or replaced during the run
+        self._retired: list[NodeHandle] = []  # processes stopped, killed or replaced during the run
         self._clients: dict[str, ControlClient] = {}
         self._n = 0
         self._lock = threading.Lock()
@@ -202,7 +199,15 @@ class BaseTopology:
         self.toxiproxy = self.services.get("toxiproxy")
         self.proxy_name: str | None = None  # the Toxiproxy proxy in the faulted link, if any
         self.pool = self.services.get("node_pool")  # a harness.pool.NodePool: warm nodes between runs
-        self._kept: list[ProcHandle] = []  # processes given to the pool at close (alive on purpose)
+        self._kept: list[NodeHandle] = []  # processes given to the pool at close (alive on purpose)
+        # where the nodes run (harness/runtime.py): the runner's choice for the family's launch
+        # profile, local processes by default
+        self.runtime = self.services.get("runtime") or load_runtime()
+        # this run's part of it (a namespace on a cluster), named after the run folder
+        self.run_id = "r" + hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:9]  # a DNS label, never a number
+        self.placement = self.runtime.open(self.run_id, self.services.get("runtime_profile"), target)
+        self.placement.cancel = self.services.get("interrupted")  # the runner's stop event, if any
+        self._placement_left: list[str] = []
 
     # ------------------------------------------------------------------ family hooks
     def node_spec(self, role: str) -> NodeSpec:
@@ -235,25 +240,36 @@ class BaseTopology:
         """The workload node's configuration (written to workload.json)."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ processes
+    # ------------------------------------------------------------------ nodes
     def spawn(self, kind: str, args: list[str], *, side: str = "b", log_name: str | None = None,
-              ready_timeout_s: float = 10.0) -> ProcHandle:
-        """Start a ``pdchaos node`` process; with a netns link inside its namespace. ipc control
-        sockets live in the file system, so they work across network namespaces."""
+              ready_timeout_s: float = 10.0, role: str = "", endpoints: dict | None = None,
+              runtime: Any = None) -> NodeHandle:
+        """Start a ``pdchaos node`` through the run's runtime; with a netns link inside its
+        namespace (ipc control sockets live in the file system, so they work across namespaces)."""
         with self._lock:
             self._n += 1
             n = self._n
-        log = self.logs / (log_name or f"{n:02d}-{kind}.log")
-        argv = node_command(kind, args)
-        env = {"PDCHAOS_FAMILY": self.family_name}  # where the node finds its kind
-        if self.netns is not None:
-            argv = self.netns.argv(side, argv)
-            env["PDCHAOS_NETNS"] = self.netns.ns[side]  # lets the node bind/connect its veth address
-        proc = start_process(argv, name=f"node {kind}", log_path=str(log), ready_timeout_s=ready_timeout_s, env=env)
-        self.event("process_start", kind=kind, pid=proc.pid)
-        return proc
+        launch = self.launch(kind, args, role=role, side=side, ready_timeout_s=ready_timeout_s, endpoints=endpoints,
+                             log_path=str(self.logs / (log_name or f"{n:02d}-{kind}.log")))
+        placement = self.placement if runtime is None else runtime.open(self.run_id)
+        handle = placement.start(launch, self.netns)
+        # the command as the harness started it (pdchaos repro shows it; never a prompt or a key)
+        self.event("process_start", kind=kind, pid=handle.instance, role=launch.role, argv=list(launch.argv),
+                   env=dict(launch.env))
+        return handle
+
+    def launch(self, kind: str, args: list[str], *, role: str = "", side: str = "b", ready_timeout_s: float = 10.0,
+               endpoints: dict | None = None, log_path: str | None = None) -> Launch:
+        """How the runtime is to start ``pdchaos node KIND ARGS`` (``--dry-run`` asks it too)."""
+        return Launch(role=role or kind, kind=kind, argv=node_command(kind, args), name=f"node {kind}",
+                      log_path=log_path, ready_timeout_s=ready_timeout_s, side=side,
+                      env={"PDCHAOS_FAMILY": self.family_name},  # where the node finds its kind
+                      endpoints=dict(endpoints or {}), workdir=str(self.run_dir))
 
     def control_endpoint(self, role: str) -> str:
+        placed = self.placement.control_endpoint(role)
+        if placed is not None:  # a node that is not on this machine (a pod)
+            return placed
         if self.pool is not None and self.pool_key(role) is not None:
             return self.pool.control_endpoint(role)  # outlives this run's ipc folder
         return f"ipc://{self.tmp}/{role.replace(':', '-')}-ctl.sock"
@@ -270,7 +286,7 @@ class BaseTopology:
         """Make a pooled node this run's node of ``role``: a new control client, a fresh baseline
         probe. None (the node is stopped) when it does not answer or is not reusable."""
         client = ControlClient(pooled.control_ep) if pooled.control_ep else None
-        node = Node(role, pooled.kind, pooled.proc, pooled.control_ep, client, dict(pooled.endpoints),
+        node = Node(role, pooled.kind, pooled.handle, pooled.control_ep, client, dict(pooled.endpoints),
                     pool_key=pooled.key, pooled=pooled)
         stats = None
         if client is not None:
@@ -282,7 +298,7 @@ class BaseTopology:
         if why:
             if client is not None:
                 client.close()
-            self.event("pool_reject", role=role, kind=pooled.kind, pid=pooled.proc.pid, why=why)
+            self.event("pool_reject", role=role, kind=pooled.kind, pid=pooled.handle.instance, why=why)
             self.pool.discard(pooled)
             return None
         if client is not None:
@@ -291,8 +307,8 @@ class BaseTopology:
                 old.close()
             self._clients[role] = client
         self.nodes[role] = node
-        self.event("node_reused", role=role, kind=pooled.kind, pid=pooled.proc.pid, first_run=pooled.first_run,
-                   reuses=pooled.reuses, log=pooled.proc.log_path)
+        self.event("node_reused", role=role, kind=pooled.kind, pid=pooled.handle.instance, first_run=pooled.first_run,
+                   reuses=pooled.reuses, log=pooled.handle.log_path)
         if client is not None:
             node.baseline = self.probe_node(node, "baseline", stats)
         return node
@@ -300,13 +316,14 @@ class BaseTopology:
     def start_node(self, role: str, spec: NodeSpec | None = None) -> Node:
         """Start the node of ``role`` (no-op if it runs); record its baseline probe."""
         cur = self.nodes.get(role)
-        if cur is not None and cur.proc.alive and spec is None:
+        if cur is not None and cur.handle.alive and spec is None:
             return cur
         spec_given = spec  # a swapped-in node (a fake peer) is never pooled
         spec = spec or self.node_spec(role)
         ctl = self.control_endpoint(role) if spec.control else None
         args = list(spec.args) + (["--control", ctl] if ctl else [])
-        proc = self.spawn(spec.kind, args, side=spec.side, ready_timeout_s=spec.ready_timeout_s)
+        proc = self.spawn(spec.kind, args, side=spec.side, ready_timeout_s=spec.ready_timeout_s, role=role,
+                          endpoints=spec.endpoints)
         client = None
         if ctl:
             # one kept-open client per role, reused across restarts: it reconnects to the new
@@ -374,29 +391,29 @@ class BaseTopology:
             return None
         for peer in self.stale_peers(role):
             self.taint(peer, f"it holds state about {role}, which was {'killed' if how == 'kill' else 'stopped'}")
-        if node.client is not None and node.proc.alive and not node.frozen:
+        if node.client is not None and node.handle.alive and not node.frozen:
             self.probe_node(node, "last", timeout_ms=LAST_PROBE_TIMEOUT_MS)
-        self._retired.append(node.proc)
+        self._retired.append(node.handle)
         if how == "kill":
-            node.proc.kill()
-            self.event("process_kill", kind=node.kind, role=role, pid=node.proc.pid)
+            node.handle.kill()
+            self.event("process_kill", kind=node.kind, role=role, pid=node.handle.instance)
         else:
             if node.frozen:  # a stopped process cannot handle SIGTERM until it runs again
-                self._signal(node, signal.SIGCONT)
-            node.proc.stop(2.0)
-            self.event("process_stop", kind=node.kind, role=role, pid=node.proc.pid,
-                       returncode=node.proc.returncode)
+                self._thaw(node, quiet=True)
+            node.handle.stop(2.0)
+            self.event("process_stop", kind=node.kind, role=role, pid=node.handle.instance,
+                       returncode=node.handle.returncode)
         return node
 
     def stop_node(self, role: str) -> bool | None:
         """Stop the node; whether its process was seen gone after (None: no such node)."""
         node = self._retire(role, "stop")
-        return None if node is None else _gone(node.proc)
+        return None if node is None else node.handle.gone()
 
     def kill_node(self, role: str) -> bool | None:
         """SIGKILL the node; whether its process was seen gone after (None: no such node)."""
         node = self._retire(role, "kill")
-        return None if node is None else _gone(node.proc)
+        return None if node is None else node.handle.gone()
 
     def restart_node(self, role: str, *, kill: bool = False) -> bool | None:
         """Stop (or kill) the node and start it again; whether a new process replaced the old one."""
@@ -404,7 +421,7 @@ class BaseTopology:
         new = self.start_node(role)
         if old is None:
             return None
-        return _gone(old.proc) and new.proc.alive and new.proc.pid != old.proc.pid
+        return old.handle.gone() and new.handle.alive and new.handle.instance != old.handle.instance
 
     def swap_node(self, role: str, spec: NodeSpec) -> None:
         """Replace the node of ``role`` by another (e.g. a fake peer on the same endpoints);
@@ -416,29 +433,38 @@ class BaseTopology:
         self._retire(role, "stop")
         self.start_node(role)
 
-    def _signal(self, node: Node, sig: int) -> None:
-        # the whole process group (a node is its group's leader): a node that runs a server as
-        # its child (e.g. vLLM) freezes, thaws or dies with it
+    def _thaw(self, node: Node, quiet: bool = False) -> None:
+        """Thaw through the handle; ``quiet`` (teardown): a thaw that fails is journalled, not
+        raised, so the rest of the teardown (the other nodes, the placement) still happens."""
         try:
-            os.killpg(node.proc.pid, sig)
-        except ProcessLookupError:
-            os.kill(node.proc.pid, sig)
-        self.event("process_signal", kind=node.kind, role=node.role, pid=node.proc.pid,
-                   signal=signal.Signals(sig).name)
+            node.handle.thaw()
+        except HarnessError as exc:
+            self.event("thaw_failed", kind=node.kind, role=node.role, error=str(exc)[:300])
+            if not quiet:
+                raise
+            return
+        self.event("process_signal", kind=node.kind, role=node.role, pid=node.handle.instance, signal="SIGCONT")
 
-    def signal_node(self, role: str, sig: int) -> bool | None:
-        """Signal the node's process group. For SIGSTOP, whether its process was then seen
-        stopped (state T in /proc: local processes; None where that cannot be read)."""
+    def freeze_node(self, role: str) -> bool | None:
+        """Freeze every process of the node (through its handle: SIGSTOP to a local process
+        group); whether it was then seen frozen (None: the runtime cannot tell)."""
         node = self.node(role)
-        if not node.proc.alive:
-            raise HarnessError(f"signal {signal.Signals(sig).name}: node {role!r} is not running")
-        self._signal(node, sig)
-        if sig == signal.SIGSTOP:
-            node.frozen = True
-            return _seen_stopped(node.proc.pid)
-        if sig == signal.SIGCONT:
-            node.frozen = False
-        return None
+        if not node.handle.alive:
+            raise HarnessError(f"freeze: node {role!r} is not running")
+        node.frozen = True  # first: a freeze that failed half-way is still thawed at heal and teardown
+        self.event("process_signal", kind=node.kind, role=role, pid=node.handle.instance, signal="SIGSTOP")
+        try:
+            return node.handle.freeze()
+        except HarnessError as exc:
+            self.event("freeze_failed", kind=node.kind, role=role, error=str(exc)[:300])
+            raise
+
+    def thaw_node(self, role: str) -> None:
+        node = self.node(role)
+        if not node.handle.alive:
+            raise HarnessError(f"thaw: node {role!r} is not running")
+        self._thaw(node)
+        node.frozen = False
 
     # ------------------------------------------------------------------ control and probes
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:
@@ -450,7 +476,7 @@ class BaseTopology:
     def node_stats(self, role: str, timeout_ms: int = PROBE_TIMEOUT_MS) -> dict | None:
         """Stats of the node in ``role``, or None if it is down, frozen or does not answer."""
         node = self.nodes.get(role)
-        if node is None or node.client is None or not node.proc.alive or node.frozen:
+        if node is None or node.client is None or not node.handle.alive or node.frozen:
             return None
         try:
             return node.client.call("stats", timeout_ms=timeout_ms)
@@ -459,13 +485,13 @@ class BaseTopology:
 
     def probe_node(self, node: Node, when: str, stats: dict | None = None,
                    timeout_ms: int = PROBE_TIMEOUT_MS) -> dict | None:
-        if stats is None and node.client is not None and node.proc.alive and not node.frozen:
+        if stats is None and node.client is not None and node.handle.alive and not node.frozen:
             try:
                 stats = node.client.call("stats", timeout_ms=timeout_ms)
             except ControlError:
                 stats = None
         if stats is None:
-            self.event("probe_silent", role=node.role, kind=node.kind, pid=node.proc.pid, when=when)
+            self.event("probe_silent", role=node.role, kind=node.kind, pid=node.handle.instance, when=when)
             return None
         probe = {"type": "probe", "node": node.role, "kind": node.kind, "when": when, "t": time.monotonic(),
                  "pid": stats.get("pid"), "threads": stats.get("threads"), "fds": stats.get("fds"),
@@ -491,7 +517,7 @@ class BaseTopology:
                 time.sleep(0.05)
                 stats = self.node_stats(role)
             if stats is None:
-                self.event("probe_silent", role=role, kind=node.kind, pid=node.proc.pid, when="final")
+                self.event("probe_silent", role=role, kind=node.kind, pid=node.handle.instance, when="final")
             else:
                 self.probe_node(node, "final", stats)
 
@@ -530,23 +556,34 @@ class BaseTopology:
         """The file through which the runner extends the workload's end (nodekit.workload.Horizon)."""
         return self.run_dir / "workload.horizon"
 
-    def start_workload(self, journal_part: Path) -> ProcHandle:
+    def start_workload(self, journal_part: Path) -> NodeHandle:
         """The workload node (the client side), configured by :meth:`workload_config`."""
         cfg_path = self.run_dir / "workload.json"
         # the runner may move the workload's end later by writing this file (nodekit/workload.py)
         cfg_path.write_text(json.dumps({**self.workload_config(), "horizon_path": str(self.horizon_path)}))
+        # the client runs beside the harness (the default runtime), whatever runtime the nodes use
         return self.spawn(self.workload_kind, self.workload_args(cfg_path, journal_part), side="a",
-                          log_name="client-workload.log", ready_timeout_s=self.workload_ready_timeout_s)
+                          log_name="client-workload.log", ready_timeout_s=self.workload_ready_timeout_s,
+                          role="workload", runtime=load_runtime())  # the default: local
 
     # ------------------------------------------------------------------ links
     def make_netns(self) -> Any:
+        """A network-namespace pair for the run's nodes; None where the runtime's own network
+        is the link (pods: each is a host of its own, and the runtime's faults cut between them)."""
         from faults.netns import NetnsPair
+
+        if not self.placement.harness_links:
+            self.event("link", kind="runtime", to=f"the {self.runtime.name} runtime's network")
+            return None
 
         self.netns = NetnsPair().create()
         return self.netns
 
     def toxiproxy_link(self, name: str, upstream_hostport: str) -> str:
-        """A Toxiproxy proxy in front of ``upstream_hostport``; returns the host:port to dial."""
+        """A Toxiproxy proxy in front of ``upstream_hostport``; returns the host:port to dial
+        (``upstream_hostport`` itself where the runtime's network is the link: its faults act there)."""
+        if not self.placement.harness_links:
+            return upstream_hostport
         if self.toxiproxy is None:
             raise HarnessError("link toxiproxy: no toxiproxy-server running")
         listen = f"127.0.0.1:{free_tcp_port()}"
@@ -568,7 +605,7 @@ class BaseTopology:
         return {}
 
     def _give_to_pool(self, role: str, node: Node) -> bool:
-        if self.pool is None or node.pool_key is None or node.frozen or not node.proc.alive:
+        if self.pool is None or node.pool_key is None or node.frozen or not node.handle.alive:
             return False
         try:
             stats = node.client.call("stats", timeout_ms=PROBE_TIMEOUT_MS * 3) if node.client is not None else {}
@@ -576,26 +613,35 @@ class BaseTopology:
         except ControlError as exc:
             why = str(exc)
         if why:
-            self.event("not_pooled", role=role, kind=node.kind, pid=node.proc.pid, why=why)
+            self.event("not_pooled", role=role, kind=node.kind, pid=node.handle.instance, why=why)
             return False
         from .pool import PooledNode
 
-        p = node.pooled or PooledNode(node.pool_key, node.kind, node.proc, node.control_ep, dict(node.endpoints),
+        p = node.pooled or PooledNode(node.pool_key, node.kind, node.handle, node.control_ep, dict(node.endpoints),
                                       self.pool_extra(role), first_run=str(self.run_dir))
         self.pool.give(p)
-        self._kept.append(node.proc)
-        self.event("node_pooled", role=role, kind=node.kind, pid=node.proc.pid)
+        self._kept.append(node.handle)
+        self.event("node_pooled", role=role, kind=node.kind, pid=node.handle.instance)
         return True
 
     def close(self) -> None:
+        try:
+            self._close_nodes()
+        finally:  # whatever a node did, the run's placement (a cluster namespace) is removed
+            self._placement_left = self.placement.close()
+
+    def _close_nodes(self) -> None:
         for role in reversed(list(self.nodes)):
             node = self.nodes.pop(role)
-            if self._give_to_pool(role, node):
-                continue
-            if node.frozen:
-                self._signal(node, signal.SIGCONT)
-            self._retired.append(node.proc)
-            node.proc.stop(2.0)
+            try:
+                if self._give_to_pool(role, node):
+                    continue
+                if node.frozen:
+                    self._thaw(node, quiet=True)
+                self._retired.append(node.handle)
+                node.handle.stop(2.0)
+            except Exception as exc:  # noqa: BLE001 - one node must not keep the others (and the links) up
+                self.event("close_failed", role=role, kind=node.kind, error=f"{type(exc).__name__}: {str(exc)[:200]}")
         if self.toxiproxy is not None and self.proxy_name is not None:
             try:
                 self.toxiproxy.delete_proxy(self.proxy_name)
@@ -607,17 +653,17 @@ class BaseTopology:
             self.netns.cleanup()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def handles(self) -> list[ProcHandle]:
+    def handles(self) -> list[NodeHandle]:
         """Every process this topology started or adopted (check them after close())."""
-        return [n.proc for n in self.nodes.values()] + list(self._retired)
+        return [n.handle for n in self.nodes.values()] + list(self._retired)
 
-    def kept(self) -> list[ProcHandle]:
+    def kept(self) -> list[NodeHandle]:
         """The processes close() gave to the node pool: alive on purpose."""
         return list(self._kept)
 
     def leftovers(self) -> list[str]:
         """What close() could not remove: the ipc folder."""
-        return [str(self.tmp)] if self.tmp.exists() else []
+        return ([str(self.tmp)] if self.tmp.exists() else []) + list(self._placement_left)
 
     def event(self, what: str, **fields: Any) -> None:
         self._record({"type": "event", "what": what, "t": time.monotonic(), **fields})

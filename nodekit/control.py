@@ -61,7 +61,10 @@ class ControlServer:
         if cmd == "stats":
             out = {"ok": True, **process_stats()}
             if self._stats is not None:
-                out.update(self._stats())
+                try:
+                    out.update(self._stats())
+                except Exception as exc:  # the node's own gauges failed: say so, the control thread goes on
+                    return {"ok": False, "error": f"stats: {type(exc).__name__}: {exc}"}
             return out
         handler = self._handlers.get(cmd)
         if handler is None:

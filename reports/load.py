@@ -25,6 +25,7 @@ from harness.errors import UsageError
 
 from . import data as D
 from . import gauges as G
+from . import timeline as T
 
 BENCH_FILE = "bench_samples.json"
 MORE_BENCH_GLOB = "bench_samples-*.json"
@@ -58,6 +59,7 @@ class Result:
     timeline: D.Timeline | None = None
     stats: D.Stats | None = None
     gauges: G.NodeGauges | None = None  # node gauges over time: the family's, from sample probes
+    incident: T.Incident | None = None  # the incident timeline (reports/timeline.py)
 
     @property
     def outcome(self) -> str | None:
@@ -208,6 +210,7 @@ def load_run(run_dir: str | Path, *, bench: str | Path | None = None) -> Run:
             r.timeline, r.stats = tl, D.timeline_stats(tl)
             m = J.meta(records)
             r.gauges = G.node_gauges(records, G.meta_gauges(m), r.scenario, r.target, tl.t0)
+            r.incident = T.incident_timeline(records)
             if r.scenario not in layouts:
                 lay = _layout_of(m)
                 if lay is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+from . import timeline as T
 from .load import Run
 from .summary import NOT_AS_EXPECTED, bench_cost_words, bench_plot_list, failed_checks, legend, outcome_counts, run_facts, tally_words
 from .tables import CLS, MARK, _e, bench_table, expected_words, latency_table, verdict_tables
@@ -38,6 +39,13 @@ def is_gauges(rel: str) -> bool:
     return rel.endswith(GAUGES_SUFFIX)
 
 
+def incident_html(inc: T.Incident) -> str:
+    """The incident timeline as a table (time, where, what), its headline first."""
+    rows = "".join(f"<tr><td class='n'>{_e(T.fmt_s(e.t))}</td><td>{_e(e.source)}</td><td>{_e(e.text)}</td></tr>"
+                   for e in inc.entries)
+    return (f"<p>{_e(inc.headline())}.</p><table><tr><th>t (s)</th><th>where</th><th>what</th></tr>{rows}</table>")
+
+
 def _scenario_section(run: Run, s: str, plots: list[str]) -> list[str]:
     root = run.path
     p = [f'<h2 id="s-{_e(s)}">{_e(s)}</h2>']
@@ -59,6 +67,8 @@ def _scenario_section(run: Run, s: str, plots: list[str]) -> list[str]:
                 p.append(f"<tr><td>{_e(c.get('name', '?'))}</td><td class='{cls}'>{word}</td>"
                          f"<td>{_e(c.get('message', ''))}</td></tr>")
             p.append("</table></details>")
+        if r.incident is not None and r.outcome != "skipped":
+            p.append(f"<details open><summary>incident timeline of {_e(t)}</summary>{incident_html(r.incident)}</details>")
     both = [rel for rel in plots if is_before_after(rel)]
     for rel in both:
         p.append(_img(root, rel, f"{s}: before and after"))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data as D
+from . import timeline as T
 from .load import Result, Run
 from .tables import (LEGEND, MARK, _md, bench_order, bench_ratios, bench_table, expected_words,  # noqa: F401
                      fmt_ms, fmt_ratio, latency_table, pair_words, ratio, ratio_cell, verdict_cell, verdict_tables)
@@ -139,6 +140,28 @@ def triggers_md(run: Run) -> list[str]:
             "</details>", ""]
 
 
+INCIDENT_ROWS_MD = 20  # rows per run in summary.md: the client's and the faults' (report.html shows them all)
+
+
+def incidents_md(run: Run) -> list[str]:
+    """Per scenario and target that ran: its incident timeline (reports/timeline.py), folded,
+    with its headline in the fold's title."""
+    out = []
+    for s in run.scenarios():
+        for t in run.targets(s):
+            r = run.get(s, t)
+            if r is None or r.incident is None or r.outcome == "skipped":
+                continue
+            out += [f"<details><summary>{_md(s)} / {_md(t)}: {_md(r.incident.headline())}</summary>", "",
+                    *T.markdown(r.incident, INCIDENT_ROWS_MD, T.KEY_STAGES)[2:], "", "</details>", ""]
+    if not out:
+        return []
+    return ["#### Incident timelines", "",
+            "Per run: fault injected (and when its effect showed in the nodes) -> first failure the client saw -> "
+            "requests by terminal state -> healed and recovered; times in seconds since the run's start. "
+            "report.html joins the nodes' events, gauges and counters to each.", "", *out]
+
+
 def summary_md(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | str | None) -> str:
     """``plots``: scenario -> plot paths relative to the run folder (in display order)."""
     lines = [f"### pd-chaos run `{_md(run.run_id)}`", "",
@@ -183,6 +206,8 @@ def summary_md(run: Run, plots: dict[str, list[str]], bench_plots: list[str] | s
             for c in bad:  # the reason repeats these; each on its own line reads better
                 lines.append(f"  - `{_md(c.get('name', '?'))}`: {_md(c.get('message', ''))}")
         lines.append("")
+
+    lines += incidents_md(run)
 
     bench_plot = bench_plot_list(bench_plots)
     if plots or bench_plot:

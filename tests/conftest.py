@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -34,6 +35,19 @@ from skipguard import (  # noqa: F401  (pytest finds the hooks by name in this m
 )
 
 TRANSPORTS = ("ipc", "tcp")
+
+
+# --------------------------------------------------------------------------- two workers
+# ``python -m pytest`` runs in two pytest-xdist workers, a module per worker at a time (addopts in
+# pyproject.toml: -n 2 --dist loadfile; xdist hands out the modules with the most tests first):
+# the suite waits on node processes, sockets and deadlines most of the time (one serial run
+# measured 595 s of CPU in 780 s of wall time on 2 cores).
+# Each worker hands out TCP ports from its own half of the range (harness.topology._port_slice),
+# so the two never pick the same one.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    _n = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    # modulo: a worker that replaces a crashed one gets the next id (gw2 of 2)
+    os.environ.setdefault("PDCHAOS_PORT_SLICE", f"{int(os.environ['PYTEST_XDIST_WORKER'][2:]) % _n}/{_n}")
 
 
 # --------------------------------------------------------------------------- endpoints

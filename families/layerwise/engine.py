@@ -286,10 +286,11 @@ class DecodeEngine:
                    blocks_held_finished=held, scheduler_requests=len(self.sched.requests))
         for k, v in (getattr(t, "counters", None) or {}).items():
             out[f"listener_{k}"] = v
-        holds = getattr(t, "holds", None)  # hardened: requests D failed whose blocks it still holds
+        holds = getattr(t, "holds", None)  # hardened, patched: requests D failed whose blocks it still holds
         if holds is not None:
             out["listener_held_now"] = holds.held()
-            out.update({f"listener_{k}": v for k, v in holds.counters.items()})
+            # hardened's counters (the patched diff keeps none: diagnostics only, no check reads them)
+            out.update({f"listener_{k}": v for k, v in (getattr(holds, "counters", None) or {}).items()})
         return out
 
     def alive(self) -> bool:

@@ -17,7 +17,11 @@ class LayerwiseFamily(Family):
     name = "layerwise"
     description = ("vllm-ascend's layerwise (decoder-first) P/D connector, real code on CPU: D's listener, P's "
                    "per-layer sender, D's metaserver POST")
-    targets = ("upstream", "hardened")
+    targets = ("upstream", "hardened", "patched")
+    default_targets = ("upstream", "hardened")
+    # patched: vllm-ascend's own connector with the upstream diffs (connector_patch/upstream/vllm-ascend/)
+    # applied to a copy of the conformance env's package, no plugin; it claims what hardened claims
+    derived_targets = {"patched": "hardened"}
     baseline_target = "upstream"
     # what a generic fault (a Toxiproxy toxic on the link P dials D through) may cause in this
     # family's workload (workload.py outcomes): a load that fails, or a request D refuses
@@ -48,10 +52,17 @@ class LayerwiseFamily(Family):
 
         return ascend_unavailable()
 
+    def upstream_projects(self) -> list[Any]:
+        from .upstream import vllm_ascend_project
+
+        return [vllm_ascend_project()]
+
     def setup_steps(self) -> list[Any]:
         from stacks.ascend_cpu import setup_steps as ascend_steps
 
-        return ascend_steps()
+        from .upstream import upstream_tests_step
+
+        return ascend_steps() + [upstream_tests_step()]
 
     def reuse_group(self, scenario: Any) -> Any:
         t = scenario.topology  # the settings of LayerwiseTopology.pool_key, but ports

@@ -5,6 +5,8 @@
 (harness/nodeenv/exec_node.py): same pid, READY line and control channel.
 
 * ``--impl upstream``: vllm-ascend 0.23.0.post1's ``MooncakeLayerwiseConnector``, unmodified;
+* ``--impl patched``: upstream's ``MooncakeLayerwiseConnector`` from ``--upstream-overlay DIR`` (a copy of
+  the env's vllm-ascend with connector_patch/upstream/vllm-ascend/0.23.0.post1/ applied), no plugin;
 * ``--impl hardened``: ``connector_patch.layerwise.ascend_connector.HardenedMooncakeLayerwiseConnector``,
   or ``--hardened-class module:Class`` (a subclass of it: a mutation run's, tests/mutants/system/),
   imported with ``--plugin-path DIR`` first on ``sys.path``.
@@ -29,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-IMPLS = ("upstream", "hardened")
+IMPLS = ("upstream", "hardened", "patched")
 ROLES = {"layerwise-decode": "kv_consumer", "layerwise-prefill": "kv_producer"}
 READY_TIMEOUT_S = 240.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 2-core host
 ENGINE_RPC_PORT = {"kv_consumer": 17002, "kv_producer": 17001}  # what the fake engine reports (never dialled)
@@ -52,6 +54,9 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--hardened-class", default="", metavar="MODULE:CLASS",
                    help="hardened: run this subclass of the hardened connector instead (a mutation run's)")
     p.add_argument("--plugin-path", default="", metavar="DIR", help="a folder put first on sys.path")
+    p.add_argument("--upstream-overlay", default="", metavar="DIR",
+                   help="patched: a copy of vllm-ascend with the upstream diffs applied, put first on sys.path "
+                        "(harness/nodeenv/overlay.py)")
     p.add_argument("--control", default=None)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(kind=kind)
@@ -64,7 +69,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
            "--signal-timeout", str(args.signal_timeout), "--write-grace", str(args.write_grace),
            "--policy", args.policy,
            "--batch", str(args.batch), "--log-level", args.log_level, "--hardened-class", args.hardened_class,
-           "--plugin-path", args.plugin_path]
+           "--plugin-path", args.plugin_path, "--upstream-overlay", args.upstream_overlay]
     return out + (["--control", args.control] if args.control else [])
 
 
@@ -80,6 +85,11 @@ def run_node(args: argparse.Namespace) -> int:
         return usage_exit("--hardened-class: MODULE:CLASS, with --impl hardened only")
     if args.plugin_path and not (os.path.isabs(args.plugin_path) and os.path.isdir(args.plugin_path)):
         return usage_exit(f"--plugin-path {args.plugin_path!r}: not an absolute path of a folder")
+    from harness.nodeenv.overlay import overlay_arg_problem
+
+    bad = overlay_arg_problem(args.impl == "patched", args.upstream_overlay, "vllm_ascend")
+    if bad:
+        return usage_exit(bad)
     if args.kind == "layerwise-decode" and not args.metaserver.startswith("http://127.0.0.1:"):
         return usage_exit("--metaserver: D needs http://127.0.0.1:PORT/... (loopback only)")
     from stacks.ascend_cpu.recipe import ascend_conf_env
@@ -203,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=f"pdchaos node {kind}")
     add_node_arguments(p, kind)
     args = p.parse_args(argv)
+    if args.upstream_overlay:  # patched: upstream's code with the diffs, before anything imports vllm_ascend
+        sys.path.insert(0, args.upstream_overlay)
     from . import stack
 
     stack.import_stack()

@@ -55,7 +55,19 @@ class LayerwiseTopology(BaseTopology):
                 "--post-timeout", f"{t.post_timeout:g}", "--signal-timeout", f"{t.signal_timeout:g}",
                 "--write-grace", f"{t.write_grace:g}", "--policy", t.policy] \
             + (["--hardened-class", self.hardened_class] if self.hardened_class else []) \
-            + (["--plugin-path", self.plugin_path] if self.plugin_path else [])
+            + (["--plugin-path", self.plugin_path] if self.plugin_path else []) \
+            + (["--upstream-overlay", str(self.upstream_overlay())] if self.target == "patched" else [])
+
+    def upstream_overlay(self) -> Path:
+        """The patched target's package copy: the conformance env's vllm_ascend with
+        connector_patch/upstream/vllm-ascend/<version>/ applied (harness/nodeenv/overlay.py), built
+        once per series text."""
+        from connector_patch.upstream import read_series
+        from harness.nodeenv.overlay import series_overlay
+        from stacks.ascend_cpu.recipe import ASCEND_VERSION, ascend_conf_env
+
+        return series_overlay(ascend_conf_env(out=lambda line: None).site_packages(), "vllm_ascend",
+                              lambda: read_series("vllm-ascend", ASCEND_VERSION), f"the patched target (vllm-ascend/{ASCEND_VERSION})")
 
     def node_spec(self, role: str) -> NodeSpec:
         if role == "decode":

@@ -21,9 +21,13 @@ STORE_ONLY = {"malformed_store_requests", "stuck_puts"}
 class LookupFamily(Family):
     name = "lookup"
     description = "AscendStore lookup RPC: scheduler -> worker rank 0 over ZMQ REQ/REP"
-    targets = ("hardened", "legacy", "upstream")
+    targets = ("hardened", "legacy", "upstream", "patched")
     # ``upstream`` runs vllm-ascend's real code and needs the conformance env: named by a scenario
     default_targets = ("hardened", "legacy")
+    # patched: vLLM's own store connector code with the upstream diffs (connector_patch/upstream/vllm/)
+    # applied to a copy of the P/D node env's vLLM, no plugin; it claims what hardened claims
+    # (`--target patched`, topology.stack: vllm-store)
+    derived_targets = {"patched": "hardened"}
     baseline_target = "legacy"
     failed_words = ("fail-open", "fail-open (returned 0)")  # the lookup failed; the scheduler computes
     Topology = LookupTopologySpec
@@ -76,6 +80,15 @@ class LookupFamily(Family):
             if named is not None and named not in NAMED_REWRITES:
                 raise ValueError(f"faults[{i}].rewrite.named: unknown rewrite {named!r}; known: "
                                  f"{', '.join(sorted(NAMED_REWRITES))}")
+
+    def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:  # noqa: ARG002
+        stack = scenario.topology.stack
+        if target == "patched" and stack != "vllm-store":
+            return ("patched is upstream's code with the diffs: the standalone stack runs no upstream code"
+                    if stack == "standalone" else
+                    "patched on vllm-ascend's AscendStore is not wired yet: its diffs are proven by "
+                    "`pdchaos upstream check --project vllm-ascend` (docs/upstream.md)")
+        return None
 
     def requirements(self, scenario: Any) -> set[str]:
         link = scenario.topology.link

@@ -43,17 +43,17 @@ class ServerClose(OnceFault):
         # socket, just after close() returned (measured: within 1 s, 5 of 6 times): watch the
         # process for a while even when the close answered.
         end = time.monotonic() + (SETTLE_S if reply is not None else EXIT_WAIT_S)
-        while node.proc.alive and time.monotonic() < end:
+        while node.handle.alive and time.monotonic() < end:
             time.sleep(0.05)
-        code = node.proc.proc.poll()
-        survived = reply is not None and node.proc.alive
-        self.ctx.event("server_close", role="server", pid=node.proc.pid, survived=survived, exit_code=code,
+        code = node.handle.returncode
+        survived = reply is not None and node.handle.alive
+        self.ctx.event("server_close", role="server", pid=node.handle.instance, survived=survived, exit_code=code,
                        error=error, close_ms=(reply or {}).get("close_ms"),
                        elapsed_ms=round((time.monotonic() - t0) * 1000, 1))
 
     def heal(self) -> None:
         node = self.ctx.nodes.get("server")
-        if node is None or not node.proc.alive:
+        if node is None or not node.handle.alive:
             self.ctx.start_node("server")
         else:
             self.ctx.server_control("reopen_server")

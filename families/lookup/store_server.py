@@ -7,7 +7,10 @@ module's :func:`main` (harness/nodeenv/exec_node.py): same pid, same READY line,
 * ``--impl upstream``: vLLM's own ``LookupKeyServer(store_worker, vllm_config)``
   (``kv_connector/v1/mooncake/store/worker.py``), unmodified;
 * ``--impl hardened``: ``connector_patch.store.vllm_store.HardenedStoreLookupKeyServer``, the server
-  the plugin installs into ``MooncakeStoreConnector`` on rank 0.
+  the plugin installs into ``MooncakeStoreConnector`` on rank 0;
+* ``--impl patched``: vLLM's own ``LookupKeyServer`` from ``--upstream-overlay DIR`` (a copy of the
+  node env's vLLM with connector_patch/upstream/vllm/0.32.0/ applied), no plugin, with the hardened
+  settings as its ``kv_connector_extra_config``.
 
 Both get a ``vllm_config`` built from vLLM's own config classes (``KVTransferConfig`` with the
 engine id; ``lookup_rpc_port`` left at its default, as a user leaves it) and bind the path they
@@ -33,12 +36,13 @@ import os
 import queue
 import re
 import socket
+import sys
 import threading
 import time
 import types
 from typing import Any
 
-IMPLS = ("upstream", "hardened")
+IMPLS = ("upstream", "hardened", "patched")
 _PATH = re.compile(r"^ipc://(?P<base>/.+)/(?P<name>[A-Za-z0-9_.-]+)$")
 READY_TIMEOUT_S = 180.0  # `import torch` + vllm: 10-60 s on a busy 2-core host
 MAX_PUT_DELAY_S = 600.0
@@ -53,6 +57,15 @@ def hardened_path(base: str, engine_id: str) -> str:
     from connector_patch.store.protocol import engine_lookup_path
 
     return engine_lookup_path(base, engine_id, 0)
+
+
+def patched_path(base: str, engine_id: str) -> str:
+    """The path vLLM with diff 33 (connector_patch/upstream/vllm/0.32.0/33-store-lookup-per-engine-path)
+    derives for an engine with the default ``lookup_rpc_port``: named by the engine id. The node and
+    the workload check that the code they run derives the same."""
+    import hashlib
+
+    return f"ipc://{base}/lookup_rpc_{hashlib.sha256(engine_id.encode()).hexdigest()[:20]}_dp_rank0"
 
 
 def parse_path(endpoint: str) -> str | None:
@@ -72,6 +85,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--engine-id", required=True, help="kv_transfer_config.engine_id of the engine it serves")
     p.add_argument("--deadline-ms", type=int, default=1000,
                    help="the client's deadline: the hardened server drains a reset's puts within half of it")
+    p.add_argument("--upstream-overlay", default="", metavar="DIR",
+                   help="patched: a copy of vLLM with the upstream diffs applied, put first on sys.path")
 
 
 def argv_of(args: argparse.Namespace) -> list[str]:
@@ -79,6 +94,8 @@ def argv_of(args: argparse.Namespace) -> list[str]:
            "--endpoint", args.endpoint,
            "--block-size", str(args.block_size), "--groups", str(args.groups),
            "--backend-timeout-ms", str(args.backend_timeout_ms), "--log-level", args.log_level]
+    if args.upstream_overlay:
+        out += ["--upstream-overlay", args.upstream_overlay]
     if args.preload:
         out += ["--preload", args.preload]
     if args.control:
@@ -91,6 +108,11 @@ def run_node(args: argparse.Namespace) -> int:
 
     if parse_path(args.endpoint) is None:
         return usage_exit("--endpoint: must be an ipc path ipc:///DIR/NAME (vLLM's store admin channel is ipc)")
+    from harness.nodeenv.overlay import overlay_arg_problem
+
+    bad = overlay_arg_problem(args.impl == "patched", args.upstream_overlay, "vllm")
+    if bad:
+        return usage_exit(bad)
     from harness.nodeenv.exec_node import exec_module
     from stacks.vllm_cpu.recipe import pd_node_env
 
@@ -200,7 +222,7 @@ def vllm_config_for(engine_id: str, extra: dict[str, int]) -> Any:
 
 
 def derived_path(impl: str, config: Any) -> str:
-    if impl == "upstream":
+    if impl in ("upstream", "patched"):  # patched: the same function, as the diffs change it
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import get_zmq_rpc_path_lookup
 
         return get_zmq_rpc_path_lookup(config)
@@ -221,7 +243,7 @@ class StoreServerNode:
         self.closed_at: float | None = None
 
     def make_server(self) -> Any:
-        if self.impl == "upstream":
+        if self.impl in ("upstream", "patched"):
             from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyServer
 
             return LookupKeyServer(self.worker, self.config)
@@ -262,6 +284,8 @@ def _app(node: StoreServerNode):
                 return {**base, "counters": {}, "alive": False, "closed": node.closed_at is not None}
             if node.impl == "upstream":
                 return {**base, "counters": {}, "alive": s.thread.is_alive()}
+            if node.impl == "patched":  # diff 31's server keeps the hardened one's counters, by name
+                return {**base, "counters": dict(s.counters), "alive": s.thread.is_alive()}
             thread = s.server._thread
             return {**base, "counters": s.counters, "alive": thread is not None and thread.is_alive()}
 
@@ -304,7 +328,7 @@ def _app(node: StoreServerNode):
             node.worker.kv_send_thread.release.set()
             node.worker.kv_send_thread.closed.set()
             s, node.server = node.server, None
-            if s is not None and node.impl == "hardened":
+            if s is not None and node.impl in ("hardened", "patched"):  # patched: diff 31's close() is safe
                 s.close()
             # upstream's close() may abort the process when its thread waits in recv: at a normal
             # stop the node leaves it to process exit (vLLM's shutdown does not call it either)
@@ -322,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pdchaos node store-lookup-server")
     add_node_arguments(p, "store-lookup-server")
     args = p.parse_args(argv)
+    if args.upstream_overlay:  # patched: vLLM with the diffs, before anything imports vllm
+        sys.path.insert(0, args.upstream_overlay)
     base = parse_path(args.endpoint)
     if base is not None:
         os.environ["VLLM_RPC_BASE_PATH"] = base

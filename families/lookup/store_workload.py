@@ -11,7 +11,9 @@ op's value) and ``reset()`` as ``MooncakeStoreConnector.reset_cache`` calls it:
   unmodified: no deadline, one executor thread, a raw reply;
 * ``hardened``: ``connector_patch.store.vllm_store.HardenedStoreLookupKeyClient``, the client the
   plugin installs into ``MooncakeStoreScheduler``, with the scenario's deadline as
-  ``lookup_rpc_timeout_ms`` and ``lookup_reset_timeout_ms``.
+  ``lookup_rpc_timeout_ms`` and ``lookup_reset_timeout_ms``;
+* ``patched``: vLLM's own ``LookupKeyClient`` from the config's ``upstream_overlay`` (vLLM with
+  connector_patch/upstream/vllm/0.32.0/ applied), with the same settings, no plugin.
 
 Both connect to the path they derive from the config (``VLLM_RPC_BASE_PATH`` = the endpoint's
 folder), which must be the endpoint the topology gives.
@@ -52,7 +54,7 @@ class _Client:
     def __init__(self, target: str, config: Any):
         self.target = target
         self._ids = iter(range(1, 1 << 62))
-        if target == "upstream":
+        if target in ("upstream", "patched"):
             from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyClient
 
             self.client = LookupKeyClient(config)
@@ -66,12 +68,16 @@ class _Client:
                hbm_hit_tokens: int = 0) -> int:  # noqa: ARG002
         if self.target == "hardened":
             self._last = self.client.client
+        elif self.target == "patched":  # diff 30: a channel per call kind, with the hardened outcome names
+            self._last = self.client._lookup_rpc
         result = self.client.lookup(f"op-{next(self._ids)}", token_len, list(block_hashes))
         return int(result.hit_length)
 
     def reset(self) -> bool:
         if self.target == "hardened":
             self._last = self.client._admin
+        elif self.target == "patched":
+            self._last = self.client._admin_rpc
         return bool(self.client.reset())
 
     @property
@@ -84,6 +90,8 @@ class _Client:
 
     @property
     def counters(self) -> dict[str, int]:
+        if self.target == "patched":
+            return dict(self.client.counters)
         if self.target != "hardened":
             return {}
         out = dict(self.client.client.counters)
@@ -92,7 +100,7 @@ class _Client:
         return out
 
     def close(self) -> None:
-        if self.target == "hardened":
+        if self.target in ("hardened", "patched"):
             self.client.close()
             return
         # upstream's client has no close(): its socket and context live until the process exits.
@@ -130,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         print("error: workload endpoint: must be an ipc path ipc:///DIR/NAME, with an engine_id", file=sys.stderr)
         return 2
     os.environ["VLLM_RPC_BASE_PATH"] = base
+    from harness.nodeenv.overlay import overlay_arg_problem
+
+    overlay = str(cfg.get("upstream_overlay") or "")
+    bad = overlay_arg_problem(cfg.get("target") == "patched", overlay, "vllm", flag="workload upstream_overlay")
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    if overlay:  # patched: vLLM with the diffs, before anything imports vllm
+        sys.path.insert(0, overlay)
     setup_logging(args.log_level)
     block_start_signal()  # before any thread: none may take it
     from vllm.config import KVTransferConfig, ParallelConfig, VllmConfig

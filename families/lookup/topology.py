@@ -56,9 +56,11 @@ class LookupTopology(BaseTopology):
         if self.store:
             # each derives its path from the config: upstream's from the host (the same for every
             # engine on it), the hardened one's from the engine id
-            from .store_server import hardened_path, upstream_path
+            from .store_server import hardened_path, patched_path, upstream_path
 
             def path(engine_id: str) -> str:
+                if target == "patched":
+                    return patched_path(str(self.tmp), engine_id)
                 return upstream_path(str(self.tmp)) if target == "upstream" else hardened_path(str(self.tmp), engine_id)
 
             self.server_endpoint, self.twin_endpoint = path(ENGINE_ID), path(TWIN_ENGINE_ID)
@@ -96,6 +98,8 @@ class LookupTopology(BaseTopology):
                     "--impl", self.target, "--engine-id", TWIN_ENGINE_ID if twin else ENGINE_ID,
                     "--deadline-ms", str(int(round(self.scenario.deadline * 1000))),
                     "--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
+            if self.target == "patched":
+                args += ["--upstream-overlay", str(self.upstream_overlay())]
             return NodeSpec(STORE_SERVER, args, endpoints={"lookup": args[1]}, ready_timeout_s=ASCEND_READY_S)
         if role == "server":
             args = self._peer_args()
@@ -170,7 +174,18 @@ class LookupTopology(BaseTopology):
                 "grace_s": m.deadline + m.tolerance + GRACE_S, "mix": w.mix.model_dump(),
                 "prompt_blocks": list(w.prompt_blocks), "seed": m.seed, "preload": self.preload,
                 "block_size": self.topo.block_size, "groups": self.topo.groups, "reset_at_s": w.reset_at,
-                "engine_id": ENGINE_ID, "backend_timeout_ms": max(1, int(self.topo.backend_timeout * 1000))}
+                "engine_id": ENGINE_ID, "backend_timeout_ms": max(1, int(self.topo.backend_timeout * 1000)),
+                **({"upstream_overlay": str(self.upstream_overlay())} if self.target == "patched" else {})}
+
+    def upstream_overlay(self) -> Path:
+        """The patched target's copy of the P/D node env's vLLM with connector_patch/upstream/vllm/
+        applied (harness/nodeenv/overlay.py): the store stack runs vLLM 0.32.0 from that env."""
+        from connector_patch.upstream import read_series
+        from harness.nodeenv.overlay import series_overlay
+        from stacks.vllm_cpu.recipe import VLLM_VERSION, pd_node_env
+
+        return series_overlay(pd_node_env(out=lambda line: None).site_packages(), "vllm",
+                              lambda: read_series("vllm", VLLM_VERSION), f"the patched target (vllm/{VLLM_VERSION})")
 
     # ------------------------------------------------------------ what the lookup faults use
     def _peer_args(self) -> list[str]:

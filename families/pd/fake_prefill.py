@@ -289,15 +289,16 @@ class FakePrefill(NodeApp):
             reply = msgpack.packb({"status": FINISH, "ok_reqs": other})
         else:
             reply = msgpack.packb({"status": ERROR, "err_msg": "fake prefill: cannot serve this pull"})
+        with self._lock:  # counted before it goes: whoever reads the reply and then the counters sees it
+            self._c["answers"][answer_mode] += 1
         try:
             self._sock.send_multipart([frames[0], reply])
         except Exception as exc:  # noqa: BLE001 - D went away: counted as unanswered
             with self._lock:
+                self._c["answers"][answer_mode] -= 1
                 self._c["unanswered"] += 1
             logger.warning("fake-prefill: reply not sent: %s", type(exc).__name__)
             return
-        with self._lock:
-            self._c["answers"][answer_mode] += 1
         logger.info("fake-prefill: pull of %s request(s): answered %s", len(ids) if ids is not None else "?",
                     answer_mode)
 

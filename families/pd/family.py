@@ -19,7 +19,11 @@ class PDFamily(Family):
     name = "pd"
     description = ("real vLLM prefill + decode on CPU, over TCP: vLLM's MooncakeConnector (upstream) or "
                    "connector_patch's HardenedMooncakeConnector (hardened), the project's P/D proxy")
-    targets = ("upstream", "hardened")
+    targets = ("upstream", "hardened", "patched")
+    default_targets = ("upstream", "hardened")
+    # patched: vLLM's own connector with the upstream diffs (connector_patch/upstream/vllm/) applied to a
+    # copy of the node env's vLLM, no plugin; it claims what hardened claims (`--target patched`)
+    derived_targets = {"patched": "hardened"}
     baseline_target = "upstream"
     Topology = PDTopologySpec
     Workload = PDWorkloadSpec
@@ -67,6 +71,10 @@ class PDFamily(Family):
         if scenario.topology.kv_pool and prof.store is None:
             return (f"topology.kv_pool: this scenario needs a launch profile with a KV pool (a store master); "
                     f"profile {prof.name} has none: run it without --profile (cpu-store) or with one that has")
+        from harness.runtime import runtime_of
+
+        if not runtime_of(prof).runs_here:  # the nodes run elsewhere (pods): their image holds vLLM and the model
+            return None
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
         for step in steps:
             if step.check() is None:
@@ -85,12 +93,23 @@ class PDFamily(Family):
 
         prof = profile_for(scenario, profile)
         t = scenario.topology
-        why = prof.connectors[target].unavailable or (
-            prof.connectors["upstream"].unavailable if target == "hardened" and t.mixed != "none" else None)
+        from harness.runtime import runtime_of
+
+        if prof.store is not None and not runtime_of(prof).runs_here:
+            return (f"profile {prof.name}: a KV pool's store master is configured by a file on this machine "
+                    "(mooncake.json, the master on loopback), which nodes elsewhere cannot read")
+        mixes = target in ("hardened", "patched") and t.mixed != "none"
+        why = prof.connectors[target].unavailable or (prof.connectors["upstream"].unavailable if mixes else None)
         if why:
             return f"profile {prof.name}, target {target}: {why}"
+        series = prof.connectors[target].upstream_series
+        if series:
+            from connector_patch.upstream import read_series
+
+            if not read_series(*series.split("/", 1)):
+                return f"profile {prof.name}, target {target}: no upstream diffs in connector_patch/upstream/{series}/"
         conns = [prof.connectors[target]]
-        if target == "hardened" and t.mixed != "none":
+        if mixes:
             conns.append(prof.connectors["upstream"])
         protocols = {c.proxy for c in conns}
         if len(protocols) > 1:
@@ -172,9 +191,19 @@ class PDFamily(Family):
         return {"prompts": data if isinstance(data, list) else None}
 
     def setup_steps(self) -> list[Any]:
+        from harness.upstream import UpstreamTestsStep
         from stacks.vllm_cpu import setup_steps as pd_steps
+        from stacks.vllm_cpu.steps import PdStackStep
 
-        return pd_steps()
+        from .upstream import vllm_project
+
+        return pd_steps() + [UpstreamTestsStep(vllm_project(),
+                                               lambda: None if PdStackStep().check() else "pd-node-stack")]
+
+    def upstream_projects(self) -> list[Any]:
+        from .upstream import vllm_project
+
+        return [vllm_project()]
 
 
 def vllm_beside_python() -> Path:

@@ -44,6 +44,10 @@ class ConnectorProfile(BaseModel):
         default_factory=dict, description="kv_connector_extra_config; the vllm node fills in $KV_PORT, $KV_ROLE and "
                                           "$LOOKUP_RPC_PORT, $KV_LOAD_TIMEOUT_MS wherever they stand (families/pd/vllm_node.py)")
     kv_port: bool = Field(False, description="set kv_transfer_config.kv_port to the node's side port")
+    upstream_series: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9_-]*/[0-9][0-9a-z.+-]*$",
+        description="PROJECT/VERSION: the node runs its installed PROJECT package with the upstream diffs of "
+                    "connector_patch/upstream/PROJECT/VERSION/ applied to a copy (the patched target), no plugin")
     unavailable: str | None = Field(None, min_length=1, description="why this target cannot run under the profile "
                                     "(e.g. the connector does not support the vLLM release there): its runs are "
                                     "left out and listed with this reason, never started")
@@ -78,11 +82,19 @@ class PDProfile(BaseModel):
     max_model_len: int = Field(512, ge=64, le=131072)
     devices: dict[Literal["prefill", "decode"], str] = Field(
         default_factory=dict, description="NPU of each server (ASCEND_RT_VISIBLE_DEVICES)")
-    connectors: dict[Literal["upstream", "hardened"], ConnectorProfile]
+    connectors: dict[Literal["upstream", "hardened", "patched"], ConnectorProfile] = Field(
+        ..., description="per target its connector; `patched` when left out: upstream's connector with the hardened "
+                         "target's extra config, on the node env's vLLM with connector_patch/upstream/vllm/<its "
+                         "version>/ applied (a profile whose vLLM is not the node env's names it or leaves it out)")
     env: dict[str, str] = Field(default_factory=dict, description="more environment for both servers")
     store: StoreProfile | None = Field(None, description="a Mooncake store master for a KV pool connector")
     plugin_path: str | None = Field(None, description="an absolute folder put on the hardened servers' PYTHONPATH "
                                                       "(a mutation run's plugin site: tests/mutants/system/site)")
+    runtime: str = Field("local", pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+                         description="where the nodes run (harness/runtime.py): local processes, or the "
+                                     "runtime of that name (`pdchaos list --runtimes`)")
+    cluster: dict[str, Any] | None = Field(None, description="the runtime's own settings (image, namespace, "
+                                                             "resources, selectors), checked by the runtime")
 
     @model_validator(mode="after")
     def _rules(self) -> "PDProfile":
@@ -105,8 +117,13 @@ class PDProfile(BaseModel):
         if self.plugin_path is not None and not (Path(self.plugin_path).is_absolute()
                                                  and Path(self.plugin_path).is_dir()):
             raise ValueError(f"plugin_path: {self.plugin_path!r} is not an absolute path of a folder")
-        if set(self.connectors) != {"upstream", "hardened"}:
+        from harness.runtime import load_runtime
+
+        self.cluster = load_runtime(self.runtime).settings(self.cluster)  # the runtime checks its own block
+        if not {"upstream", "hardened"} <= set(self.connectors):
             raise ValueError("connectors: name the connector of both targets, upstream and hardened")
+        if "patched" not in self.connectors:
+            self.connectors["patched"] = derived_patched(self)
         for key in self.env:
             if not key.replace("_", "").isalnum() or key[0].isdigit():
                 raise ValueError(f"env: {key!r} is not an environment variable name")
@@ -114,9 +131,27 @@ class PDProfile(BaseModel):
 
     def key(self) -> tuple:
         """What a warm node's start settings depend on (harness/pool.py)."""
-        return (self.name, self.device, self.vllm, self.model, self.dtype, self.max_model_len,
+        return (self.name, self.runtime, self.device, self.vllm, self.model, self.dtype, self.max_model_len,
                 tuple(sorted(self.devices.items())), tuple(sorted(self.env.items())),
                 self.store.model_dump_json() if self.store else None, self.plugin_path)
+
+
+def derived_patched(prof: "PDProfile") -> ConnectorProfile:
+    """The patched target's connector when a profile does not name one: upstream's connector, by its
+    upstream name, with the hardened target's settings, on the node env's vLLM with the upstream diffs
+    of its release applied (connector_patch/upstream/README.md). Elsewhere (a vLLM the harness did not
+    install) unavailable, with the reason."""
+    up, hard = prof.connectors["upstream"], prof.connectors["hardened"]
+    why = None
+    if prof.vllm != "node-env":
+        why = ("the patched target copies the node env's vLLM and applies the upstream diffs to it; this profile's "
+               "vLLM is another installation: name connectors.patched with its upstream_series to run it")
+    elif up.unavailable:
+        why = up.unavailable
+    from stacks.vllm_cpu.recipe import VLLM_VERSION
+
+    return ConnectorProfile(name=up.name, proxy=hard.proxy, extra_config=dict(hard.extra_config),
+                            kv_port=hard.kv_port, upstream_series=f"vllm/{VLLM_VERSION}", unavailable=why)
 
 
 def builtin_profiles() -> list[str]:

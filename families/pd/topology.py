@@ -49,7 +49,7 @@ class PDTopology(BaseTopology):
         self.ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port(), "proxy": free_tcp_port()}
         self.bootstrap = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}
         self.kv_ports = {"prefill:0": free_tcp_port(), "decode:0": free_tcp_port()}  # profiles with kv_port
-        self.bootstrap_hostport = f"127.0.0.1:{self.bootstrap['prefill:0']}"  # set again at start()
+        self.bootstrap_hostport = f"{self.host('prefill:0')}:{self.bootstrap['prefill:0']}"  # set again at start()
         if profile is None:
             from .profile import profile_for
 
@@ -68,6 +68,9 @@ class PDTopology(BaseTopology):
         address of namespace b and D on that of namespace a (the proxy and the workload sit in a
         beside D, on a's loopback), so every byte between P and D, the transfer engine's
         included, crosses the veth that the partition faults cut."""
+        placed = self.placement.host(role)
+        if placed is not None:  # a node of another machine (a pod's Service)
+            return placed
         if self.netns is None or role == "proxy":
             return "127.0.0.1"
         return self.netns.ip_b if role == "prefill:0" else self.netns.ip_a
@@ -75,7 +78,7 @@ class PDTopology(BaseTopology):
     def connector(self, role: str) -> str:
         """Which connector the vLLM node of ``role`` runs: the target's, except the role that
         ``mixed`` keeps on vLLM's own (upstream)."""
-        if self.target == "hardened" and self.topo.mixed == f"upstream_{role.split(':')[0]}":
+        if self.target in ("hardened", "patched") and self.topo.mixed == f"upstream_{role.split(':')[0]}":
             return "upstream"
         return self.target
 
@@ -108,7 +111,7 @@ class PDTopology(BaseTopology):
             if t.tensor_parallel_size > 1:
                 args += ["--tensor-parallel-size", str(t.tensor_parallel_size)]
             if prof.device == "cpu":
-                if t.tensor_parallel_size == 1:  # two ranks bind to cores 0|1 (vllm_node.py)
+                if t.tensor_parallel_size == 1 and self.placement.shared_host:  # two ranks bind to cores 0|1 (vllm_node.py)
                     args += ["--cpu-core", str(CORES[role])]
             else:
                 args += ["--device", prof.device, "--visible-devices", prof.devices[kind]]
@@ -129,7 +132,9 @@ class PDTopology(BaseTopology):
                 args += ["--kv-port", str(self.kv_ports[role])]
             args += ["--kv-connector", conn.name,
                      "--kv-extra", json.dumps(conn.extra_config, sort_keys=True, separators=(",", ":"))]
-            if is_hardened(conn.name) or "$KV_LOAD_TIMEOUT_MS" in json.dumps(conn.extra_config):
+            if conn.upstream_series:  # the patched target: upstream's code with the upstream diffs applied
+                args += ["--upstream-overlay", str(self.upstream_overlay(conn.upstream_series))]
+            if is_hardened(conn.name) or conn.upstream_series or "$KV_LOAD_TIMEOUT_MS" in json.dumps(conn.extra_config):
                 args += ["--kv-load-timeout-ms", str(int(t.kv_load_timeout * 1000))]
             if t.engine_id == "fixed":
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
@@ -152,6 +157,17 @@ class PDTopology(BaseTopology):
                     "--order", "sequential" if self.proxy_protocol() in ("kv-params", "store") else t.proxy_order]
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
+
+    def upstream_overlay(self, series: str) -> Path:
+        """The folder of the patched target's package copy (harness/nodeenv/overlay.py): the node env's
+        ``vllm`` with connector_patch/upstream/<series>/ applied; built once per series text."""
+        from connector_patch.upstream import read_series
+        from harness.nodeenv.overlay import series_overlay
+        from stacks.vllm_cpu.recipe import pd_node_env
+
+        project, version = series.split("/", 1)
+        return series_overlay(pd_node_env(out=lambda line: None).site_packages(), project.replace("-", "_"),
+                              lambda: read_series(project, version), f"the patched target ({series})")
 
     def store_config(self) -> Path:
         """The ``mooncake.json`` both servers read (``MOONCAKE_CONFIG_PATH``): the store master's

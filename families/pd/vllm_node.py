@@ -152,6 +152,9 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--control", default=None, help="ipc endpoint of the harness control channel")
     p.add_argument("--no-warm-up", action="store_true",
                    help="print READY without the warm-up completion (a fixed ~200-token prompt)")
+    p.add_argument("--upstream-overlay", default=None,
+                   help="a folder put first on vLLM's PYTHONPATH: its package copy with the upstream diffs applied "
+                        "(the patched target, connector_patch/upstream/)")
     p.add_argument("--plugin-path", default=None,
                    help="a folder put on vLLM's PYTHONPATH after the hardened plugin's (a mutation run's plugin site)")
     p.add_argument("--log-level", default="INFO")
@@ -360,10 +363,15 @@ class VllmNode:
             raise NodeUsageError("--cpu-core: only with --tensor-parallel-size 1 (two ranks bind to cores 0|1)")
         if not 1 <= args.max_num_seqs <= 256:
             raise NodeUsageError("--max-num-seqs must be 1..256")
+        if args.upstream_overlay is not None and not (os.path.isabs(args.upstream_overlay)
+                                                      and os.path.isdir(args.upstream_overlay)):
+            raise NodeUsageError(f"--upstream-overlay: {args.upstream_overlay!r} is not an absolute path of a folder")
         if args.kv_load_timeout_ms is not None:
-            if not is_hardened(args.kv_connector) and "$KV_LOAD_TIMEOUT_MS" not in (args.kv_extra or ""):
-                raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} has a load deadline (or a "
-                                     "--kv-extra that names $KV_LOAD_TIMEOUT_MS)")
+            if not (is_hardened(args.kv_connector) or args.upstream_overlay) \
+                    and "$KV_LOAD_TIMEOUT_MS" not in (args.kv_extra or ""):
+                raise NodeUsageError(f"--kv-load-timeout-ms: only {HARDENED} (or upstream's with the upstream "
+                                     "diffs, --upstream-overlay) has a load deadline (or a --kv-extra that names "
+                                     "$KV_LOAD_TIMEOUT_MS)")
             if args.kv_load_timeout_ms <= 0:
                 raise NodeUsageError("--kv-load-timeout-ms must be a positive number of milliseconds")
         self.kv_extra = self._kv_extra(args)
@@ -474,7 +482,7 @@ class VllmNode:
             cfg["kv_port"] = self.args.kv_port
         extra = dict(self.kv_extra) if self.kv_extra is not None else (
             {"mooncake_protocol": "tcp"} if is_mooncake(conn) else None)
-        if is_hardened(conn) and self.args.kv_load_timeout_ms is not None:
+        if (is_hardened(conn) or self.args.upstream_overlay) and self.args.kv_load_timeout_ms is not None:
             extra = {**(extra or {}), "kv_load_timeout_ms": self.args.kv_load_timeout_ms}
         if extra is not None:
             cfg["kv_connector_extra_config"] = extra
@@ -535,6 +543,8 @@ class VllmNode:
 
             sites.append(str(instrument_site()))
             env["PDCHAOS_WAF_FILE"] = str(self.waf_file)
+        if a.upstream_overlay:  # first: its package copy shadows the node env's installed one
+            sites.insert(0, a.upstream_overlay)
         if sites or inherited:
             env["PYTHONPATH"] = os.pathsep.join(sites + inherited)
         else:

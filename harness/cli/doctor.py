@@ -133,8 +133,44 @@ def _family_steps() -> list[dict]:
 CHECK_NAMES = ("toxiproxy", "toxiproxy-pinned", "go", "root", "ip", "netns", "iptables", "tc", "tbf", "netem")
 
 
+def profile_runtimes(spec: str) -> list[tuple[Any, Any]]:
+    """(runtime, profile) of each family that has the launch profile ``spec`` (a built-in name or
+    a .yaml file); a usage error when none has it."""
+    from ..family import all_families
+    from ..runtime import runtime_of
+
+    out, known = [], []
+    for fam in all_families():
+        names = fam.profile_names()
+        known += names
+        if names and (spec in names or spec.endswith((".yaml", ".yml"))):
+            profile = fam.load_profile(spec, [])
+            out.append((runtime_of(profile), profile))
+    if not out:
+        raise UsageError(f"--profile {spec!r}: no family has this launch profile (profiles: "
+                         f"{', '.join(sorted(set(known))) or 'none'})")
+    return out
+
+
+def runtime_checks(spec: str) -> list[dict]:
+    """The checks of the runtime the profile names (``pdchaos doctor --profile k8s``: the cluster,
+    its CRDs, the RBAC verbs the harness needs, Chaos Mesh's controller), one line each."""
+    out: list[dict] = []
+    seen = set()
+    for rt, profile in profile_runtimes(spec):
+        if rt.name in seen:
+            continue
+        seen.add(rt.name)
+        for name, ok, detail, disables in rt.doctor(profile):
+            out.append(_check(name, ok, detail, disables))
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--profile", default=None, metavar="NAME|FILE",
+                   help="also check what this launch profile's runtime needs (a cluster profile: the API server, CRDs, "
+                        "RBAC verbs, Chaos Mesh's controller)")
     p.add_argument("--require", action="append", default=[], metavar="NAME",
                    help=f"exit 1 unless this check passes (repeatable): {', '.join(CHECK_NAMES)}")
 
@@ -148,7 +184,7 @@ def _print_table(checks: list[dict], out: Callable[[str], None] = print) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = collect()
+    checks = collect() + (runtime_checks(args.profile) if args.profile else [])
     names = list(CHECK_NAMES) + [c["name"] for c in checks if c["name"] not in CHECK_NAMES]
     unknown = [r for r in args.require if r not in names]
     if unknown:

@@ -28,8 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mutate": ("harness.cli.mutate", "judge the baseline's runs against the hardened target's claims: every "
                                      "claimed gain must be told apart (the mutation score)"),
     "report": ("harness.cli.report", "regenerate plots and summaries of a saved run"),
+    "repro": ("harness.cli.repro", "run one scenario against one target (default upstream) and write a self-contained "
+                                   "report folder: environment, node commands, steps, claim vs actual, incident timeline"),
     "compare": ("harness.cli.compare", "compare two runs"),
     "doctor": ("harness.cli.doctor", "list the tools present and what their absence disables"),
+    "clean": ("harness.cli.clean", "remove what killed runs left under a launch profile's runtime (a cluster's namespaces)"),
     "setup": ("harness.cli.setup", "install what the families' scenarios need (idempotent; toxiproxy-server, iptables)"),
     "lock": ("harness.cli.lock", "resolve the node stacks' lock files (uv, hashes; setup then installs from them)"),
     "measure": ("harness.cli.measure", "measure set-up, the quick path, the main job and the tests on this "
@@ -39,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "docs": ("harness.cli.docs", "generate the per-scenario tables in docs/scenarios/ from the scenario files "
                                  "and recorded runs (--check: fail when stale)"),
     "bench": ("harness.cli.bench", "benchmark a family's normal path, its targets side by side"),
+    "upstream": ("harness.cli.upstream", "prove the upstream diffs (connector_patch/upstream/): each diff's tests "
+                                         "fail before it and pass after it, and upstream's own tests pass with the series"),
     "explore": ("harness.cli.explore", "generative chaos: draw seeded fault schedules over real nodes, shrink "
                                        "what a target fails to a scenario that reproduces it"),
 }

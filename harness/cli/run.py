@@ -19,11 +19,13 @@ import time
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from ..progress import Progress
 from ..outputs import run_status, write_summary
-from ..plan import choose_profiles, missing_setup, order_for_reuse, plan_for_reuse, split_plan
+from ..plan import (WarmOrder, choose_profiles, scratch_topology, missing_setup, order_for_reuse, plan_for_reuse,
+                    split_plan, targets_of)
 from ..pool import NodePool
 from ..runner import Runner, new_run_dir
 from ..services import start_toxiproxy
@@ -47,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, metavar="NAME|FILE",
                    help="node launch profile of the families that have them, a name or a .yaml file "
                         "(`pdchaos list --families` shows each family's profiles; none: each family's default)")
+    p.add_argument("--attach", action="store_true",
+                   help="run against a deployment that already exists (the launch profile's cluster.attach selectors): "
+                        "deploy nothing but the harness's own fault peers, touch nothing else")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="profile_sets",
                    help="change one field of the profile (repeatable), e.g. --set model=/models/Qwen3-0.6B "
                         "--set devices.decode=3")
@@ -104,8 +109,26 @@ class _Placeholders:
         self.ips: dict[str, str] = getattr(self, "ips", {})
         text = self._re.sub(r"\b(?!127\.0\.0\.1\b)\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b",
                             lambda m: self.ips.setdefault(m.group(0), f"<ip:{len(self.ips) + 1}>"), text)
-        text = self._re.sub(r"(127\.0\.0\.1:|<ip:\d+>:|--[a-z-]*port )(\d{4,5})\b", port, text)
+        text = self._re.sub(r"(127\.0\.0\.1:|<ip:\d+>:|\.svc:|--[a-z-]*port )(\d{4,5})\b", port, text)
         return self._re.sub(r"(?<![\w:])(\d{4,5})\b", lambda m: self.ports.get(m.group(1), m.group(1)), text)
+
+
+def _runtime_objects(sc: Any, target: str, topo: Any, roles: list[str], profile: Any) -> str | None:
+    """What the run's runtime would make for it beyond processes (harness/runtime.py: a cluster's
+    workloads and fault objects), or None."""
+    from ..errors import HarnessError
+
+    launches = []
+    for role in roles:
+        try:
+            spec = topo.node_spec(role)
+        except (HarnessError, KeyError, AttributeError):
+            continue  # built from a started node: said above
+        args = list(spec.args) + (["--control", topo.control_endpoint(role)] if spec.control else [])
+        launches.append(topo.launch(spec.kind, args, role=role, side=spec.side, ready_timeout_s=spec.ready_timeout_s,
+                                    endpoints=spec.endpoints))
+    faults = [(f.type, f.model_dump(mode="json", exclude={"type", "at", "for_"})) for f in sc.faults]
+    return topo.runtime.describe(topo.run_id, target, launches, faults, profile)
 
 
 def dry_run(scenarios: list, plan: list[tuple], out=None, profiles: dict | None = None) -> int:
@@ -113,22 +136,18 @@ def dry_run(scenarios: list, plan: list[tuple], out=None, profiles: dict | None 
     started: no process, no link, no Toxiproxy proxy) and asked how it would start each of its
     roles (``node_spec``) and the workload (``workload_config``); printed as commands and JSON."""
     import json
-    import os
     import shlex
-    import shutil
-    import tempfile
 
     from ..errors import HarnessError
     from ..procs import node_command
 
     out = out or sys.stdout
     for sc, target in plan:
-        tmp = Path(tempfile.mkdtemp(prefix=f"pdchaos-dry-{os.getpid()}-"))
-        ph = _Placeholders(tmp)
         profile = (profiles or {}).get(sc.family.name)
-        topo = sc.family.topology(sc, target, tmp, lambda rec: None, {}, profile)
-        try:
+        with scratch_topology(sc, target, profile) as (tmp, topo):
+            ph = _Placeholders(tmp)
             ph.paths.insert(0, (str(topo.tmp), "<node_tmp>"))
+            ph.paths.insert(0, (topo.run_id, "<run_id>"))  # from the scratch folder's path: new each time
             print(f"== {sc.name} [{target}] (family {sc.family.name}, {sc.path if hasattr(sc, 'path') else ''})"
                   .replace(", )", ")"), file=out)
             roles = sc.family.roles(sc.model, profile) or []
@@ -165,10 +184,11 @@ def dry_run(scenarios: list, plan: list[tuple], out=None, profiles: dict | None 
             if cfg is not None:
                 short = {k: (f"<{len(v)} items>" if isinstance(v, list) and len(v) > 8 else v) for k, v in cfg.items()}
                 print("  config: " + ph(json.dumps(short, sort_keys=True)), file=out)
+            objects = _runtime_objects(sc, target, topo, roles, profile)
+            if objects:
+                print("runtime objects:", file=out)
+                print(ph(objects).rstrip("\n"), file=out)
             print(file=out)
-        finally:
-            topo.close()
-            shutil.rmtree(tmp, ignore_errors=True)
     print(f"dry run: {len(plan)} scenario/target run(s); nothing was started", file=out)
     return 0
 
@@ -188,9 +208,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--concurrency {args.concurrency}: between 1 and 64")
         scenarios = [at_concurrency(s, args.concurrency) for s in scenarios]
     scenarios = order_for_reuse(scenarios)
+    if args.attach:  # the runtime's attach mode (harness/runtime.py: the profile's cluster block says where)
+        if not args.profile:
+            raise UsageError("--attach: name the launch profile with the deployment's selectors (--profile FILE)")
+        args.profile_sets = [*args.profile_sets, "cluster.mode=attach"]
     profiles = choose_profiles(scenarios, args.profile, args.profile_sets)
     if args.target:
-        known = {t for s in scenarios for t in s.model.targets}
+        known = {t for s in scenarios for t in targets_of(s, args.target)}
         unknown = [t for t in args.target if t not in known]
         if unknown:
             raise UsageError(f"--target {unknown[0]!r}: no selected scenario has it; targets: {', '.join(sorted(known))}")
@@ -202,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     if args.bench and (args.profile or args.profile_sets):
         raise UsageError("--bench: the benchmarks run on each family's default launch profile only; leave out "
                          "--bench or --profile/--set")
-    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios) if not args.target or t in args.target],
+    plan, left_out = split_plan([(s, t) for s, t in plan_for_reuse(scenarios, args.target or ())
+                                 if not args.target or t in args.target],
                                 profiles)
     for sc, target, why in left_out:
         print(f"not run: {sc.name} [{target}]: {why}", flush=True)
@@ -243,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         old_term = signal.signal(signal.SIGTERM, on_signal)
         try:
             with progress:
-                results = runner.run_plan(plan)
+                results = runner.run_plan(plan, choose=WarmOrder.for_plan(plan, profiles, pool).choose)
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)

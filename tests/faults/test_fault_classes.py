@@ -19,7 +19,6 @@ import os
 import random
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -106,9 +105,12 @@ class RecordingContext:
         self._record(("restart_node", role, {"kill": kill}))
         return self.seen
 
-    def signal_node(self, role: str, sig: int) -> bool | None:
-        self._record(("signal_node", role, sig))
-        return self.seen if sig == signal.SIGSTOP else None
+    def freeze_node(self, role: str) -> bool | None:
+        self._record(("freeze_node", role))
+        return self.seen
+
+    def thaw_node(self, role: str) -> None:
+        self._record(("thaw_node", role))
 
     def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields: Any) -> dict:
         self._record(("control", role, cmd, fields))
@@ -371,7 +373,7 @@ def test_delay_expectations_follow_the_deadline():
 @pytest.mark.parametrize("name, params, on_start, on_stop", [
     ("server_down", {}, [("stop_node", "server")], [("start_node", "server")]),
     ("server_kill", {}, [("kill_node", "server")], [("start_node", "server")]),
-    ("server_freeze", {}, [("signal_node", "server", signal.SIGSTOP)], [("signal_node", "server", signal.SIGCONT)]),
+    ("server_freeze", {}, [("freeze_node", "server")], [("thaw_node", "server")]),
     ("server_restart", {}, [("restart_node", "server", {"kill": False})], []),
     ("server_restart", {"kill": True}, [("restart_node", "server", {"kill": True})], []),
 ])
@@ -396,10 +398,10 @@ ROLES = ("server", "prefill:0", "prefill:1", "decode:0", "proxy")
     ("kill", "proxy", [("kill_node", "proxy")], [("start_node", "proxy")]),
     ("kill", "prefill:*", [("kill_node", "prefill:0"), ("kill_node", "prefill:1")],
      [("start_node", "prefill:0"), ("start_node", "prefill:1")]),
-    ("stop", "all", [("signal_node", r, signal.SIGSTOP) for r in ROLES],
-     [("signal_node", r, signal.SIGCONT) for r in ROLES]),
-    ("stop", "prefill:1", [("signal_node", "prefill:1", signal.SIGSTOP)],
-     [("signal_node", "prefill:1", signal.SIGCONT)]),
+    ("stop", "all", [("freeze_node", r) for r in ROLES],
+     [("thaw_node", r) for r in ROLES]),
+    ("stop", "prefill:1", [("freeze_node", "prefill:1")],
+     [("thaw_node", "prefill:1")]),
     ("restart", "server", [("restart_node", "server", {"kill": False})], []),
     ("restart", "prefill:*", [("restart_node", "prefill:0", {"kill": False}),
                               ("restart_node", "prefill:1", {"kill": False})], []),
@@ -443,13 +445,13 @@ def test_generic_restart_with_kill_and_a_fault_never_started():
 
 def test_a_half_done_stop_fault_thaws_exactly_the_nodes_it_froze():
     boom = HarnessError("signal SIGSTOP: node 'prefill:1' is not running")
-    ctx = RecordingContext(roles=ROLES, failing={("signal_node", "prefill:1"): boom})
+    ctx = RecordingContext(roles=ROLES, failing={("freeze_node", "prefill:1"): boom})
     fault = make("stop", ctx, node="prefill:*")
     with pytest.raises(HarnessError):
         fault.start()
     fault.stop()
-    assert ctx.calls == [("signal_node", "prefill:0", signal.SIGSTOP), ("signal_node", "prefill:1", signal.SIGSTOP),
-                         ("signal_node", "prefill:0", signal.SIGCONT)]
+    assert ctx.calls == [("freeze_node", "prefill:0"), ("freeze_node", "prefill:1"),
+                         ("thaw_node", "prefill:0")]
 
 
 @pytest.mark.parametrize("name", ["stop", "restart", "node_down", "kill"])
@@ -614,3 +616,27 @@ def test_interpose_faults_add_and_remove_their_own_rules(workdir):
         assert node.stop() == 0
         server.close()
         backend.close()
+
+
+@pytest.mark.timeout(30)
+def test_cpu_pressure_burns_for_its_window_and_counts_the_burners_still_running():
+    """Real busy processes for the window, gone after the heal; the effect counts those still
+    running at the heal (a burner that died early stressed nothing)."""
+    import time
+
+    ctx = RecordingContext(roles=ROLES)
+    fault = make("cpu_pressure", ctx, node="decode:0", workers=2, load=50)
+    assert fault.required_effect() == {"workers": 2}
+    fault.start()
+    procs = list(fault._procs)
+    time.sleep(0.3)
+    assert all(p.poll() is None for p in procs)
+    fault.stop()
+    assert fault.effect() == {"workers": 2} and all(p.poll() is not None for p in procs)
+    fault.stop()  # idempotent
+    early = make("cpu_pressure", ctx, workers=1)
+    early.start()
+    early._procs[0].kill()
+    early._procs[0].wait(5)
+    early.stop()
+    assert early.effect() == {"workers": 0}  # fault_effect fails such a window

@@ -6,6 +6,7 @@
     reports          reads journals: nodekit, harness (never a family)
     stacks           node stacks: nodekit, harness (never a family)
     families/<name>  one system under test each: anything below, never another family, never the CLI
+    runtimes/<name>  where nodes run (local processes, Kubernetes pods): nodekit, faults, harness
     connector_patch  the system under test: imports nothing of ours
 
 ``nodekit``, ``faults``, ``harness`` and ``reports`` do not even name a family in their code (the
@@ -26,7 +27,7 @@ import pytest
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
-OURS = ("nodekit", "faults", "harness", "reports", "stacks", "families", "connector_patch")
+OURS = ("nodekit", "faults", "harness", "reports", "stacks", "families", "connector_patch", "runtimes")
 FAMILIES = sorted(p.name for p in (ROOT / "families").iterdir() if (p / "__init__.py").is_file())
 NEUTRAL = ("nodekit", "faults", "harness", "reports")
 MAY_IMPORT = {
@@ -37,6 +38,7 @@ MAY_IMPORT = {
     "stacks": {"nodekit", "faults", "harness"},
     "families": {"nodekit", "faults", "harness", "stacks", "connector_patch", "families"},
     "connector_patch": set(),
+    "runtimes": {"nodekit", "faults", "harness"},
 }
 VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugin.py",
              "connector_patch/quiet/__init__.py",  # installs the runtime patches into vLLM
@@ -165,6 +167,32 @@ def _named_families(path: Path) -> list[str]:
 
 def test_the_neutral_core_names_no_family() -> None:
     found = [f"{p.relative_to(ROOT)}: {hit}" for pkg in NEUTRAL for p in _files(pkg) for hit in _named_families(p)]
+    assert not found
+
+
+RUNTIMES = sorted(p.name for p in (ROOT / "runtimes").iterdir() if (p / "__init__.py").is_file())
+
+
+def test_the_neutral_core_and_the_families_name_no_runtime_but_the_default() -> None:
+    """No `if k8s` anywhere but in its own folder: the core loads runtimes by name, a family's
+    launch profile names one in data (its YAML), and the default ("local") is the only one the
+    core may name."""
+    other = [r for r in RUNTIMES if r != "local"]
+    assert other, RUNTIMES
+    word = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, other)) + r")(?![A-Za-z0-9])", re.IGNORECASE)
+    found = []
+    for pkg in NEUTRAL + ("families",):
+        for p in _files(pkg):
+            tree = ast.parse(p.read_text(), str(p))
+            docs = {id(n.body[0].value) for n in ast.walk(tree)
+                    if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                    and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+            for n in ast.walk(tree):
+                text = (n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                        else _words(n.id) if isinstance(n, ast.Name) else _words(n.attr) if isinstance(n, ast.Attribute)
+                        else None)
+                if text and word.search(text):
+                    found.append(f"{p.relative_to(ROOT)}:{getattr(n, 'lineno', '?')}")
     assert not found
 
 

@@ -148,3 +148,13 @@ def test_bad_steps_are_one_line_exit_2():
                          capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "--steps: unknown step 'lunch'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_readmes_scenario_count_is_the_main_jobs_folder():
+    """The README's "under N fault scenarios" is a count, not a measurement: it must be the number
+    of scenario files the main job runs (scenarios/pd/)."""
+    import re
+
+    n = len(list((ROOT / "scenarios" / "pd").glob("*.yaml")))
+    stated = re.findall(r"under (\d+) fault scenarios", (ROOT / M.README).read_text())
+    assert stated == [str(n)], (stated, n)

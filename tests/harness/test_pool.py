@@ -84,8 +84,8 @@ def test_a_healthy_node_serves_the_next_scenario_and_dies_with_the_pool(tmp_path
         base = [r for r in recs if r["type"] == "probe" and r["node"] == "server" and r["when"] == "baseline"]
         assert len(base) == 1 and base[0]["pid"] == reused[0]["pid"]
         idle = pool.idle()
-        assert len(idle) == 1 and idle[0].proc.alive
-        proc, tmp = idle[0].proc, pool.tmp
+        assert len(idle) == 1 and idle[0].handle.alive
+        proc, tmp = idle[0].handle, pool.tmp
     assert not proc.alive and not tmp.exists()
 
 
@@ -109,7 +109,7 @@ def test_a_pooled_node_found_unfit_at_adoption_is_replaced(tmp_path: Path, echo)
     with NodePool(tmp_path) as pool:
         runner = Runner(tmp_path, services={"node_pool": pool})
         first = runner.run_one(scenario(tmp_path), "plain")
-        old = pool.idle()[0].proc
+        old = pool.idle()[0].handle
         echo.refuse = "KV cache 0.01% in use"
         try:
             second = runner.run_one(scenario(tmp_path, "echo-again"), "plain")
@@ -127,11 +127,11 @@ def test_a_pooled_node_that_died_while_idle_is_dropped(tmp_path: Path, echo) -> 
         runner = Runner(tmp_path, services={"node_pool": pool})
         runner.run_one(scenario(tmp_path), "plain")
         dead = pool.idle()[0]
-        dead.proc.kill()
+        dead.handle.kill()
         second = runner.run_one(scenario(tmp_path, "echo-again"), "plain")
         assert second.verdict == "pass", second.reason
         assert not events(tmp_path, second, "node_reused")
-        assert len(pool.idle()) == 1 and pool.idle()[0].proc.pid != dead.proc.pid
+        assert len(pool.idle()) == 1 and pool.idle()[0].handle.pid != dead.handle.pid
 
 
 def test_pool_keys_must_match(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_pool_keys_must_match(tmp_path: Path) -> None:
         assert pool.take(("vllm", "fail", 10)) is p and p.reuses == 1
         assert pool.take(("vllm", "fail", 10)) is None
         pool.give(p)
-    assert p.proc.alive is False  # close() stops what it still holds
+    assert p.handle.alive is False  # close() stops what it still holds
 
 
 def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_the_pool_keeps_at_most_max_idle_nodes(tmp_path: Path) -> None:
         for n in nodes:
             pool.give(n)
         assert [n.key for n in pool.idle()] == [("k", 1), ("k", 2)]
-        assert [n.proc.alive for n in nodes] == [False, True, True]  # the oldest was stopped
+        assert [n.handle.alive for n in nodes] == [False, True, True]  # the oldest was stopped
 
 
 def test_pdchaos_run_groups_scenarios_by_start_settings() -> None:
@@ -208,3 +208,141 @@ def test_pdchaos_run_plans_one_target_after_the_other_within_a_group() -> None:
     assert switches <= 2 * len(groups)  # at most one target change inside a group, one between groups
     first = [t for s, t in plan if s.family.reuse_group(s.model) == plan[0][0].family.reuse_group(plan[0][0].model)]
     assert first == sorted(first, key=("upstream", "hardened").index)  # upstream's runs, then hardened's
+
+
+class _Proc:
+    def __init__(self, pid: int):
+        self.alive, self.pid = True, pid
+
+    def stop(self, timeout_s: float = 0) -> None:
+        self.alive = False
+
+
+def test_with_a_plan_the_pool_stops_what_no_run_needs_and_keeps_what_runs_need(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from harness.pool import PooledNode
+
+    with NodePool(tmp_path, max_idle=2) as pool:
+        a, b, c = (PooledNode(("k", n), "vllm", _Proc(i), None) for i, n in enumerate("abc"))  # type: ignore[arg-type]
+        pool.give(a)
+        pool.give(b)
+        assert pool.want(Counter({("k", "b"): 1})) == [a]  # a: no run left needs it, stopped at once
+        assert not a.handle.alive and b.handle.alive and pool.idle_keys() == [("k", "b")]
+        pool.want(Counter({("k", "b"): 1, ("k", "c"): 5, ("k", "d"): 3}))
+        pool.give(c)
+        d = PooledNode(("k", "d"), "vllm", _Proc(3), None)  # type: ignore[arg-type]
+        pool.give(d)  # three needed, room for two: the one the fewest runs need goes (b: 1)
+        assert pool.idle_keys() == [("k", "c"), ("k", "d")] and not b.handle.alive
+        pool.want(None)  # no plan: the oldest beyond max_idle, as before
+        e = PooledNode(("k", "e"), "vllm", _Proc(4), None)  # type: ignore[arg-type]
+        pool.give(e)
+        assert pool.idle_keys() == [("k", "d"), ("k", "e")] and not c.handle.alive
+
+
+def test_warm_order_serves_runs_from_the_nodes_idle_now() -> None:
+    """The P/D pattern in keys: upstream runs, hardened runs, and two hardened-target runs that each
+    mix one upstream node with one hardened one; netns runs pool nothing."""
+    from collections import Counter
+
+    from harness.plan import WarmOrder
+
+    uP, uD, hP, hD = "uP", "uD", "hP", "hD"
+    keys = [[uP, uD, None]] * 3 + [[hP, hD, None]] * 3 + [[hP, uD, None], [uP, hD, None]] + [[None, None, None]]
+    order = WarmOrder(keys)
+    assert order.pick([]) == 8  # a run that pools nothing costs no cold start of a pooled node: first
+    order.left = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert order.pick([]) == 0  # nothing warm: plan order
+    order.left = [1, 2, 3, 4, 5, 6, 7]
+    assert order.pick([uP, uD]) == 1  # warm pair: its target's runs
+    order.left = [3, 4, 5, 6, 7]
+    assert order.pick([uP, uD]) == 6  # upstream done: a mixed run uses a warm node (before it goes)
+    order.left = [3, 4, 5, 7]
+    assert order.pick([uP, hP]) == 7  # uP is needed by that run only; hP by four: uP first
+    order.left = [3, 4, 5]
+    assert order.pick([hP, hD]) == 3
+    assert order.need([6, 7]) == Counter({uD: 1, hP: 1, uP: 1, hD: 1})
+    order.left = [1, 3]
+    assert order.pick([uP]) == 1  # a node a run left unfit is gone: the rest of its target still first
+    order.left = [0, 8]
+    assert WarmOrder([[], [None]]).pick([]) == 0  # no keys at all (a topology that could not be built): plan order
+
+
+def test_warm_order_tells_the_pool_what_the_remaining_runs_need(tmp_path: Path) -> None:
+    from harness.plan import WarmOrder
+    from harness.pool import PooledNode
+
+    with NodePool(tmp_path, max_idle=2) as pool:
+        order = WarmOrder([["a"], ["b"], ["a"]], pool)
+        na = PooledNode("a", "vllm", _Proc(1), None)  # type: ignore[arg-type]
+        pool.give(na)
+        assert order.choose([0, 1, 2]) == 0  # "a" is warm; the run takes it (the runner's list)
+        assert pool.take("a") is na
+        pool.give(na)
+        assert order.choose([1, 2]) == 1  # the other "a" run
+        assert na.handle.alive
+        assert order.choose([1]) == 0  # "b": "a" is needed by no run left, stopped before it starts
+        assert not na.handle.alive
+        with pytest.raises(RuntimeError):
+            order.choose([1, 2])  # not the runs this order has left
+
+
+def test_the_nodes_a_run_gives_back_are_judged_by_the_runs_after_it(tmp_path: Path) -> None:
+    """A main job's case: upstream P and D idle; a run mixing a fresh hardened P with the upstream D
+    gives back hardened P and upstream D. With room for two, the upstream P (which one later run
+    needs) stays and the upstream D (which no later run needs) goes, not the other way round."""
+    from harness.plan import WarmOrder
+    from harness.pool import PooledNode
+
+    with NodePool(tmp_path, max_idle=2) as pool:
+        order = WarmOrder([["uP", "uD"], ["hP", "uD"], ["uP", "hD"], ["hP", "hD"], ["hP", "hD"]], pool)
+        order.left = [1, 2, 3, 4]
+        up, ud = (PooledNode(k, "vllm", _Proc(i), None) for i, k in enumerate(("uP", "uD")))  # type: ignore[arg-type]
+        pool.give(up)
+        pool.give(ud)
+        assert order.choose([1, 2, 3, 4]) == 0  # the mixed run on the warm upstream D
+        assert pool.take("uD") is ud and pool.idle_keys() == ["uP"]  # uP kept for the other mixed run
+        hp = PooledNode("hP", "vllm", _Proc(3), None)  # type: ignore[arg-type]
+        pool.give(ud)
+        pool.give(hp)
+        assert pool.idle_keys() == ["uP", "hP"] and up.handle.alive and not ud.handle.alive
+        assert order.choose([2, 3, 4]) == 0  # the other mixed run, on the warm upstream P
+
+
+def test_pool_keys_of_the_pd_suite_pair_each_target_and_mix_them() -> None:
+    """What WarmOrder works from, asked of the real P/D topology (nothing started): P and D pooled
+    per target, a mixed scenario's nodes under the keys of the targets it mixes, netns never."""
+    from harness.plan import plan_for_reuse, pool_keys
+    from harness.schema import load_all
+
+    scenarios = {s.name: s for s in load_all([str(Path(__file__).resolve().parents[2] / "scenarios" / "pd")])}
+    base_u = pool_keys(scenarios["pd-baseline"], "upstream")
+    base_h = pool_keys(scenarios["pd-baseline"], "hardened")
+    assert base_u[0] and base_u[1] and base_u[2] is None  # P, D pooled; the proxy never
+    assert not set(base_u[:2]) & set(base_h[:2])
+    mixed_d = pool_keys(scenarios["pd-mixed-upstream-decode"], "hardened")
+    mixed_p = pool_keys(scenarios["pd-mixed-upstream-prefill"], "hardened")
+    assert mixed_d[:2] == [base_h[0], base_u[1]] and mixed_p[:2] == [base_u[0], base_h[1]]
+    assert pool_keys(scenarios["pd-partition-prefill-decode"], "upstream") == [None, None, None]
+    assert len(plan_for_reuse(list(scenarios.values()))) > 0
+
+
+def test_dead_idle_nodes_go_first_and_a_key_keeps_no_more_nodes_than_runs_need_it(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from harness.pool import PooledNode
+
+    with NodePool(tmp_path, max_idle=2) as pool:
+        pool.want(Counter({"a": 5, "b": 1}))
+        dead = PooledNode("a", "vllm", _Proc(1), None)  # type: ignore[arg-type]
+        live_b = PooledNode("b", "vllm", _Proc(2), None)  # type: ignore[arg-type]
+        pool.give(dead)
+        pool.give(live_b)
+        dead.handle.alive = False
+        fresh = PooledNode("a", "vllm", _Proc(3), None)  # type: ignore[arg-type]
+        pool.give(fresh)  # three for two places: the dead one goes, not the live one fewer runs need
+        assert pool.idle_keys() == ["b", "a"] and live_b.handle.alive
+        pool.want(Counter({"a": 1}))
+        second_a = PooledNode("a", "vllm", _Proc(4), None)  # type: ignore[arg-type]
+        pool.give(second_a)  # one run left needs "a": one node of it stays, the newest
+        assert pool.idle_keys() == ["a"] and pool.idle()[0] is second_a and not fresh.handle.alive

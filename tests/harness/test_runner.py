@@ -359,12 +359,16 @@ def test_free_tcp_ports_lie_outside_the_ephemeral_range(monkeypatch) -> None:
     """A port the kernel may give to an outgoing connection can be taken before the node binds it
     (CI saw it): handed-out ports lie below the ephemeral range, with room for derived ports, and a
     port something already listens on is never handed out."""
+    monkeypatch.delenv("PDCHAOS_PORT_SLICE", raising=False)  # the whole range (pytest workers set a slice)
     from harness import topology as T
 
     low = T._ephemeral_low()
     ports = [T.free_tcp_port() for _ in range(200)]
     assert all(T._PORT_LOW <= p < low - T._PORT_MARGIN for p in ports), (low, min(ports), max(ports))
     held = []
+    # a range of its own, inside the kernel's ephemeral range, where no harness process (the other
+    # pytest worker's nodes included) is handed ports: holding these cannot take one from them
+    monkeypatch.setattr(T, "_PORT_LOW", low + 2048)
     monkeypatch.setattr(T, "_ephemeral_low", lambda: T._PORT_LOW + 1024 + T._PORT_MARGIN + 4)
     for port in range(T._PORT_LOW, T._PORT_LOW + 1024):  # all but four ports of the range taken
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -375,9 +379,46 @@ def test_free_tcp_ports_lie_outside_the_ephemeral_range(monkeypatch) -> None:
             s.close()
     try:
         monkeypatch.setattr(T, "_PORTS_GIVEN", {})
-        got = {T.free_tcp_port() for _ in range(4)}
-        assert got <= set(range(T._PORT_LOW + 1024, T._PORT_LOW + 1028))
-        assert len(got) == 4
+        # the four ports left lie in the kernel's ephemeral range, so another process's outgoing
+        # connection may hold one for a moment (CI saw it): every port handed out is one of the four,
+        # none twice, and once they are gone the harness says so instead of handing out a held one
+        got = []
+        with pytest.raises(T.HarnessError, match="no free TCP port"):
+            for _ in range(5):
+                got.append(T.free_tcp_port())
+        assert set(got) <= set(range(T._PORT_LOW + 1024, T._PORT_LOW + 1028))
+        assert len(set(got)) == len(got) >= 1
     finally:
         for s in held:
             s.close()
+
+
+def test_each_port_slice_hands_out_ports_of_its_own_part_only(monkeypatch) -> None:
+    """Two harness processes on one machine (pytest's two workers) never pick the same port: each
+    takes ports from its own part of the range, derived ports (port + rank) included."""
+    import harness.topology as T
+
+    monkeypatch.setattr(T, "_PORTS_GIVEN", {})
+    got = {}
+    for i in (0, 1):
+        monkeypatch.setenv("PDCHAOS_PORT_SLICE", f"{i}/2")
+        got[i] = [T.free_tcp_port() for _ in range(100)]
+    assert max(got[0]) + T._PORT_MARGIN <= min(got[1])
+    for bad in ("2/2", "x", "1/0", "-1/2"):
+        monkeypatch.setenv("PDCHAOS_PORT_SLICE", bad)
+        with pytest.raises(T.HarnessError, match="PDCHAOS_PORT_SLICE"):
+            T.free_tcp_port()
+
+
+def test_a_pytest_call_that_collects_scenarios_runs_them_one_at_a_time() -> None:
+    """pyproject.toml runs tests/ in two xdist workers; `pytest scenarios/...` (the plugin's use)
+    gets -n 0: its items must not share the machine (harness/pytest_plugin.py)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "pytest", "scenarios/network/", "--pdchaos-target", "none-such",
+                          "-p", "no:cacheprovider"], cwd=root, capture_output=True, text=True, timeout=110)
+    assert "collected 0 items" in out.stdout and "workers" not in out.stdout, out.stdout[-2000:]
+    from harness.pytest_plugin import _collects_scenarios
+
+    assert _collects_scenarios(["scenarios/lookup"]) and _collects_scenarios(["--pdchaos", "x.yaml"])
+    assert _collects_scenarios(["scenarios/pd/baseline.yaml::pd-baseline[hardened]"])
+    assert not _collects_scenarios(["tests/harness/test_runner.py", "-k", "x"]) and not _collects_scenarios([])

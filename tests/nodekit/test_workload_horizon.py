@@ -167,8 +167,8 @@ def test_retire_taints_the_stale_peers():
     from harness.topology import BaseTopology
 
     tainted = []
-    proc = SimpleNamespace(alive=False, pid=1, kill=lambda: None, stop=lambda s: None, returncode=0)
-    t = SimpleNamespace(nodes={"decode:0": SimpleNamespace(client=None, proc=proc, frozen=False, kind="vllm")},
+    proc = SimpleNamespace(alive=False, pid=1, instance=1, kill=lambda: None, stop=lambda s: None, returncode=0)
+    t = SimpleNamespace(nodes={"decode:0": SimpleNamespace(client=None, handle=proc, frozen=False, kind="vllm")},
                         _retired=[], stale_peers=lambda role: ["prefill:0"],
                         taint=lambda role, why: tainted.append((role, why)), event=lambda *a, **k: None)
     BaseTopology._retire(t, "decode:0", "kill")

@@ -398,8 +398,8 @@ def no_families(monkeypatch):
 def test_the_families_bring_the_stack_steps_after_the_core_ones(no_families, monkeypatch):
     """The core knows no node stack: without a family, only its own steps; a family that needs a
     stack names its steps, once each however many families name them."""
-    steps, problems = S.all_steps()
-    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2"] and not problems
+    steps, problems = S.all_steps()  # (the runtimes' own steps come last: the cluster control plane)
+    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2", "openssl", "k8s"] and not problems
 
     class Fam(Family):
         name = "nodeenv-test-family"
@@ -413,7 +413,7 @@ def test_the_families_bring_the_stack_steps_after_the_core_ones(no_families, mon
     monkeypatch.setattr("harness.family.all_families", lambda: [Fam(), Fam()])
     steps, problems = S.all_steps()
     assert not problems and all(S.is_step(s) for s in steps)
-    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model"]
+    assert [s.name for s in steps] == ["toxiproxy-server", "iptables", "iproute2", "pd-node-stack", "pd-tiny-model", "openssl", "k8s"]
     assert not [s.name for s in steps if getattr(s, "optional", False)]
 
 

@@ -84,14 +84,11 @@ def test_listener_on_bad_messages(impl, tmp_path):
         proc.stop(10)
 
 
-@pytest.mark.timeout(420)
-def test_transfer_error_scenario_runs_as_expected(tmp_path):
-    """One whole scenario on both targets through the runner (upstream stalls, hardened passes)."""
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "run",
-                          str(ROOT / "scenarios" / "ascend-cpu" / "layerwise-transfer-error.yaml"), "--strict",
-                          "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "2 as expected" in out.stdout
+# The whole layerwise-transfer-error scenario on both targets (upstream stalls, hardened passes) runs
+# in .ci/run as a suite step, one run at a time, not here: beside the other pytest worker, its
+# hardened P once gave up delivering DONE to a starved D after its 1.0 s signal wait, and D's own
+# 4.5 s deadline then settled the request past the scenario's 4 s bound (2026-12-04; the CPU
+# nightly runs it with the rest of scenarios/ascend-cpu/ too).
 
 
 @pytest.mark.timeout(240)

@@ -706,12 +706,12 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         fault = cls(cls.Params(mode="error", count=2), topo)
         fault.prepare()  # the runner's step before t0: the fake is up, nothing is redirected yet
         node = topo.node("fake-prefill:0")
-        assert node.proc.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
+        assert node.handle.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
         t_start = time.monotonic()
         fault.start()  # only arms the hook: no process start inside the window
         assert time.monotonic() - t_start < 1.0
         assert topo.node("fake-prefill:0") is node
-        assert node.kind == "pd-fake-prefill" and node.proc.alive
+        assert node.kind == "pd-fake-prefill" and node.handle.alive
         hooks = topo.control("proxy", "stats")["hooks"]
         assert hooks["redirect"] == {"count": 2, "bootstrap": node.endpoints["bootstrap"]}
         assert topo.control("fake-prefill:0", "stats")["mode"] == "error"
@@ -721,7 +721,7 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
                        json={"prompt": "secret prompt x", "max_tokens": 2}, timeout=10)
         assert r.status_code == 200
         assert rig.d.requests[-1]["kv_transfer_params"]["remote_bootstrap_addr"] == node.endpoints["bootstrap"]
-        proc = node.proc
+        proc = node.handle
         fault.stop()
         assert "fake-prefill:0" not in topo.nodes and not proc.alive
         assert "redirect" not in topo.control("proxy", "stats")["hooks"]
@@ -739,7 +739,7 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         # tested (fault_effect then makes the run a harness error, never a verdict)
         idle = cls(cls.Params(mode="silent", count=1), topo)
         idle.start()
-        proc = topo.node("fake-prefill:0").proc
+        proc = topo.node("fake-prefill:0").handle
         idle.stop()
         assert idle.effect()["redirected"] == 0 < idle.required_effect()["redirected"]
         assert not proc.alive and "redirect" not in topo.control("proxy", "stats")["hooks"]
@@ -749,7 +749,7 @@ def test_fault_injects_and_heals_idempotently(rig: ProxyRig, tmp_path: Path) -> 
         # prepared, never started (the run ended before its window): released at teardown
         unused = cls(cls.Params(mode="garbage", count=1), topo)
         unused.prepare()
-        proc = topo.node("fake-prefill:0").proc
+        proc = topo.node("fake-prefill:0").handle
         unused.stop()  # never injected: no heal, no report
         assert proc.alive
         unused.release()

@@ -321,10 +321,12 @@ def test_close_while_waiting_in_recv_upstream_aborts_hardened_exits_clean(run):
     """Forked children, each: construct the server, let its thread sit in recv, close(), wait 0.5 s,
     exit 0. Upstream's LookupKeyServer: the process aborts (SIGABRT, exit 134, a libzmq assertion:
     ``signaler.cpp:238`` (pfd.revents & POLLIN) or ``own.cpp:153`` (_term_acks > 0), inside close()
-    or just after it returned), on most runs; on the others close() returns and the thread is still
-    alive 0.5 s later (blocked in recv on the closed socket). Asserted: at least one abort in
-    CLOSE_RUNS, each abort a libzmq assertion, every other run such a left-behind thread. Hardened:
-    every run exits 0, close() returned and its thread is gone."""
+    or just after it returned), on some runs; on the others close() returns and the thread is still
+    alive 0.5 s later (blocked in recv on the closed socket), or it died of an unhandled exception
+    (recv on the closed socket raised; its loop has no try: seen once in 8 on a clean clone).
+    Asserted: at least one abort in CLOSE_RUNS, each abort a libzmq assertion, every other run such
+    a left-behind or dead thread. Hardened: every run exits 0, close() returned and its thread ended
+    without an exception."""
     group = run["groups"]["close"]
     upstream, hardened = group["upstream"], group["hardened"]
     assert len(upstream) == len(hardened) == CLOSE_RUNS
@@ -337,9 +339,12 @@ def test_close_while_waiting_in_recv_upstream_aborts_hardened_exits_clean(run):
         assert r["signal"] == "SIGABRT", r
         assert r["zmq_assertion"] is not None and ".cpp:" in r["zmq_assertion"], r  # libzmq's, with its place
     for r in upstream:  # no run stops cleanly: without an abort its thread is left blocked in recv
-        assert r in aborts or (r["exit"] == 0 and r["close_returned"] and r["thread_alive_after"] is True), r
+        left = r["thread_alive_after"] is True
+        died = r["thread_alive_after"] is False and r.get("thread_exception") is not None
+        assert r in aborts or (r["exit"] == 0 and r["close_returned"] and (left or died)), r
     for r in hardened:
         assert r["exit"] == 0 and r["close_returned"] and r["thread_alive_after"] is False, r
+        assert r.get("thread_exception") is None, r
         assert r["zmq_assertion"] is None
 
 

@@ -794,6 +794,11 @@ def close_children() -> dict:
                 text = fh.read()
             run["close_returned"] = "pdchaos: close() returned" in text
             run["thread_alive_after"] = ("alive=1" in text) if "alive=" in text else None
+            # a thread that ended with an unhandled exception (threading's excepthook prints "Exception
+            # in thread ..." and the traceback): the exception's type only (its message is an errno text)
+            died = text.split("Exception in thread", 1)[1].splitlines()[1:] if "Exception in thread" in text else []
+            last = [ln for ln in died if ln and not ln.startswith((" ", "Traceback", "pdchaos:"))]
+            run["thread_exception"] = last[-1].split(":", 1)[0].strip()[:80] if last else None
             # libzmq's own assertion line: "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)",
             # or an errno assertion, "<strerror> (src/<file>.cpp:<line>)"
             asserts = [ln.strip() for ln in text.splitlines() if re.search(r"\(src/[\w./-]+\.cpp:\d+\)", ln)]

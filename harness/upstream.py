@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import HarnessError
-from .nodeenv.overlay import _link_tree, series_overlay
+from .nodeenv.overlay import _link_tree, own_copy, publish, series_overlay
 from .nodeenv.venv import cache_root
 
 PYTEST_TIMEOUT_S = 1200.0
@@ -95,13 +95,7 @@ def install_tools(p: UpstreamProject, timeout_s: float = 600.0) -> Path:
         if res.returncode != 0:
             last = [ln for ln in res.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
             raise HarnessError(f"{p.label}: installing the test tools ({p.tools_lock.name}) failed: {last[0][:200]}")
-        (tmp / "t" / ".complete").write_text(p.tools_lock.name + "\n")
-        try:
-            os.rename(tmp / "t", final)
-        except OSError:
-            if not (final / ".complete").is_file():
-                raise
-        return final
+        return publish(tmp / "t", final, p.tools_lock.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -173,13 +167,7 @@ def fetch_sdist(p: UpstreamProject, timeout_s: float = 600.0) -> Path:
                       if m.name.startswith(f"{top}/tests/") or m.name in {f"{top}/{n}" for n in p.root_files}]
             tf.extractall(tree, members=wanted, filter="data")
         shutil.move(str(tree / top), str(tmp / "src"))
-        (tmp / "src" / ".complete").write_text(f"{p.sdist_url}\n{p.sdist_sha256}\n")
-        try:
-            os.rename(tmp / "src", final)
-        except OSError:
-            if not (final / ".complete").is_file():
-                raise
-        return final
+        return publish(tmp / "src", final, f"{p.sdist_url}\n{p.sdist_sha256}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -190,11 +178,7 @@ def _apply(root: Path, text: str, what: str) -> None:
         return
     changed = sorted({ln[6:].split("\t")[0].strip() for ln in text.splitlines() if ln.startswith("+++ b/")})
     for rel in changed:  # never write through a hard link into the cached sdist
-        f = root / rel
-        if f.exists():
-            data = f.read_bytes()
-            f.unlink()
-            f.write_bytes(data)
+        own_copy(root / rel)
     res = subprocess.run(["git", "apply", "-p1", "--whitespace=nowarn", "-"], cwd=root, input=text,
                          capture_output=True, text=True, timeout=60)
     if res.returncode != 0:

@@ -66,10 +66,7 @@ def overlay_for(site_packages: Path, package: str, patch_text: str, key: str, la
                           if ln.startswith("+++ b/")})
         for rel in changed:  # a changed file must not be a link to the installed one
             f = tmp / rel
-            if f.exists():
-                data = f.read_bytes()
-                f.unlink()
-                f.write_bytes(data)
+            own_copy(f)
             for pyc in (f.parent / "__pycache__").glob(f"{f.stem}.*.pyc"):  # Python writes its own
                 pyc.unlink()
         diff_file = tmp / "series.diff"
@@ -85,16 +82,32 @@ def overlay_for(site_packages: Path, package: str, patch_text: str, key: str, la
             first = next((ln for ln in res.stderr.splitlines() if ln.strip()), "no output")
             raise OverlayError(f"{label}: the diffs do not apply to the installed {package}: {first}")
         diff_file.unlink()
-        (tmp / ".complete").write_text(f"{package} {key}\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process put its copy there first: the same bytes
-            if not (final / ".complete").is_file():
-                raise
-        return final
+        return publish(tmp, final, f"{package} {key}")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+
+def publish(built: Path, final: Path, stamp: str) -> Path:
+    """Mark ``built`` complete (``.complete`` holds ``stamp``) and rename it to ``final``; another
+    process that put its copy there first (the same bytes) wins. Returns ``final``."""
+    (built / ".complete").write_text(stamp if stamp.endswith("\n") else stamp + "\n")
+    try:
+        os.rename(built, final)
+    except OSError:
+        if not (final / ".complete").is_file():
+            raise
+    return final
+
+
+def own_copy(f: Path) -> None:
+    """Replace ``f`` (a hard link into an installed or cached tree) by a copy of its bytes, so that
+    writing to it changes nothing else."""
+    if f.exists():
+        data = f.read_bytes()
+        f.unlink()
+        f.write_bytes(data)
 
 
 def series_overlay(site_packages: Path, package: str, series: Callable[[], list], label: str) -> Path:

@@ -3,6 +3,7 @@ monitor says P is gone, judged on the events a real libzmq emits (pyzmq, loopbac
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -68,32 +69,48 @@ class Pull:
         self.sock.close(linger=0)
 
 
-def _free_port(ctx: zmq.Context) -> int:
-    s = ctx.socket(zmq.ROUTER)
-    port = s.bind_to_random_port("tcp://127.0.0.1")
-    s.close(linger=0)
-    return port
+def _refusing_port() -> socket.socket:
+    """A loopback port that refuses every connect for as long as the returned socket stays open:
+    bound, never listening. A port merely freed could be taken by a parallel test, or be picked as
+    the connecting socket's own ephemeral port (a TCP self-connect, which reads as CONNECTED: seen
+    once on CI); a bound port can be neither."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
-def _connected_then_lost(ctx: zmq.Context, after_loss_s: float) -> tuple[Pull, int]:
-    """A pull connected to a listening P whose port then closes (P gone, or a blip)."""
+def _connected_then_lost(ctx: zmq.Context, after_loss_s: float) -> tuple[Pull, int, socket.socket]:
+    """A pull connected to a listening P whose port then closes (P gone, or a blip). The port is
+    then held bound, not listening (see _refusing_port), until the caller closes the socket."""
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     pull = Pull(ctx, port, after_loss_s=after_loss_s)
     pull.pump(0.3)
     assert pull.watch.connected
     router.close(linger=0)
-    return pull, port
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the old connection's TIME_WAIT
+    end = time.monotonic() + 2.0
+    while True:  # libzmq closes its listener on its own I/O thread: wait until the port is free
+        try:
+            held.bind(("127.0.0.1", port))
+            return pull, port, held
+        except OSError:
+            if time.monotonic() > end:
+                held.close()
+                raise
+            time.sleep(0.005)
 
 
 def test_nobody_ever_listening_is_gone_after_two_refusals() -> None:
     ctx = zmq.Context()
     try:
-        pull = Pull(ctx, _free_port(ctx), after_loss_s=1.5)
-        took = pull.gone_within(3.0)
-        assert took is not None and took < 2.0, took  # two refused connects, ~0.2 s on a quiet machine
-        assert not pull.watch.ever_connected
-        pull.close()
+        with _refusing_port() as held:
+            pull = Pull(ctx, held.getsockname()[1], after_loss_s=1.5)
+            took = pull.gone_within(3.0)
+            assert took is not None and took < 2.0, took  # two refused connects, ~0.2 s on a quiet machine
+            assert not pull.watch.ever_connected
+            pull.close()
     finally:
         ctx.destroy(linger=0)  # also when an assertion failed before a socket was closed
 
@@ -103,7 +120,7 @@ def test_a_lost_connection_is_not_p_gone_after_one_refusal() -> None:
     reconnect. The old count read one refused connect as two: P 'gone' ~0.13 s into the loss."""
     ctx = zmq.Context()
     try:
-        pull, _ = _connected_then_lost(ctx, after_loss_s=1.0)
+        pull, _, held = _connected_then_lost(ctx, after_loss_s=1.0)
         t_loss = time.monotonic()
         pull.pump(0.5)
         # the old rule: "gone" after the first real refusal (the scheduling RETRIED counted as one)
@@ -112,6 +129,7 @@ def test_a_lost_connection_is_not_p_gone_after_one_refusal() -> None:
         took = pull.gone_within(2.0)
         assert took is not None and time.monotonic() - t_loss >= 1.0  # refused for its whole window
         pull.close()
+        held.close()
     finally:
         ctx.destroy(linger=0)  # also when an assertion failed before a socket was closed
 
@@ -120,9 +138,10 @@ def test_a_port_that_listens_again_within_the_window_is_not_gone() -> None:
     """A blip that heals (or P back on its port) before the window ends: connected again, never gone."""
     ctx = zmq.Context()
     try:
-        pull, port = _connected_then_lost(ctx, after_loss_s=1.5)
+        pull, port, held = _connected_then_lost(ctx, after_loss_s=1.5)
         pull.pump(0.6)
         assert pull.watch.refused >= 1
+        held.close()
         again = ctx.socket(zmq.ROUTER)
         again.bind(f"tcp://127.0.0.1:{port}")
         assert pull.gone_within(2.0) is None

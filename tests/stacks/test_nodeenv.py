@@ -333,32 +333,6 @@ def test_shim_register_logs_once_and_touches_nothing_else(shim, monkeypatch, cap
     assert set(vars(acc)) == {"available", "current_device_index"}
 
 
-def test_shim_starts_vllms_cpu_processes_by_fork_unless_told_not_to(shim, monkeypatch):
-    """A stand-in for vLLM 0.32.0's CpuPlatform: its check_and_update_config sets spawn (as the real
-    one does); wrapped, the variable reads fork after it, and nothing else of the config changes."""
-    class CpuPlatformStandIn:
-        calls = 0
-
-        @classmethod
-        def check_and_update_config(cls, vllm_config):
-            cls.calls += 1
-            vllm_config["seen"] = True
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-
-    monkeypatch.delenv("PDCHAOS_CPU_SPAWN", raising=False)
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    assert shim.start_by_fork(CpuPlatformStandIn) == "patched"
-    assert shim.start_by_fork(CpuPlatformStandIn) == "already patched"
-    cfg: dict = {}
-    CpuPlatformStandIn.check_and_update_config(cfg)
-    assert cfg == {"seen": True} and CpuPlatformStandIn.calls == 1
-    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
-    monkeypatch.setenv("PDCHAOS_CPU_SPAWN", "1")  # the switch: vLLM's own choice stands
-    CpuPlatformStandIn.check_and_update_config(cfg)
-    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
-    assert shim.start_by_fork(types.SimpleNamespace()) == "no check_and_update_config"
-
-
 def test_shim_package_declares_the_vllm_entry_point(shim):
     meta = tomllib.loads((SHIM_SRC / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"pdchaos_cpu_shim": "pdchaos_cpu_shim:register"}

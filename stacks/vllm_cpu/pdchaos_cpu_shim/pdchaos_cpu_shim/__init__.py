@@ -16,14 +16,6 @@ CPU-only host. Nothing else in that connector is tied to CUDA (its protocol come
 (2) on a CPU with AMX it requests the AMX tile permission for the process (see
 :func:`enable_amx`): without it a vLLM server whose first step is small dies with SIGILL.
 
-(3) it starts vLLM's engine core and workers by ``fork``, as vLLM does on a GPU host by default
-(``VLLM_WORKER_MULTIPROC_METHOD``'s default), instead of the ``spawn`` that vLLM 0.32.0's CPU
-platform sets (``CpuPlatform.check_and_update_config``, "Environment variables for CPU executor"):
-each spawned process imports torch and vLLM again, ~7-8 s of a 2-core machine's time each, so a
-node was ready in ~25 s by spawn and is in ~12-14 s by fork (see :func:`start_by_fork`). The CPU
-worker still binds its OpenMP threads itself, after the fork. ``PDCHAOS_CPU_SPAWN=1`` keeps vLLM's
-``spawn``.
-
 ``register()`` is idempotent (a second call changes nothing), leaves a host that has an
 accelerator untouched, and logs one line when the shim is active.
 """
@@ -31,15 +23,13 @@ accelerator untouched, and logs one line when the shim is active.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-__all__ = ["register", "patch_accelerator", "start_by_fork", "MARK", "SPAWN_ENV"]
+__all__ = ["register", "patch_accelerator", "MARK"]
 
 # Set on the replacement function, so a second register() (another vLLM process start, or a
 # re-import) recognises its own work and does nothing.
 MARK = "_pdchaos_cpu_shim"
-SPAWN_ENV = "PDCHAOS_CPU_SPAWN"  # "1": leave vLLM's CPU platform starting its processes by spawn
 
 logger = logging.getLogger("vllm.pdchaos_cpu_shim")
 
@@ -76,54 +66,11 @@ def register() -> None:
         import torch
     except ImportError:  # no torch: nothing to shim
         return
-    said = []
     if patch_accelerator(getattr(torch, "accelerator", None)) == "patched":
-        said.append("pdchaos_cpu_shim active (environment shim, not the system under test): "
+        logger.info("pdchaos_cpu_shim active (environment shim, not the system under test): "
                     "no accelerator, so torch.accelerator.current_device_index() returns 0")
     if enable_amx(torch):
-        said.append("pdchaos_cpu_shim: AMX tiles enabled for this process (arch_prctl permission)")
-    accelerator = getattr(torch, "accelerator", None)
-    if os.environ.get(SPAWN_ENV, "") != "1" and not (accelerator is not None and accelerator.is_available()):
-        try:
-            from vllm.platforms import cpu as cpu_platform
-        except ImportError:  # not vLLM's CPU build: nothing to change
-            cpu_platform = None
-        if cpu_platform is not None and start_by_fork(cpu_platform.CpuPlatform) == "patched":
-            # the API server loads its plugins before vLLM's logging is set up, and the processes it
-            # forks do not load them again: said when vLLM configures the engine, where it shows
-            _PENDING.extend(said + ["pdchaos_cpu_shim: engine core and workers start by fork, as on a GPU "
-                                    f"host ({SPAWN_ENV}=1 keeps spawn)"])
-            return
-    for line in said:
-        logger.info(line)
-
-
-_PENDING: list[str] = []
-
-
-def start_by_fork(platform: Any) -> str:
-    """Wrap ``platform.check_and_update_config`` (vLLM's ``CpuPlatform``) so that, after it set
-    ``VLLM_WORKER_MULTIPROC_METHOD=spawn``, the variable is ``fork`` again. Returns ``"patched"``,
-    ``"already patched"`` or ``"no check_and_update_config"``. vLLM's own ``_maybe_force_spawn``
-    still forces spawn where fork is unsafe (an initialised accelerator, a Ray actor, NUMA binding)."""
-    current = getattr(platform, "check_and_update_config", None)
-    if not callable(current):
-        return "no check_and_update_config"
-    if getattr(current, MARK, False):
-        return "already patched"
-    original = current.__func__ if hasattr(current, "__func__") else current
-
-    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
-        while _PENDING:
-            logger.info(_PENDING.pop(0))
-        original(cls, vllm_config)
-        if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn" and os.environ.get(SPAWN_ENV, "") != "1":
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-
-    setattr(check_and_update_config, MARK, True)
-    check_and_update_config.__wrapped__ = original  # type: ignore[attr-defined]
-    platform.check_and_update_config = classmethod(check_and_update_config)
-    return "patched"
+        logger.info("pdchaos_cpu_shim: AMX tiles enabled for this process (arch_prctl permission)")
 
 
 def enable_amx(torch: Any) -> bool:

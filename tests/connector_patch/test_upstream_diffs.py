@@ -122,3 +122,39 @@ def test_a_diff_that_does_not_apply_is_one_error_and_leaves_nothing(tmp_path: Pa
     assert (site / "pkg" / "__init__.py").read_text() == "x = 1\n"
     with pytest.raises(overlay.OverlayError, match="not installed"):
         overlay.overlay_for(site, "other", good, "k3", "other 1.0")
+
+
+def _removed_lines(text: str) -> int:
+    return sum(1 for ln in text.splitlines() if ln.startswith("-") and not ln.startswith("---"))
+
+
+@pytest.mark.parametrize("project,version", SERIES)
+def test_a_diff_that_changes_upstreams_own_tests_names_them_in_tests_changed(project: str, version: str) -> None:
+    """A diff may add tests to one of upstream's test files freely; a diff that changes or removes a
+    line of upstream's own tests (a file the pinned release has, not one an earlier diff of the series
+    added) names that file in its Tests-changed field, with the reason, and names no file it leaves alone."""
+    ours: set[str] = set()  # test files the series itself added
+    for d in read_series(project, version):
+        named = set(re.findall(r"tests/[\w/.-]+?\.py", d.header.get("Tests-changed", "")))
+        changed = {f.path for f in d.test_files() if not f.new_file and f.path not in ours
+                   and _removed_lines(f.text)}
+        assert changed <= named, (f"{d.name} changes upstream's own tests in {sorted(changed - named)} "
+                                  "without naming them in Tests-changed")
+        touched = {f.path for f in d.test_files()}
+        assert named <= touched, f"{d.name}: Tests-changed names {sorted(named - touched)}, which it does not touch"
+        ours |= {f.path for f in d.test_files() if f.new_file}
+
+
+def test_the_tests_changed_rule_refuses_a_silent_change(tmp_path: Path) -> None:
+    """The rule itself, on a made-up diff that rewrites an assertion of an upstream test and says nothing."""
+    body = ("Subject: s\nDefect: d\nGuarantee: g\nScenarios: none\nTests: tests/test_x.py::test_new\n"
+            "Tests-changed: none\n\n"
+            "diff --git a/tests/test_x.py b/tests/test_x.py\n--- a/tests/test_x.py\n+++ b/tests/test_x.py\n"
+            "@@ -1,2 +1,2 @@\n def test_old():\n-    assert f() == 1\n+    assert f() == 2\n"
+            "diff --git a/toy/m.py b/toy/m.py\n--- a/toy/m.py\n+++ b/toy/m.py\n@@ -1 +1 @@\n-A = 1\n+A = 2\n")
+    f = tmp_path / "01-x.diff"
+    f.write_text(body)
+    d = read_diff(f)
+    changed = {x.path for x in d.test_files() if not x.new_file and _removed_lines(x.text)}
+    assert changed == {"tests/test_x.py"}
+    assert not changed <= set(re.findall(r"tests/[\w/.-]+?\.py", d.header.get("Tests-changed", "")))

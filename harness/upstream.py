@@ -41,6 +41,8 @@ from .nodeenv.overlay import _link_tree, own_copy, publish, series_overlay
 from .nodeenv.venv import cache_root
 
 PYTEST_TIMEOUT_S = 1200.0
+# a failure message (pytest's JUnit ``message``) that says the test never reached what it asserts
+NOT_REACHED = re.compile(r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError)\b|collection failure")
 TEST_ID = re.compile(r"\btests/[\w./-]+\.py(?:::[\w\[\]./-]+)*")
 
 
@@ -221,6 +223,10 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
     error: str | None = None  # the run itself failed (nothing collected, timeout, crash)
     seconds: float = 0.0
+    # failed tests that failed without reaching what they assert: a collection or set-up error (JUnit's
+    # <error>) or a name the code does not have yet (ImportError, ModuleNotFoundError); the rest of
+    # ``failed`` failed in the test's own body (an assertion, an exception of the code under test)
+    not_reached: list[str] = field(default_factory=list)
 
     def counts(self) -> str:
         return f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.skipped)} not run"
@@ -263,6 +269,10 @@ def run_pytest(p: UpstreamProject, tree: Path, overlay: Path, ids: list[str], ti
         kinds = {c.tag for c in case}
         if kinds & {"failure", "error"}:
             out.failed.append(name)
+            first = next((c for c in case if c.tag in ("failure", "error")), None)
+            message = (first.get("message") or "") if first is not None else ""
+            if "error" in kinds or NOT_REACHED.match(message):
+                out.not_reached.append(name)
         elif "skipped" in kinds:
             out.skipped.append(name)
         else:
@@ -291,10 +301,19 @@ class DiffResult:
         return [t for t in self.tests if "::" in t and not any(_same_test(t, s) for s in seen)]
 
     @property
+    def shown_before(self) -> list[str]:
+        """Named tests that failed before the diff in their own body: what shows the defect. A test
+        that cannot even be collected or import its names before the diff shows only that the diff
+        adds them."""
+        if self.before is None:
+            return []
+        return [n for n in self.before.failed if n not in self.before.not_reached]
+
+    @property
     def ok(self) -> bool:
         return (self.problem is None and self.before is not None and self.after is not None
                 and not self.before.error and not self.after.error
-                and not self.before.passed and not self.before.skipped and bool(self.before.failed)
+                and not self.before.passed and not self.before.skipped and bool(self.shown_before)
                 and not self.after.failed and not self.after.skipped and bool(self.after.passed)
                 and not self.unrun)
 
@@ -426,6 +445,10 @@ def line_for(r: DiffResult) -> str:
     parts = [f"{r.name}: {len(r.tests)} named test(s)"]
     if b is not None:
         parts.append(f"before: {b.counts()}" + (f" ({b.error})" if b.error else "")
+                     + (f", {len(b.not_reached)} of them before reaching an assertion (a collection error or a "
+                        "missing name)" if b.not_reached else "")
+                     + ("; NO TEST SHOWS THE DEFECT (every failure before the fix is a missing name)"
+                        if b.failed and not r.shown_before else "")
                      + ("".join(f"; PASSES BEFORE THE FIX: {n}" for n in b.passed[:5])))
     if a is not None:
         parts.append(f"after: {a.counts()}" + (f" ({a.error})" if a.error else "")

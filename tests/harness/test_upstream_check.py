@@ -174,3 +174,32 @@ def test_an_own_test_the_series_skips_or_removes_is_a_problem(tmp_path, monkeypa
     _, own_out, problems = check(p, out=lambda s: None)
     assert [n.rsplit("::", 1)[1] for n in own_out.lost] == ["test_f_is_one"]
     assert len(problems) == 1 and "skipped or gone with the series: tests/test_own::test_f_is_one" in problems[0]
+
+
+def test_a_test_that_fails_before_only_for_a_missing_name_shows_no_defect(tmp_path, monkeypatch):
+    """Before the diff, a named test that cannot import what the diff adds (at the top of its file: a
+    collection error; inside the test: ModuleNotFoundError) fails without reaching its assertion: it
+    shows that the diff adds a name, not the defect. A diff proven only by such tests is not proven;
+    one with a test that fails on the unfixed code's behaviour is."""
+    top = _file_diff("tests/test_top.py", None, "from toy.g import g\n\n\ndef test_g():\n    assert g() == 3\n")
+    p = _project(tmp_path, monkeypatch, [
+        ("01-new-name-top.diff", "tests/test_top.py::test_g", ADD_G + top),
+        ("02-new-name-inside.diff", "tests/test_k.py::test_k", _file_diff(
+            "tests/test_k.py", None, "def test_k():\n    from toy.k import K\n    assert K == 1\n")
+         + _file_diff("toy/k.py", None, "K = 1\n")),
+        ("03-fix.diff", "tests/test_fix.py::test_f_is_two tests/test_g2.py::test_g2", FIX + FIX_TEST + _file_diff(
+            "tests/test_g2.py", None, "def test_g2():\n    from toy.g2 import g2\n    assert g2() == 4\n")
+         + _file_diff("toy/g2.py", None, "def g2():\n    return 4\n")),
+    ], own_test="def test_x():\n    pass\n")
+    results, _, problems = check(p, out=lambda _: None, own=False, jobs=2)
+    by = {r.name: r for r in results}
+    for name in ("01-new-name-top.diff", "02-new-name-inside.diff"):
+        r = by[name]
+        assert r.before.failed and r.before.not_reached == r.before.failed and not r.shown_before, line_for(r)
+        assert r.after.passed and not r.after.failed
+        assert not r.ok and "NO TEST SHOWS THE DEFECT" in line_for(r)
+    fix = by["03-fix.diff"]  # one test shows the defect (f() is 1), the other only a new name: proven
+    assert fix.ok, line_for(fix)
+    assert [n.split("::")[-1] for n in fix.shown_before] == ["test_f_is_two"]
+    assert sorted(pr.split(": ", 1)[0] for pr in problems) == ["toy 1.0 01-new-name-top.diff",
+                                                               "toy 1.0 02-new-name-inside.diff"]

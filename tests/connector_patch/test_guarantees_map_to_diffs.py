@@ -33,7 +33,7 @@ TABLES = {
 NOT_YET = {
     "1 and 5. **a failed or aborted load frees D's blocks": "P's requester links",
     "2. no busy wait": "the engine wake",
-    "8. logs": "failure codes in the stats",
+    "8. logs": "the rate limit",
 }
 
 

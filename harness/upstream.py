@@ -279,6 +279,11 @@ def run_pytest(p: UpstreamProject, tree: Path, overlay: Path, ids: list[str], ti
             out.passed.append(name)
     if res.returncode not in (0, 1) and not out.failed:  # 2-5: interrupted, usage, nothing collected
         out.error = f"pytest exited {res.returncode}"
+    # the report is a file the tests' own process writes: it must agree with pytest's exit code
+    # (0: nothing failed; 1: something did), or neither is believed
+    elif (res.returncode == 0) == bool(out.failed) and res.returncode in (0, 1):
+        out.error = (f"pytest exited {res.returncode} but its JUnit report has {len(out.failed)} failed: the "
+                     "two disagree (a report written by something other than pytest?)")
     return out
 
 

@@ -203,3 +203,21 @@ def test_a_test_that_fails_before_only_for_a_missing_name_shows_no_defect(tmp_pa
     assert [n.split("::")[-1] for n in fix.shown_before] == ["test_f_is_two"]
     assert sorted(pr.split(": ", 1)[0] for pr in problems) == ["toy 1.0 01-new-name-top.diff",
                                                                "toy 1.0 02-new-name-inside.diff"]
+
+
+def test_a_junit_report_that_disagrees_with_pytests_exit_code_is_not_believed(tmp_path, monkeypatch):
+    """The JUnit file is written inside the tests' own process: a test that rewrites it (every case
+    'passed') while pytest exits 1 leaves an outcome with an error, not a pass."""
+    forge = _file_diff("tests/test_forge.py", None, (
+        "import atexit, sys\nfrom toy.mod import f\n\n\n"
+        "def _rewrite():\n"
+        "    path = sys.argv[sys.argv.index('--junitxml') + 1]\n"
+        "    open(path, 'w').write('<testsuites><testsuite><testcase classname=\"tests.test_forge\" '\n"
+        "                          'name=\"test_f_is_two\"/></testsuite></testsuites>')\n\n\n"
+        "def test_f_is_two():\n    atexit.register(_rewrite)\n    assert f() == 2\n"))
+    p = _project(tmp_path, monkeypatch, [("01-forge.diff", "tests/test_forge.py::test_f_is_two", FIX + forge)],
+                 own_test="def test_x():\n    pass\n")
+    results, _, problems = check(p, out=lambda _: None, own=False, jobs=2)
+    before = results[0].before
+    assert before.error and "disagree" in before.error, before
+    assert not results[0].ok and problems

@@ -191,7 +191,17 @@ def render_reference() -> str:
     return "\n".join(out) + "\n"
 
 
-def render_upstream() -> str:
+def _reports_of(scenarios: str, reports: Path) -> str:
+    """Links to the committed repro reports (docs/reports/<scenario>--upstream/README.md) of the
+    scenarios a diff's header names, in its order; "-" where none is committed."""
+    links = []
+    for name in dict.fromkeys(re.findall(r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b", scenarios)):
+        if (reports / f"{name}--upstream" / "README.md").is_file():
+            links.append(f"[{name}](../reports/{name}--upstream/README.md)")
+    return ", ".join(links) or "-"
+
+
+def render_upstream(reports: Path = Path("docs/reports")) -> str:
     """Every upstream diff of every family's upstream releases (connector_patch/upstream/), from their
     headers: the defect, the guarantee, the scenarios that show it, the tests it brings, and how to
     get a report of it from a real run."""
@@ -207,14 +217,15 @@ def render_upstream() -> str:
     for p in sorted(projects(), key=lambda p: (p.project, p.version)):
         diffs = p.series()
         out += [f"## {p.label} ({len(diffs)} diffs)", "",
-                "| diff | change | defect | guarantee | scenarios | tests | related |", "|---|---|---|---|---|---|---|"]
+                "| diff | change | defect | guarantee | scenarios | tests | related | report |",
+                "|---|---|---|---|---|---|---|---|"]
         for d in diffs:
             h = d.header
             out.append("| " + " | ".join(_cell(x) for x in (
                 f"`{d.name}`", h.get("Subject", ""), h.get("Defect", ""), h.get("Guarantee", ""),
                 h.get("Scenarios", ""), h.get("Tests", "") + (f" (changed: {h['Tests-changed']})"
                                                                if h.get("Tests-changed", "none") != "none" else ""),
-                h.get("Related", ""))) + " |")
+                h.get("Related", ""))) + " | " + _reports_of(h.get("Scenarios", ""), reports) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -223,7 +234,8 @@ def generate(folders: dict[str, list], out_dir: Path, runs: dict) -> dict[Path, 
     files = {out_dir / f"{k}.md": render_folder(k, v, runs) for k, v in folders.items()}
     files[out_dir / "README.md"] = render_index(folders)
     files[out_dir / "checks-and-faults.md"] = render_reference()
-    files[out_dir / "upstream-diffs.md"] = render_upstream()
+    # the repro reports of docs/reports/ (pdchaos repro, docs/upstream.md), beside this folder
+    files[out_dir / "upstream-diffs.md"] = render_upstream(out_dir.parent / "reports")
     return files
 
 

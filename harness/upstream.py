@@ -42,7 +42,9 @@ from .nodeenv.venv import cache_root
 
 PYTEST_TIMEOUT_S = 1200.0
 # a failure message (pytest's JUnit ``message``) that says the test never reached what it asserts
-NOT_REACHED = re.compile(r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError)\b|collection failure")
+# (a missing module, a name a module does not have yet, a name never bound, a strict xfail that passed)
+NOT_REACHED = re.compile(r"(?:\w+\.)*(?:ImportError|ModuleNotFoundError|NameError)\b|collection failure"
+                         r"|(?:\w+\.)*AttributeError: module '[\w.]+' has no attribute|\[XPASS\(strict\)\]")
 TEST_ID = re.compile(r"\btests/[\w./-]+\.py(?:::[\w\[\]./-]+)*")
 
 
@@ -411,6 +413,9 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                     continue
                 r = DiffResult(d.name, named_tests(d))
                 results.append(r)
+                if not d.package_files(p.package):  # before and after would run the same code
+                    r.problem = f"it changes nothing in {p.package}/: its tests cannot show a fix"
+                    continue
                 if not r.tests:
                     r.problem = "its Tests: field names no test (tests/...py or tests/...py::name)"
                     continue

@@ -221,3 +221,21 @@ def test_a_junit_report_that_disagrees_with_pytests_exit_code_is_not_believed(tm
     before = results[0].before
     assert before.error and "disagree" in before.error, before
     assert not results[0].ok and problems
+
+
+def test_a_new_module_attribute_or_a_test_only_diff_shows_no_defect(tmp_path, monkeypatch):
+    """Found by a review that tried to fool the check: a test that fails before only because a
+    module lacks the function the diff adds (AttributeError on the module) shows a new name, not a
+    defect; and a diff that changes no package file cannot be proven by any test (before and after
+    run the same code)."""
+    attr = _file_diff("tests/test_attr.py", None, "import toy.mod as m\n\n\ndef test_g():\n    assert m.g() == 3\n")
+    add_g_to_mod = _file_diff("toy/mod.py", "def f():\n    return 1\n", "def f():\n    return 1\n\n\ndef g():\n    return 3\n")
+    only_test = _file_diff("tests/test_only.py", None, "def test_x():\n    assert False\n")
+    p = _project(tmp_path, monkeypatch, [("01-attr.diff", "tests/test_attr.py::test_g", add_g_to_mod + attr),
+                                         ("02-test-only.diff", "tests/test_only.py::test_x", only_test)],
+                 own_test="def test_x():\n    pass\n")
+    results, _, problems = check(p, out=lambda _: None, own=False, jobs=2)
+    by = {r.name: r for r in results}
+    assert by["01-attr.diff"].before.not_reached and not by["01-attr.diff"].ok, line_for(by["01-attr.diff"])
+    assert not by["02-test-only.diff"].ok and "changes nothing in toy/" in line_for(by["02-test-only.diff"])
+    assert len(problems) == 2

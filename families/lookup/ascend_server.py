@@ -8,13 +8,20 @@
   (``kv_pool/ascend_store/ascend_store_connector.py``), unmodified.
 * ``--impl hardened``: ``connector_patch.lookup.ascend_store.HardenedLookupKeyServer``, the server the
   plugin installs into ``AscendStoreConnector`` on rank 0.
+* ``--impl patched``: vllm-ascend's own ``LookupKeyServer`` from ``--upstream-overlay DIR`` (a copy of
+  the conformance env's vllm_ascend with connector_patch/upstream/vllm-ascend/ applied, put first on
+  sys.path; no plugin): diffs 10-13 give it the v1 protocol, the backend deadline, the socket rebuild,
+  a bounded close and the admin reset. Its settings come the way upstream's do, from
+  ``kv_connector_extra_config`` (``lookup_rpc_timeout_ms`` = ``--deadline-ms``,
+  ``lookup_backend_timeout_ms`` = ``--backend-timeout-ms``).
 
 Both get the same ``vllm_config`` (vLLM's real ``ParallelConfig`` and ``KVTransferConfig`` with
 ``lookup_rpc_port``) and bind the path vllm-ascend derives from it (``get_zmq_rpc_path_lookup``,
 with ``VLLM_RPC_BASE_PATH`` set to the endpoint's folder): the endpoint given must be that path.
-Behind ``lookup_scheduler`` sits :class:`PoolWorkerModel`, a small pool-worker object with upstream's
-``lookup_scheduler`` contract (a backend exception is a miss, as upstream's own catches it) over the
-preloaded :class:`MemoryBackend`, switchable at run time by ``backend_fault`` like every lookup
+Behind ``lookup_scheduler`` sits :class:`PoolWorkerModel`, a stand-in for vllm-ascend's
+``KVPoolWorker`` (which needs an NPU and a Mooncake store): upstream's ``lookup_scheduler`` contract (a
+backend exception is a miss, as upstream's own catches it, or raised with the patched release's
+``raise_on_error``) over the preloaded :class:`MemoryBackend`, switchable at run time by ``backend_fault`` like every lookup
 server node. Command ``close_server``: calls the server's ``close()`` while its thread waits in
 ``recv`` (upstream's aborts the process: a ZMQ assertion, exit 134).
 """
@@ -28,7 +35,8 @@ import threading
 import time
 from typing import Any
 
-IMPLS = ("upstream", "hardened")
+IMPLS = ("upstream", "hardened", "patched")
+MODEL_NAME = "pdchaos-tiny"  # the stand-in pool's keys are "<model>@...", as a Mooncake store's are
 _PATH = re.compile(r"^ipc://(?P<base>/.+)/lookup_rpc_port_(?P<port>[0-9]+)_dp_rank0$")
 READY_TIMEOUT_S = 180.0  # `import torch` + vllm + vllm_ascend: 10-60 s on a busy 2-core host
 
@@ -50,7 +58,13 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 
     base(p, "lookup-server")
     p.add_argument("--impl", required=True, choices=IMPLS, help="upstream: vllm-ascend's LookupKeyServer; "
-                                                                 "hardened: the plugin's HardenedLookupKeyServer")
+                                                                 "hardened: the plugin's HardenedLookupKeyServer; "
+                                                                 "patched: upstream's with the diffs (--upstream-overlay)")
+    p.add_argument("--deadline-ms", type=int, default=1000,
+                   help="patched: the client's deadline (lookup_rpc_timeout_ms), which bounds the backend's")
+    p.add_argument("--upstream-overlay", default="", metavar="DIR",
+                   help="patched: a copy of vllm-ascend with the upstream diffs applied, put first on sys.path "
+                        "(harness/nodeenv/overlay.py)")
 
 
 def argv_of(args: argparse.Namespace) -> list[str]:
@@ -59,6 +73,8 @@ def argv_of(args: argparse.Namespace) -> list[str]:
            "--log-level", args.log_level]
     if args.preload:
         out += ["--preload", args.preload]
+    if args.impl == "patched":
+        out += ["--deadline-ms", str(args.deadline_ms), "--upstream-overlay", args.upstream_overlay]
     if args.control:
         out += ["--control", args.control]
     return out
@@ -69,6 +85,11 @@ def run_node(args: argparse.Namespace) -> int:
 
     if parse_path(args.endpoint) is None:
         return usage_exit("--endpoint: must be vllm-ascend's lookup path ipc://DIR/lookup_rpc_port_N_dp_rank0")
+    from harness.nodeenv.overlay import overlay_arg_problem
+
+    bad = overlay_arg_problem(args.impl == "patched", args.upstream_overlay, "vllm_ascend")
+    if bad:
+        return usage_exit(bad)
     from stacks.ascend_cpu.recipe import ascend_conf_env
     from harness.nodeenv.exec_node import exec_module
 
@@ -78,20 +99,50 @@ def run_node(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- conformance-env side
 
-class PoolWorkerModel:
-    """What upstream's server calls: ``lookup_scheduler(token_len, hashes, group_ids, use_layerwise,
-    hbm_hit_tokens) -> int``. A backend exception is a miss (0), as in upstream's own
-    ``KVPoolWorker.lookup_scheduler``; a hung backend hangs it. ``kv_send_thread.request_queue`` is
-    the backend's queue of pending stores (what the admin reset drains); ``clear_pool()`` empties it."""
+class _PoolStoreModel:
+    """The stand-in's ``m_store.store``: the one call the patched release's admin reset makes,
+    ``remove_by_regex(pattern, force)`` (Mooncake's store: the number of keys removed). Every key of
+    the stand-in's pool is ``<MODEL_NAME>@<hash>``: a pattern that matches that name removes them all
+    (through the backend's ``clear``, so a ``clear_fails`` backend fault raises, nothing removed)."""
 
     def __init__(self, faulty: Any):
+        self.faulty = faulty
+
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:  # noqa: ARG002
+        if re.match(pattern, f"{MODEL_NAME}@") is None:
+            return 0
+        n = len(self.faulty.inner)
+        self.faulty.clear()
+        return n
+
+
+class PoolWorkerModel:
+    """A stand-in for vllm-ascend's ``KVPoolWorker`` on rank 0 (the real one needs an NPU and a
+    Mooncake store), with what the lookup servers read of it:
+
+    * ``lookup_scheduler(token_len, hashes, group_ids, use_layerwise, hbm_hit_tokens,
+      raise_on_error=False) -> int``: a backend exception is a miss (0), as in upstream's own
+      ``KVPoolWorker.lookup_scheduler``, or raised when ``raise_on_error`` (the patched release's
+      server asks for it, to answer BACKEND_ERROR); a hung backend hangs it;
+    * ``kv_cache_config.kv_cache_groups``: one per group (the patched server's group limit);
+    * ``kv_send_thread.request_queue``: the backend's queue of pending stores (what the admin reset
+      drains); ``model_name``, ``tp_size``/``pp_size``/``pcp_size`` (1: one rank stores) and
+      ``m_store.store.remove_by_regex`` (what the patched release's reset calls);
+    * ``clear_pool()``: the hardened server's reset hook."""
+
+    def __init__(self, faulty: Any, groups: int = 1):
         import types
 
         self.faulty = faulty
         self.kv_send_thread = types.SimpleNamespace(request_queue=faulty.inner._pending)
+        self.kv_cache_config = types.SimpleNamespace(kv_cache_groups=[None] * groups)
+        self.model_name = MODEL_NAME
+        self.tp_size = self.pp_size = self.pcp_size = 1
+        self.m_store = types.SimpleNamespace(store=_PoolStoreModel(faulty))
 
     def lookup_scheduler(self, token_len: int, block_hashes: list, kv_cache_group_ids: list[int] | None = None,
-                         use_layerwise: bool = False, hbm_hit_tokens: int = 0) -> int:  # noqa: ARG002
+                         use_layerwise: bool = False, hbm_hit_tokens: int = 0,  # noqa: ARG002
+                         raise_on_error: bool = False) -> int:
         from connector_patch.lookup.protocol import LookupRequest
 
         req = LookupRequest(int(token_len), tuple(kv_cache_group_ids or [0]), int(hbm_hit_tokens),
@@ -99,18 +150,21 @@ class PoolWorkerModel:
         try:
             return int(self.faulty.hit_tokens(req))
         except Exception:
+            if raise_on_error:
+                raise
             return 0
 
     def clear_pool(self) -> None:
         self.faulty.clear()
 
 
-def vllm_config_for(port: int) -> Any:
-    """The part of a VllmConfig that vllm-ascend's lookup path reads, from vLLM's own config classes."""
+def vllm_config_for(port: int, extra: dict | None = None) -> Any:
+    """The part of a VllmConfig that vllm-ascend's lookup path reads, from vLLM's own config classes;
+    ``extra``: more of ``kv_connector_extra_config`` (the patched release's lookup settings)."""
     from vllm.config import KVTransferConfig, ParallelConfig
 
     kv = KVTransferConfig(kv_connector="AscendStoreConnector", kv_role="kv_both",
-                          kv_connector_extra_config={"lookup_rpc_port": port, "backend": "mooncake"})
+                          kv_connector_extra_config={"lookup_rpc_port": port, "backend": "mooncake", **(extra or {})})
     try:
         from vllm.config import VllmConfig
 
@@ -119,6 +173,11 @@ def vllm_config_for(port: int) -> Any:
         import types
 
         return types.SimpleNamespace(parallel_config=ParallelConfig(), kv_transfer_config=kv)
+
+
+def patched_settings(deadline_ms: int, backend_timeout_ms: int) -> dict:
+    """The patched release's lookup settings, as a deployment would write them."""
+    return {"lookup_rpc_timeout_ms": int(deadline_ms), "lookup_backend_timeout_ms": int(backend_timeout_ms)}
 
 
 def import_stack() -> None:
@@ -131,12 +190,14 @@ def import_stack() -> None:
 
 
 class AscendServerNode:
-    def __init__(self, impl: str, endpoint: str, faulty: Any, groups: int, backend_timeout_ms: int):
+    def __init__(self, impl: str, endpoint: str, faulty: Any, groups: int, backend_timeout_ms: int,
+                 deadline_ms: int = 1000):
         self.impl, self.endpoint, self.faulty = impl, endpoint, faulty
         self.groups, self.backend_timeout_ms = groups, backend_timeout_ms
-        self.worker = PoolWorkerModel(faulty)
+        self.worker = PoolWorkerModel(faulty, groups)
         base, port = parse_path(endpoint)  # type: ignore[misc]
-        self.config = vllm_config_for(port)
+        self.config = vllm_config_for(port, patched_settings(deadline_ms, backend_timeout_ms)
+                                      if impl == "patched" else None)
         self.server: Any = None
         self.retired: list[Any] = []  # servers closed by close_server, still referenced
         self.close_requests: list[Any] = []  # close_server asks; the main thread closes
@@ -144,7 +205,7 @@ class AscendServerNode:
         self.closed_at: float | None = None
 
     def make_server(self) -> Any:
-        if self.impl == "upstream":
+        if self.impl in ("upstream", "patched"):  # patched: the same class, as the diffs change it
             from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.ascend_store_connector import (
                 LookupKeyServer)
 
@@ -189,7 +250,7 @@ def _app(node: AscendServerNode):
                 return {"counters": {}, "alive": False, "closed": node.closed_at is not None}
             if node.impl == "upstream":
                 return {"counters": {}, "alive": s.thread.is_alive()}
-            return {"counters": s.counters, "alive": s.alive}
+            return {"counters": s.counters, "alive": s.alive}  # patched: diff 12 keeps both, by name
 
         def handlers(self) -> dict:
             def backend_fault(m: dict) -> dict:
@@ -215,7 +276,7 @@ def _app(node: AscendServerNode):
         def close(self) -> None:
             node.faulty.set("none")
             s, node.server = node.server, None
-            if s is not None and node.impl == "hardened":
+            if s is not None and node.impl in ("hardened", "patched"):  # patched: diff 12's close() is bounded
                 s.close()
             # upstream's close() aborts the process when its thread waits in recv: at a normal
             # stop the node leaves it to process exit (as vLLM does: nothing upstream calls it)
@@ -236,21 +297,30 @@ def main(argv: list[str] | None = None) -> int:
     parsed = parse_path(args.endpoint)
     if parsed is not None:
         os.environ["VLLM_RPC_BASE_PATH"] = parsed[0]
+    if args.upstream_overlay:  # patched: upstream's code with the diffs, before anything imports vllm_ascend
+        import sys
+
+        sys.path.insert(0, args.upstream_overlay)
 
     def build():
         from connector_patch.lookup import MemoryBackend
 
         from .server_node import FaultyBackend, read_preload
 
-        for name in ("block_size", "groups"):
+        for name in ("block_size", "groups", "deadline_ms"):
             if getattr(args, name) <= 0:
                 raise NodeUsageError(f"--{name.replace('_', '-')}: must be a positive integer")
+        if args.impl == "patched" and args.backend_timeout_ms >= args.deadline_ms:
+            raise NodeUsageError(f"--backend-timeout-ms ({args.backend_timeout_ms}): the patched release needs it "
+                                 f"below --deadline-ms ({args.deadline_ms}) (lookup_backend_timeout_ms < "
+                                 f"lookup_rpc_timeout_ms)")
         if parsed is None:
             raise NodeUsageError("--endpoint: must be vllm-ascend's lookup path ipc://DIR/lookup_rpc_port_N_dp_rank0")
         import_stack()
         memory = MemoryBackend(block_size=args.block_size, groups=args.groups)
         memory.put(read_preload(args.preload) if args.preload else [])
-        node = AscendServerNode(args.impl, args.endpoint, FaultyBackend(memory), args.groups, args.backend_timeout_ms)
+        node = AscendServerNode(args.impl, args.endpoint, FaultyBackend(memory), args.groups, args.backend_timeout_ms,
+                                args.deadline_ms)
         return _app(node)
 
     return run_node_process(build, endpoints={"--endpoint": args.endpoint}, bind_flag="--endpoint",

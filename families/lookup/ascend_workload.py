@@ -8,7 +8,10 @@ scheduler rules), with the client of the target:
 * ``upstream``: vllm-ascend 0.23.0.post1's ``LookupKeyClient(vllm_config)``
   (``kv_pool/ascend_store/pool_scheduler.py``), unmodified: no deadline, a raw 4-byte reply;
 * ``hardened``: ``connector_patch.lookup.ascend_store.HardenedLookupKeyClient``, the client the plugin
-  installs into ``KVPoolScheduler`` (deadline ``deadline`` of the scenario, fail-open).
+  installs into ``KVPoolScheduler`` (deadline ``deadline`` of the scenario, fail-open);
+* ``patched``: vllm-ascend's own ``LookupKeyClient`` from the config's ``upstream_overlay`` (vllm-ascend
+  with connector_patch/upstream/vllm-ascend/ applied, first on sys.path; no plugin), its deadline
+  ``lookup_rpc_timeout_ms`` = the scenario's ``deadline`` in ``kv_connector_extra_config``.
 
 Both connect to the path vllm-ascend derives from the config (``VLLM_RPC_BASE_PATH`` = the
 endpoint's folder, ``lookup_rpc_port`` = its port), which must be the endpoint the topology gives.
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from nodekit.nodeio import setup_logging
     from nodekit.workload import add_workload_arguments, block_start_signal, read_config
 
-    from .ascend_server import import_stack, parse_path, vllm_config_for
+    from .ascend_server import import_stack, parse_path, patched_settings, vllm_config_for
     from .workload import Workload
 
     p = argparse.ArgumentParser(prog="pdchaos node ascend-workload")
@@ -82,16 +85,31 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     os.environ["VLLM_RPC_BASE_PATH"] = parsed[0]
+    target = cfg["target"]
+    from harness.nodeenv.overlay import overlay_arg_problem
+
+    overlay = str(cfg.get("upstream_overlay", ""))
+    bad = overlay_arg_problem(target == "patched", overlay, "vllm_ascend", flag="workload upstream_overlay")
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    if overlay:  # patched: upstream's code with the diffs, before anything imports vllm_ascend
+        sys.path.insert(0, overlay)
     setup_logging(args.log_level)
     block_start_signal()  # before any thread: none may take it
     import_stack()
-    config = vllm_config_for(parsed[1])
-    target = cfg["target"]
+    config = vllm_config_for(parsed[1], patched_settings(int(cfg["deadline_ms"]), int(cfg["backend_timeout_ms"]))
+                             if target == "patched" else None)
 
     class AscendWorkload(Workload):
         def make_client(self) -> Any:
             if target == "upstream":
                 return _UpstreamClient(config)
+            if target == "patched":  # the same class, as diffs 11 and 13 change it
+                from vllm_ascend.distributed.kv_transfer.kv_pool.ascend_store.pool_scheduler import (
+                    LookupKeyClient)
+
+                return LookupKeyClient(config)
             from connector_patch.lookup.ascend_store import HardenedLookupKeyClient
 
             return HardenedLookupKeyClient(config, int(cfg["deadline_ms"]))

@@ -24,9 +24,10 @@ class LookupFamily(Family):
     targets = ("hardened", "legacy", "upstream", "patched")
     # ``upstream`` runs vllm-ascend's real code and needs the conformance env: named by a scenario
     default_targets = ("hardened", "legacy")
-    # patched: vLLM's own store connector code with the upstream diffs (connector_patch/upstream/vllm/)
-    # applied to a copy of the P/D node env's vLLM, no plugin; it claims what hardened claims
-    # (`--target patched`, topology.stack: vllm-store)
+    # patched: upstream's own code with the upstream diffs applied to a copy of the node env's package,
+    # no plugin; it claims what hardened claims (`--target patched`): vLLM's store connector
+    # (connector_patch/upstream/vllm/, topology.stack: vllm-store) or vllm-ascend's AscendStore lookup
+    # RPC (connector_patch/upstream/vllm-ascend/, topology.stack: vllm-ascend)
     derived_targets = {"patched": "hardened"}
     baseline_target = "legacy"
     failed_words = ("fail-open", "fail-open (returned 0)")  # the lookup failed; the scheduler computes
@@ -83,11 +84,8 @@ class LookupFamily(Family):
 
     def excluded(self, scenario: Any, target: str, profile: Any = None) -> str | None:  # noqa: ARG002
         stack = scenario.topology.stack
-        if target == "patched" and stack != "vllm-store":
-            return ("patched is upstream's code with the diffs: the standalone stack runs no upstream code"
-                    if stack == "standalone" else
-                    "patched on vllm-ascend's AscendStore is not wired yet: its diffs are proven by "
-                    "`pdchaos upstream check --project vllm-ascend` (docs/upstream.md)")
+        if target == "patched" and stack == "standalone":
+            return "patched is upstream's code with the diffs: the standalone stack runs no upstream code"
         return None
 
     def requirements(self, scenario: Any) -> set[str]:

@@ -17,7 +17,8 @@ from harness.topology import BaseTopology, NodeSpec, free_tcp_port
 
 SERVER_KIND = {"hardened": "lookup-server", "legacy": "legacy-server"}
 # Targets that run vllm-ascend's real code in the conformance node env (stacks/ascend_cpu/recipe.py):
-# ``upstream`` always; ``hardened`` with ``stack: vllm-ascend`` (the plugin's server and client).
+# ``upstream`` always; ``hardened`` with ``stack: vllm-ascend`` (the plugin's server and client);
+# ``patched`` with ``stack: vllm-ascend`` (upstream's server and client with the diffs, no plugin).
 ASCEND_SERVER, ASCEND_WORKLOAD = "ascend-lookup-server", "ascend-workload"
 ASCEND_READY_S = 180.0  # torch + vLLM + vllm-ascend imports: 10-60 s on a busy 2-core host
 SERVER_RPC_PORT, CLIENT_RPC_PORT = 5100, 5101  # vllm-ascend's lookup_rpc_port: a name in the ipc path
@@ -34,7 +35,8 @@ def runs_store(topo: Any) -> bool:
 
 def runs_ascend(topo: Any, target: str) -> bool:
     """Whether this target's server and client are vllm-ascend's real code (conformance env)."""
-    return target == "upstream" or (target == "hardened" and getattr(topo, "stack", "standalone") == "vllm-ascend")
+    return target == "upstream" or (target in ("hardened", "patched")
+                                    and getattr(topo, "stack", "standalone") == "vllm-ascend")
 GRACE_S = 1.0  # the workload's grace after its duration, on top of deadline + tolerance
 
 
@@ -104,7 +106,10 @@ class LookupTopology(BaseTopology):
         if role == "server":
             args = self._peer_args()
             if self.ascend:
-                args += ["--impl", self.target, "--backend-timeout-ms", str(max(1, int(t.backend_timeout * 1000)))]
+                args += ["--impl", self.target, "--backend-timeout-ms", str(self.backend_timeout_ms())]
+                if self.target == "patched":
+                    args += ["--deadline-ms", str(int(round(self.scenario.deadline * 1000))),
+                             "--upstream-overlay", str(self.upstream_overlay())]
                 return NodeSpec(ASCEND_SERVER, args, endpoints={"lookup": self.server_endpoint},
                                 ready_timeout_s=ASCEND_READY_S)
             kind = SERVER_KIND[self.target]
@@ -174,14 +179,32 @@ class LookupTopology(BaseTopology):
                 "grace_s": m.deadline + m.tolerance + GRACE_S, "mix": w.mix.model_dump(),
                 "prompt_blocks": list(w.prompt_blocks), "seed": m.seed, "preload": self.preload,
                 "block_size": self.topo.block_size, "groups": self.topo.groups, "reset_at_s": w.reset_at,
-                "engine_id": ENGINE_ID, "backend_timeout_ms": max(1, int(self.topo.backend_timeout * 1000)),
+                "engine_id": ENGINE_ID, "backend_timeout_ms": self.backend_timeout_ms(),
                 **({"upstream_overlay": str(self.upstream_overlay())} if self.target == "patched" else {})}
 
+    def backend_timeout_ms(self) -> int:
+        """The server's deadline for one store lookup: ``topology.backend_timeout``. On vllm-ascend's
+        patched release, where it is ``lookup_backend_timeout_ms`` and must be below the client's
+        deadline, a scenario that does not set it gets that release's default instead (three quarters
+        of ``deadline``, as diff 11's ``backend_timeout_ms`` computes it when the key is unset)."""
+        if self.ascend and self.target == "patched" and "backend_timeout" not in self.topo.model_fields_set:
+            return max(1, int(round(self.scenario.deadline * 1000)) * 3 // 4)
+        return max(1, int(self.topo.backend_timeout * 1000))
+
     def upstream_overlay(self) -> Path:
-        """The patched target's copy of the P/D node env's vLLM with connector_patch/upstream/vllm/
-        applied (harness/nodeenv/overlay.py): the store stack runs vLLM 0.32.0 from that env."""
+        """The patched target's package copy (harness/nodeenv/overlay.py, built once per series text):
+        with ``stack: vllm-store``, the P/D node env's vLLM with connector_patch/upstream/vllm/ applied
+        (the store stack runs vLLM 0.32.0 from that env); with ``stack: vllm-ascend``, the conformance
+        env's vllm_ascend with connector_patch/upstream/vllm-ascend/ applied."""
         from connector_patch.upstream import read_series
         from harness.nodeenv.overlay import series_overlay
+
+        if self.ascend:
+            from stacks.ascend_cpu.recipe import ASCEND_VERSION, ascend_conf_env
+
+            return series_overlay(ascend_conf_env(out=lambda line: None).site_packages(), "vllm_ascend",
+                                  lambda: read_series("vllm-ascend", ASCEND_VERSION),
+                                  f"the patched target (vllm-ascend/{ASCEND_VERSION})")
         from stacks.vllm_cpu.recipe import VLLM_VERSION, pd_node_env
 
         return series_overlay(pd_node_env(out=lambda line: None).site_packages(), "vllm",

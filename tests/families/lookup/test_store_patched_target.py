@@ -1,8 +1,8 @@
 """The lookup family's patched target on the vllm-store stack: vLLM's own store admin channel
 (LookupKeyServer, LookupKeyClient) on a copy of the P/D node env's vLLM with connector_patch/upstream/
-vllm/0.32.0/ applied, no plugin, claiming what hardened claims. Only the vllm-store stack has it (the
-standalone stack runs no upstream code; vllm-ascend's AscendStore is not wired yet): elsewhere it is
-listed as not run, with the reason. A real run (both nodes, the real master-less channel) is here;
+vllm/0.32.0/ applied, no plugin, claiming what hardened claims (vllm-ascend's AscendStore has its own:
+test_ascend_patched_target.py). The standalone stack runs no upstream code: there it is listed as not
+run, with the reason. A real run (both nodes, the real master-less channel) is here;
 the whole store suite on patched runs in the CPU nightly."""
 
 from __future__ import annotations

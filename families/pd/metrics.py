@@ -30,7 +30,10 @@ repetition}`` (``error`` is what a KV load failure under policy ``fail`` ends as
 ``prefix_cache_queries_total``, ``prefix_cache_hits_total``, ``external_prefix_cache_queries_total``,
 ``external_prefix_cache_hits_total``, ``num_preemptions_total``, ``admission_rejections_total{reason=
 ...}``; and histograms (request latencies, token counts). The Mooncake connector's own transfer
-statistics (``KV Transfer metrics: ...``) are only logged, not exported.
+statistics (``KV Transfer metrics: ...``) are only logged, not exported; the patched target exports
+them (connector_patch/upstream/vllm/0.32.0/ diff 17: ``mooncake_num_failed_recvs_total{cause=...}``,
+``mooncake_num_failed_transfers_total``, ``mooncake_num_kv_expired_reqs_total``), the hardened one
+``pdchaos_kv_failures_total{code=...}``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ TABLES = {
 NOT_YET = {
     "1 and 5. **a failed or aborted load frees D's blocks": "P's requester links",
     "2. no busy wait": "the engine wake",
-    "8. logs": "the rate limit",
 }
 
 

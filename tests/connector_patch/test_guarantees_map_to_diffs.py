@@ -32,7 +32,6 @@ TABLES = {
 # the first words of the row's guarantee cell
 NOT_YET = {
     "1 and 5. **a failed or aborted load frees D's blocks": "P's requester links",
-    "2. no busy wait": "the engine wake",
 }
 
 

@@ -431,6 +431,7 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                 r.before, r.after = b.result(), a.result()
         for r in results:
             out("  " + line_for(r))
+        problems += _on_the_whole_series(p, diffs, results, scratch, out)
         own_out = None
         if own:
             files = own_test_files(p, diffs)
@@ -445,6 +446,31 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
         if not r.ok:
             problems.append(f"{p.label} {r.name}: {line_for(r)}")
     return results, own_out, problems
+
+
+def _on_the_whole_series(p: UpstreamProject, diffs: list, results: list[DiffResult], scratch: Path,
+                         out: Callable[[str], None]) -> list[str]:
+    """Every proven diff's named tests once more, with the whole series applied: a later diff that
+    breaks an earlier one's tests (the tests of 12 failed from 15 on, unseen, while each diff was
+    only run up to itself) is a problem, as is a named test that does not run there."""
+    names = [t for r in results if r.ok for t in r.tests]  # the others are problems already
+    if not names:
+        return []
+    try:
+        tree = test_tree(p, diffs, diffs, scratch / "series-tests")
+        pkg = package_copy(p, diffs)
+    except HarnessError as e:
+        return [f"{p.label}: the diffs' tests on the whole series: {e}"]
+    whole = run_pytest(p, tree, pkg, names, scratch=scratch / "series-out")
+    seen = whole.passed + whole.failed + whole.skipped
+    unrun = [t for t in names if "::" in t and not any(_same_test(t, s) for s in seen)]
+    line = (f"the diffs' tests on the whole series: {whole.counts()}" + (f" ({whole.error})" if whole.error else "")
+            + "".join(f"; FAILS ON THE WHOLE SERIES: {n}" for n in whole.failed[:5])
+            + "".join(f"; NOT RUN ON THE WHOLE SERIES: {n}" for n in (whole.skipped + unrun)[:5]))
+    out("  " + line)
+    if whole.error or whole.failed or whole.skipped or unrun or not whole.passed:
+        return [f"{p.label}: {line}"]
+    return []
 
 
 def line_for(r: DiffResult) -> str:

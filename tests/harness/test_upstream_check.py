@@ -4,7 +4,8 @@ series of three diffs), so the rules are proven against diffs they must refuse, 
 * a diff whose test fails before it and passes after it is proven;
 * a diff whose test already passes on the unfixed code is not (it does not show the defect);
 * a diff whose ``Tests:`` field names a test that never runs is not (a misspelt name proves nothing);
-* upstream's own tests run with the whole series, and a series that breaks one is a problem.
+* upstream's own tests run with the whole series, and a series that breaks one is a problem;
+* every diff's own tests run once more with the whole series: a later diff that breaks them is a problem.
 
 The real series are checked by the same code in CI (``.ci/run``) and the nightly."""
 
@@ -239,3 +240,30 @@ def test_a_new_module_attribute_or_a_test_only_diff_shows_no_defect(tmp_path, mo
     assert by["01-attr.diff"].before.not_reached and not by["01-attr.diff"].ok, line_for(by["01-attr.diff"])
     assert not by["02-test-only.diff"].ok and "changes nothing in toy/" in line_for(by["02-test-only.diff"])
     assert len(problems) == 2
+
+
+def test_a_later_diff_that_breaks_an_earlier_diffs_test_is_a_problem(tmp_path, monkeypatch):
+    """01's test fails before 01 and passes with it; 02 (proven by its own test) changes f again, so
+    01's test fails on the whole series: each diff alone reads as proven, the series does not."""
+    refix = _file_diff("toy/mod.py", "def f():\n    return 2\n", "def f():\n    return 5\n")
+    refix_test = _file_diff("tests/test_refix.py", None,
+                            "from toy.mod import f\n\n\ndef test_f_is_five():\n    assert f() == 5\n")
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-refix.diff", "tests/test_refix.py::test_f_is_five", refix + refix_test),
+    ], own_test="def test_nothing():\n    assert True\n")
+    lines: list[str] = []
+    results, _, problems = check(p, out=lines.append, own=False, jobs=2)
+    assert all(r.ok for r in results), [line_for(r) for r in results]
+    assert any("FAILS ON THE WHOLE SERIES: tests/test_fix" in pr for pr in problems), problems
+    assert any("the diffs' tests on the whole series: 1 passed, 1 failed" in ln for ln in lines), lines
+
+
+def test_diffs_whose_tests_pass_on_the_whole_series_are_no_problem(tmp_path, monkeypatch):
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+    ], own_test="def test_nothing():\n    assert True\n")
+    lines: list[str] = []
+    results, _, problems = check(p, out=lines.append, own=False, jobs=2)
+    assert results[0].ok and problems == [], problems
+    assert any("the diffs' tests on the whole series: 1 passed, 0 failed, 0 not run" in ln for ln in lines), lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.checks import CheckInput, CheckResult, _first, _r, retired_pids
+from harness.checks import CheckInput, CheckResult, _first, _r, retired_pids, undecided
 
 from .family import FAMILY
 
@@ -45,6 +45,40 @@ def correct_hits(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     if not ok_ops:
         return _r(False, "no successful op: nothing returned a hit that could be checked")
     return _r(True, f"all {len(ok_ops)} successful ops returned the expected hit")
+
+
+@check("reset_done")
+def reset_done(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
+    """The admin reset the workload was to make (``workload.reset_at``) is in the history: the trigger
+    every reset claim rests on (a history without it cannot be judged: the run is an error). A reset
+    the client saw succeed was counted by the server (where the server keeps counters: ``resets`` in
+    its final probes), and every later lookup of the same worker expects a miss in the pool (no more than
+    its ``hbm_hit_tokens``, the prefix already on the device)."""
+    at = (inp.meta.get("workload") or {}).get("reset_at")
+    if at is None:
+        return _r(True, "the workload schedules no reset (workload.reset_at): nothing to judge")
+    resets = [o for o in inp.all_ops if o.get("f") == "reset"]
+    if not resets:
+        return undecided(f"the workload was to reset at {at:g} s and the history holds no reset: the trigger "
+                         "never fired")
+    ok = [o for o in resets if o.get("phase") == "ok"]
+    counted = [(p.get("counters") or {})["resets"] for p in inp.probes
+               if p.get("when") == "final" and "resets" in (p.get("counters") or {})]
+    if ok and counted and sum(counted) < len(ok):
+        return _r(False, f"the client saw {len(ok)} reset(s) succeed, the servers counted {sum(counted)}",
+                  succeeded=len(ok), counted=sum(counted))
+    later = [o for r in ok for o in inp.ops if o.get("process") == r.get("process")
+             and o.get("t_invoke", float("-inf")) > r.get("t_complete", float("inf"))
+             and (o.get("expected") or 0) > (o.get("hbm_hit_tokens") or 0)]
+    if later:
+        o = later[0]
+        return _r(False, f"{len(later)} lookups after a successful reset expect a pool hit; op {o['id']} expects "
+                         f"{o.get('expected')} with {o.get('hbm_hit_tokens') or 0} on the device: the pool was not "
+                         "emptied in the workload's model",
+                  later=_first([o["id"] for o in later]))
+    return _r(True, f"{len(resets)} reset(s) in the history, {len(ok)} succeeded"
+              + (f", counted by the server ({sum(counted)})" if counted else " (the server keeps no counters)"),
+              resets=len(resets), succeeded=len(ok))
 
 
 def _sent(c: dict) -> int:

@@ -133,6 +133,8 @@ class LookupFamily(Family):
         out: dict[str, str] = {}
         if not any(f.type == "server_close" for f in scenario.faults):
             out["clean_close"] = "no server_close fault is scheduled"
+        if scenario.workload.reset_at is None:
+            out["reset_done"] = "the workload resets nothing (workload.reset_at)"
         if target not in ("legacy", "upstream"):
             return out
         who = ("the legacy model" if target == "legacy" else "vLLM's store code" if scenario.topology.stack == "vllm-store"

@@ -409,3 +409,29 @@ def test_node_alive_needs_every_started_node_accounted_for() -> None:
     assert run("node_alive", hist + [probe("interposer", "final", pid=2)]).ok is True
     assert run("node_alive", hist + [event("process_stop", pid=2)] + fault(0, "swap", -0.1, 0.1)).ok is True
     assert run("node_alive", hist + [event("process_stop", pid=2)]).ok is False
+
+
+def test_reset_done_needs_the_scheduled_reset_its_count_and_misses_after_it() -> None:
+    """The admin reset a scenario schedules is the trigger its claim rests on: a history without it
+    cannot be judged; a reset the client saw succeed must be counted by the server, and the lookups
+    after it expect no pool hit (the device's own prefix, hbm_hit_tokens, still counts)."""
+    m = meta(primary_ops=["lookup"], workload={"reset_at": 1.0})
+    after_hbm = op(3, 1.5, value=32, expected=32)
+    after_hbm[0]["hbm_hit_tokens"] = 32
+    good = [m, *op(1, 0.5), *op(2, 1.0, value=True, expected=True, f="reset"), *after_hbm,
+            probe("server", "final", counters={"resets": 1})]
+    assert run("reset_done", good).ok is True
+    no_reset = [m, *op(1, 0.5), *op(3, 1.5, value=0, expected=0), probe("server", "final", counters={"resets": 0})]
+    r = run("reset_done", no_reset)
+    assert r.ok is False and r.message.startswith("cannot judge") and "never fired" in r.message
+    uncounted = [m, *op(1, 0.5), *op(2, 1.0, value=True, expected=True, f="reset"),
+                 probe("server", "final", counters={"resets": 0})]
+    r = run("reset_done", uncounted)
+    assert r.ok is False and "the servers counted 0" in r.message
+    pool_hit = [m, *op(1, 0.5), *op(2, 1.0, value=True, expected=True, f="reset"), *op(3, 1.5, value=16, expected=16),
+                probe("server", "final", counters={"resets": 1})]
+    r = run("reset_done", pool_hit)
+    assert r.ok is False and "expect a pool hit" in r.message
+    # a server that keeps no counters (upstream's): the count is not asked for, the rest still is
+    assert run("reset_done", [m, *op(2, 1.0, value=True, expected=True, f="reset"), *op(3, 1.5, value=0, expected=0),
+                              probe("server", "final")]).ok is True

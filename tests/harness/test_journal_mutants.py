@@ -441,6 +441,12 @@ def lookup_server_close_killed(run: Run) -> None:
 
 
 LOOKUP_ALL = ("lookup", "golden_server_kill")
+
+
+def planned_reset_never_sent(run: Run) -> None:
+    """The workload was to reset the pool at 1 s (workload.reset_at) and the history holds no reset."""
+    run.meta["not_applicable"].pop("reset_done", None)
+    run.meta.setdefault("workload", {})["reset_at"] = 1.0
 LOOKUP_FAULTED = ("lookup", "golden_server_kill")
 LOOKUP_MUTANTS = [
     *[M(f"{b}_ok_lookups_far_from_fault_time_out", b,
@@ -463,6 +469,7 @@ LOOKUP_MUTANTS = [
     *[M(f"{b}_server_fd_leak", b, lambda r: lookup_server_final(r).update(fds=lookup_server_final(r)["fds"] + 3),
         "deviation", ("no_leaks",)) for b in LOOKUP_ALL],
     *[M(f"{b}_block_hash_in_a_log", b, lookup_hash_in_log, "deviation", ("log_hygiene",)) for b in LOOKUP_ALL],
+    *[M(f"{b}_planned_reset_never_sent", b, planned_reset_never_sent, "error", ("reset_done",)) for b in LOOKUP_ALL],
     *[M(f"{b}_expected_fail_fail_open_but_nothing_fails", b, set_expect("fail[fail_open]"), "deviation", ())
       for b in LOOKUP_ALL],
     *[M(f"{b}_fault_effect_zero", b, lambda r: effect_event(r).update(effect={"acted": 1, "seen": 0, "unseen": 1}),

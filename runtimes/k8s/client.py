@@ -60,10 +60,24 @@ def explain(exc: BaseException, doing: str) -> KubeError:
                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''})")
 
 
+EXTRA_HINT = "pip install -e '.[k8s]'"
+
+
+def require_client() -> None:
+    """The official Kubernetes client is an optional extra (``.[k8s]``): a user who never touches a
+    cluster does not install it. Its absence is one line naming the extra, never an ImportError."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        raise KubeError(f"runtime k8s: the official Kubernetes client is not installed ({EXTRA_HINT}, "
+                        "or pip install 'kubernetes>=33')") from None
+
+
 class Kube:
     """One cluster, from a kubeconfig file (None: the default one, or in-cluster config)."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+        require_client()
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
 

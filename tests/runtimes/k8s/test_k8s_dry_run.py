@@ -39,3 +39,23 @@ def test_the_k8s_dry_run_matches_its_golden_file_and_asks_no_cluster(tmp_path: P
     assert out.count("not run: pd-bootstrap-reset") == 2
     assert "--cpu-core" not in out  # pods are hosts of their own: nothing pins cores
     assert f"dry run: {runs} scenario/target run(s); nothing was started" in out
+
+
+HIDE_CLIENT = ("import sys; sys.modules['kubernetes'] = None  # as if the k8s extra were not installed\n"
+               "from harness.cli import main; sys.exit(main(sys.argv[1:]))\n")
+
+
+@pytest.mark.timeout(120)
+def test_without_the_k8s_extra_the_dry_run_works_and_a_cluster_command_says_one_line(tmp_path: Path) -> None:
+    """``kubernetes`` is the optional extra ``.[k8s]``: rendering needs none of it, and a command that
+    needs a cluster names the extra in one line (no ImportError, no traceback)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PDCHAOS_KUBECONFIG": str(tmp_path / "none")}
+    dry = subprocess.run([sys.executable, "-c", HIDE_CLIENT, "run", "scenarios/pd/baseline.yaml", "--profile", "k8s",
+                          "--dry-run", "--runs-dir", str(tmp_path / "runs")], cwd=REPO, capture_output=True,
+                         text=True, timeout=100, env=env)
+    assert dry.returncode == 0 and "kind: Namespace" in dry.stdout, dry.stderr
+    doc = subprocess.run([sys.executable, "-c", HIDE_CLIENT, "doctor", "--profile", "k8s"], cwd=REPO,
+                         capture_output=True, text=True, timeout=100, env=env)
+    line = [ln for ln in doc.stdout.splitlines() if "k8s-api" in ln]
+    assert len(line) == 1 and "pip install -e '.[k8s]'" in line[0], doc.stdout
+    assert "Traceback" not in doc.stdout + doc.stderr + dry.stderr

@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("harness.cli.bench", "benchmark a family's normal path, its targets side by side"),
     "upstream": ("harness.cli.upstream", "prove the upstream diffs (connector_patch/upstream/): each diff's tests "
                                          "fail before it and pass after it, and upstream's own tests pass with the series"),
+    "cluster": ("harness.cli.cluster", "a real single-node Kubernetes cluster on this machine (kubelet, containerd, "
+                                       "Chaos Mesh): up, status, down (needs `pdchaos setup --only k8s-node`)"),
     "explore": ("harness.cli.explore", "generative chaos: draw seeded fault schedules over real nodes, shrink "
                                        "what a target fails to a scenario that reproduces it"),
 }

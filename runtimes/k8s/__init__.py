@@ -53,10 +53,13 @@ class K8sRuntime(Runtime):
     def setup_steps(self) -> list[Any]:
         from harness.setup import AptStep
 
+        from . import node_stack
         from .stack import step
 
-        # openssl makes the test cluster's certificates (runtimes/k8s/cluster.py)
-        return [AptStep("openssl", "openssl", ("openssl",)), step()]
+        # openssl makes the test cluster's certificates (runtimes/k8s/cluster.py); k8s-node (a real
+        # kubelet, containerd, Chaos Mesh's controller and daemon: realnode.py) is optional: only
+        # `pdchaos setup --only k8s-node` builds it, `--all` only checks it
+        return [AptStep("openssl", "openssl", ("openssl",)), step(), node_stack.step()]
 
     def translates(self, fault_type: str) -> bool:
         return fault_type in TRANSLATED
@@ -65,12 +68,15 @@ class K8sRuntime(Runtime):
         needs = dict(needs)
         settings = getattr(profile, "cluster", None)
         if scenario is not None and settings is not None:  # each Chaos Mesh object must fit this run's roles
-            from .manifests import chaos_object
+            from .manifests import chaos_object, why_not
 
             roles = list(scenario.family.roles(scenario.model, profile) or [])
             for i, f in enumerate(scenario.faults):
-                if self.translates(f.type) and chaos_object(
-                        f.type, f.model_dump(mode="json", exclude={"type", "at", "for_"}), roles, "plan", settings, i) is None:
+                params = f.model_dump(mode="json", exclude={"type", "at"}, by_alias=True)
+                reason = why_not(f.type, params, settings)
+                if reason:
+                    return f"runtime k8s: fault {f.type!r}: {reason}"
+                if self.translates(f.type) and chaos_object(f.type, params, roles, "plan", settings, i) is None:
                     return (f"runtime k8s: fault {f.type!r} has no Chaos Mesh object for this scenario "
                             f"(its roles {', '.join(roles) or 'none'}, or parameters Chaos Mesh cannot carry out)")
         if settings is not None and settings.mode == "attach":  # never delete or restart a user's pod
@@ -81,11 +87,12 @@ class K8sRuntime(Runtime):
                             "and attach mode touches nothing it did not create")
         topo = set(needs.pop("topology", ()))
         topo.discard("root")  # the harness makes no namespace or rule on this machine
-        if "toxiproxy" in topo:  # a Toxiproxy link in front of a node: only its translated toxics make sense
-            untranslated = [t for t, req in needs.items() if "toxiproxy" in req and not self.translates(t)]
-            if untranslated:
-                return (f"runtime k8s: fault {untranslated[0]!r} is a Toxiproxy toxic with no Chaos Mesh "
-                        "equivalent (latency and bandwidth have one)")
+        if "toxiproxy" in topo:  # a Toxiproxy link stands in front of one port of a node (P's bootstrap server)
+            toxics = [t for t, req in needs.items() if "toxiproxy" in req]
+            if toxics:
+                return (f"runtime k8s: fault {toxics[0]!r} is a Toxiproxy toxic on one link (one port of a node); "
+                        "Chaos Mesh's NetworkChaos selects pods, not ports, so it would slow or cut all of "
+                        "that pod's traffic: another fault")
             topo.discard("toxiproxy")
         return super().refuses(fault_types, {"topology": tuple(topo), **needs})
 

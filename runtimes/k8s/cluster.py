@@ -69,6 +69,9 @@ class LocalCluster:
     ``kubeconfig``, an admin kubeconfig file; ``logs_dir``, one log per component; ``dir``, the
     temporary folder holding them (removed by stop()). ``server``: the https URL."""
 
+    components: tuple[str, ...] = COMPONENTS  # stop() kills them in reverse order
+    authorization_mode = "RBAC"
+
     def __init__(self, nodes: int = 2, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
         self.dir: Path | None = None
         self.pki = self.logs_dir = Path()
@@ -110,19 +113,46 @@ class LocalCluster:
         return self
 
     def _start(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="pdchaos-k8s-"))
+        self._open_folder("pdchaos-k8s-")
+        self._certs()
+        sched_port = self._control_plane()
+        # no --node-ip: the nodes get no address, so exec/logs/port-forward fail at once in the API
+        # server (500, no kubelet to dial) instead of it dialling an address where no kubelet runs
+        self._spawn("kwok", [
+            "--kubeconfig", self.kubeconfig, "--config", str(kwok_stages()), "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+            "--server-address", f"127.0.0.1:{free_tcp_port()}",
+            "--node-lease-duration-seconds", "40", "--cidr", "10.1.0.0/16"])
+        api = self.api_client()
+        try:
+            self._create_nodes(api)
+            self._wait({"kube-controller-manager": lambda: self._default_sa(api),
+                        "kube-scheduler": lambda: self._https_healthz(sched_port),
+                        "kwok": lambda: self._nodes_ready(api)})
+        finally:
+            api.close()
+
+    def _watchdog_argv(self) -> list[str]:
+        return [sys.executable, "-c", _WATCHDOG, str(self.dir)]
+
+    def _open_folder(self, prefix: str) -> None:
+        """The temporary folder (pki/, logs/), the exit hook and the watchdog."""
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.pki, self.logs_dir = self.dir / "pki", self.dir / "logs"
         self.kubeconfig = str(self.dir / "admin.kubeconfig")
         self.pki.mkdir()
         self.logs_dir.mkdir()
         atexit.register(self.stop)
         try:
-            self._watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.dir)], stdin=subprocess.PIPE,
+            self._watchdog = subprocess.Popen(self._watchdog_argv(), stdin=subprocess.PIPE,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                               start_new_session=True, text=True)
         except OSError as exc:
             raise HarnessError(f"local cluster: cannot start its watchdog ({sys.executable}): {exc}") from None
-        self._certs()
+
+    def _control_plane(self) -> int:
+        """etcd, the API server (waited for), kube-controller-manager and kube-scheduler (started);
+        returns the scheduler's health port."""
         peer = free_tcp_port()
         self._spawn("etcd", [
             "--name", "local", "--data-dir", str(self.dir / "etcd"), "--unsafe-no-fsync", "--log-level", "warn",
@@ -141,21 +171,7 @@ class LocalCluster:
             "--controllers", "*,-nodeipam"])
         sched_port = free_tcp_port()
         self._spawn("kube-scheduler", [*common, "--secure-port", str(sched_port)])
-        # no --node-ip: the nodes get no address, so exec/logs/port-forward fail at once in the API
-        # server (500, no kubelet to dial) instead of it dialling an address where no kubelet runs
-        self._spawn("kwok", [
-            "--kubeconfig", self.kubeconfig, "--config", str(kwok_stages()), "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-            "--server-address", f"127.0.0.1:{free_tcp_port()}",
-            "--node-lease-duration-seconds", "40", "--cidr", "10.1.0.0/16"])
-        api = self.api_client()
-        try:
-            self._create_nodes(api)
-            self._wait({"kube-controller-manager": lambda: self._default_sa(api),
-                        "kube-scheduler": lambda: self._https_healthz(sched_port),
-                        "kwok": lambda: self._nodes_ready(api)})
-        finally:
-            api.close()
+        return sched_port
 
     def start_apiserver(self) -> None:
         """Start the API server (again, after :meth:`stop_apiserver`) and wait until it is ready."""
@@ -164,16 +180,20 @@ class LocalCluster:
             "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}", "--bind-address", "127.0.0.1",
             "--advertise-address", "127.0.0.1", "--secure-port", str(self.port),
             "--tls-cert-file", str(p / "apiserver.crt"), "--tls-private-key-file", str(p / "apiserver.key"),
-            "--client-ca-file", str(p / "ca.crt"), "--authorization-mode", "RBAC",
+            "--client-ca-file", str(p / "ca.crt"), "--authorization-mode", self.authorization_mode,
             "--service-account-key-file", str(p / "sa.pub"), "--service-account-signing-key-file", str(p / "sa.key"),
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-cluster-ip-range", "10.0.0.0/24", "--endpoint-reconciler-type", "none",
-            "--enable-priority-and-fairness=false", "--profiling=false"])
+            "--enable-priority-and-fairness=false", "--profiling=false", *self._apiserver_extra()])
         api = self.api_client()
         try:
             self._wait({"kube-apiserver": lambda: self._apiserver_ready(api)})
         finally:
             api.close()
+
+    def _apiserver_extra(self) -> list[str]:
+        """More API server flags (a subclass's: RealCluster's kubelet client certificate)."""
+        return []
 
     def stop_apiserver(self) -> None:
         """Kill the API server alone (SIGKILL; the tests' "API server gone mid-run")."""
@@ -187,7 +207,7 @@ class LocalCluster:
         if self._stopped:
             return
         self._stopped = True
-        for name in reversed(COMPONENTS):
+        for name in reversed(self.components):
             h = self.procs.pop(name, None)
             if h is not None:
                 h.kill()
@@ -268,9 +288,12 @@ class LocalCluster:
         return [d["metadata"]["name"] for d in docs]
 
     # ------------------------------------------------------------------ pieces
-    def _spawn(self, name: str, args: list[str]) -> None:
-        self.procs[name] = start_process([str(binary(name)), *args], name=name, ready_timeout_s=None,
-                                         log_path=str(self.logs_dir / f"{name}.log"))
+    def _binary(self, name: str) -> str:
+        return str(binary(name))
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.procs[name] = start_process([self._binary(name), *args], name=name, ready_timeout_s=None,
+                                         log_path=str(self.logs_dir / f"{name}.log"), env=env)
         if self._watchdog is not None and self._watchdog.stdin is not None:
             self._watchdog.stdin.write(f"{self.procs[name].pid}\n")
             self._watchdog.stdin.flush()

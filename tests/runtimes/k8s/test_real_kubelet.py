@@ -1,0 +1,233 @@
+"""A REAL single-node cluster (runtimes/k8s/realnode.py): pods run under a real kubelet and
+containerd, Chaos Mesh's own controller and daemon carry out a pod-kill and a network partition on
+them, and stopping it leaves the host as it was.
+
+These tests need root and the optional ``k8s-node`` stack (``pdchaos setup --only k8s-node``; not
+part of ``--all``). Without it they are skipped as "not applicable" (so ``PDCHAOS_REQUIRE_ALL=1``,
+which makes skips fail, does not demand a stack ``--all`` does not install); with
+``PDCHAOS_REAL_KUBELET=1`` a missing stack or missing root FAILS them instead. They run in one
+pytest worker, in file order (one cluster for the module; ``--dist loadfile``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from runtimes.k8s import realnode
+
+REQUIRE_ENV = "PDCHAOS_REAL_KUBELET"
+SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+           "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward")
+NS = "real-test"
+
+pytestmark = [pytest.mark.timeout(600)]
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    missing = realnode.stack_missing()
+    if missing:
+        return f"the k8s-node stack is not installed ({missing}): pdchaos setup --only k8s-node"
+    return None
+
+
+def _sysctls() -> dict[str, str]:
+    out = {}
+    for s in SYSCTLS:
+        try:
+            out[s] = open(f"/proc/sys/{s}").read().strip()
+        except OSError:
+            pass
+    return out
+
+
+def _host_state() -> dict:
+    snap = realnode.snapshot()
+    return {"mounts": set(snap["mounts"]), "links": set(snap["links"]), "kubepods": snap["kubepods"],
+            "chains": {k: set(v) for k, v in snap["chains"].items()}, "sysctls": _sysctls(),
+            "run_containerd": os.path.exists("/run/containerd"), "var_lib_cni": os.path.exists("/var/lib/cni")}
+
+
+@pytest.fixture(scope="module")
+def real():
+    why = _why_not()
+    if why:
+        if os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0"):
+            pytest.fail(f"{REQUIRE_ENV}=1 and {why}")
+        pytest.skip(f"not applicable: the real-kubelet tests are opt-in ({why}; set {REQUIRE_ENV}=1 to demand them)")
+    before = _host_state()
+    c = realnode.RealCluster()
+    t0 = time.monotonic()
+    c.start()
+    print(f"\nreal cluster up in {time.monotonic() - t0:.1f} s: {c.timings}")
+    from kubernetes import client
+
+    api = c.api_client()
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}}, _request_timeout=30)
+    yield {"cluster": c, "api": api, "before": before}
+    api.close()
+    c.stop()
+
+
+def _wait(ok, timeout_s: float, what: str, step_s: float = 0.2):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = ok()
+        if got:
+            return got
+        time.sleep(step_s)
+    raise AssertionError(f"not within {timeout_s:g} s: {what}")
+
+
+def _pod_body(c, name: str, labels: dict, command: list[str]) -> dict:
+    vols, mounts = c.host_usr_volumes()
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": {"terminationGracePeriodSeconds": 1, "volumes": vols,
+                     "containers": [{"name": "main", "image": c.host_usr_image, "imagePullPolicy": "Never",
+                                     "command": command, "volumeMounts": mounts}]}}
+
+
+def _running(core, name: str):
+    def ok():
+        p = core.read_namespaced_pod(name, NS, _request_timeout=10)
+        return p if p.status.phase == "Running" and all(s.ready for s in (p.status.container_statuses or [])) \
+            and p.status.container_statuses else None
+    return ok
+
+
+def _exec(api, name: str, command: list[str]) -> str:
+    from kubernetes import client
+    from kubernetes.stream import stream
+
+    return stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, name, NS, command=command,
+                  stderr=True, stdin=False, stdout=True, tty=False, _request_timeout=60)
+
+
+def test_a_pod_runs_logs_and_execs(real):
+    from kubernetes import client
+
+    c, api = real["cluster"], real["api"]
+    core = client.CoreV1Api(api)
+    t0 = time.monotonic()
+    core.create_namespaced_pod(NS, _pod_body(c, "hi", {"app": "hi"}, ["sh", "-c", "echo hi; sleep 3600"]),
+                               _request_timeout=30)
+    pod = _wait(_running(core, "hi"), 120, "pod hi Running")
+    print(f"pod Running in {time.monotonic() - t0:.1f} s")
+    assert pod.spec.node_name == c.node_name
+    assert pod.status.container_statuses[0].container_id.startswith("containerd://")
+    assert _wait(lambda: core.read_namespaced_pod_log("hi", NS, _request_timeout=10).strip() == "hi", 30, "log hi")
+    assert _exec(api, "hi", ["sh", "-c", "echo $((6 * 7)); cat /proc/1/cmdline | tr '\\0' ' '"]).split()[:2] \
+        == ["42", "sh"]
+
+
+def test_podchaos_pod_kill_is_carried_out_by_the_real_controller(real):
+    from kubernetes import client
+
+    c, api = real["cluster"], real["api"]
+    apps, core, custom = client.AppsV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
+    labels = {"app": "victim"}
+    tmpl = _pod_body(c, "x", labels, ["sleep", "3600"])
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "victim"},
+           "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                    "template": {"metadata": {"labels": labels}, "spec": tmpl["spec"]}}}
+    apps.create_namespaced_deployment(NS, dep, _request_timeout=30)
+
+    def one_running():
+        pods = [p for p in core.list_namespaced_pod(NS, label_selector="app=victim", _request_timeout=10).items
+                if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+        return pods[0] if len(pods) == 1 else None
+
+    first = _wait(one_running, 120, "the victim Deployment's pod Running")
+    chaos = {"apiVersion": "chaos-mesh.org/v1alpha1", "kind": "PodChaos",
+             "metadata": {"name": "kill-victim", "namespace": NS},
+             "spec": {"action": "pod-kill", "mode": "one", "selector": {"namespaces": [NS], "labelSelectors": labels}}}
+    t0 = time.monotonic()
+    custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", NS, "podchaos", chaos, _request_timeout=30)
+
+    def replaced():
+        p = one_running()
+        return p if p is not None and p.metadata.uid != first.metadata.uid else None
+
+    new = _wait(replaced, 120, "the killed pod replaced by a new Running one")
+    print(f"pod-kill: replacement Running {time.monotonic() - t0:.1f} s after the PodChaos was created")
+    assert new.metadata.name != first.metadata.name
+    custom.delete_namespaced_custom_object("chaos-mesh.org", "v1alpha1", NS, "podchaos", "kill-victim",
+                                           _request_timeout=30)
+    _wait(lambda: not [o for o in custom.list_namespaced_custom_object(
+        "chaos-mesh.org", "v1alpha1", NS, "podchaos", _request_timeout=10)["items"]], 60, "the PodChaos deleted")
+
+
+CONNECT = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], 8080), timeout=2).close()\n"
+           "    print('connected')\nexcept OSError as e:\n    print('failed', e)\n")
+
+
+def test_networkchaos_partition_cuts_and_recovers(real):
+    from kubernetes import client
+
+    c, api = real["cluster"], real["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core.create_namespaced_pod(NS, _pod_body(c, "server", {"app": "server"},
+                                             ["python3", "-m", "http.server", "8080"]), _request_timeout=30)
+    core.create_namespaced_pod(NS, _pod_body(c, "client", {"app": "client"}, ["sleep", "3600"]), _request_timeout=30)
+    server = _wait(_running(core, "server"), 120, "server Running")
+    _wait(_running(core, "client"), 120, "client Running")
+    ip = server.status.pod_ip
+    assert ip and ip.startswith("10.88.0.")
+
+    def connect() -> str:
+        return _exec(api, "client", ["python3", "-c", CONNECT, ip]).strip()
+
+    assert _wait(lambda: connect() == "connected", 30, "client connects to server before the partition")
+    name = f"part-{uuid.uuid4().hex[:6]}"
+    chaos = {"apiVersion": "chaos-mesh.org/v1alpha1", "kind": "NetworkChaos",
+             "metadata": {"name": name, "namespace": NS},
+             "spec": {"action": "partition", "mode": "all", "direction": "to",
+                      "selector": {"namespaces": [NS], "labelSelectors": {"app": "client"}},
+                      "target": {"mode": "all", "selector": {"namespaces": [NS], "labelSelectors": {"app": "server"}}}}}
+    t0 = time.monotonic()
+    custom.create_namespaced_custom_object("chaos-mesh.org", "v1alpha1", NS, "networkchaos", chaos, _request_timeout=30)
+
+    def injected():
+        obj = custom.get_namespaced_custom_object("chaos-mesh.org", "v1alpha1", NS, "networkchaos", name,
+                                                  _request_timeout=10)
+        conds = (obj.get("status") or {}).get("conditions") or []
+        return any(x.get("type") == "AllInjected" and x.get("status") == "True" for x in conds)
+
+    _wait(injected, 120, "NetworkChaos AllInjected")
+    inject_s = time.monotonic() - t0
+    out = connect()
+    assert out.startswith("failed"), out
+    t1 = time.monotonic()
+    custom.delete_namespaced_custom_object("chaos-mesh.org", "v1alpha1", NS, "networkchaos", name,
+                                           _request_timeout=30)
+    _wait(lambda: not [o for o in custom.list_namespaced_custom_object(
+        "chaos-mesh.org", "v1alpha1", NS, "networkchaos", _request_timeout=10)["items"]], 120,
+        "the NetworkChaos recovered and deleted (its finalizer removed)")
+    assert _wait(lambda: connect() == "connected", 30, "client connects again after recovery")
+    print(f"partition: injected in {inject_s:.1f} s, recovered and deleted in {time.monotonic() - t1:.1f} s")
+
+
+def test_stop_leaves_the_host_as_found(real):
+    c, before = real["cluster"], real["before"]
+    folder = str(c.dir)
+    t0 = time.monotonic()
+    c.stop()
+    print(f"stopped and cleaned in {time.monotonic() - t0:.1f} s")
+    assert c.cleanup_problems == []
+    after = _host_state()
+    assert after["mounts"] - before["mounts"] == set()
+    assert after["links"] - before["links"] == set()
+    assert realnode.BRIDGE not in after["links"]
+    assert after["kubepods"] == before["kubepods"]
+    for key, chains in after["chains"].items():
+        assert chains - before["chains"].get(key, set()) == set(), key
+    assert after["sysctls"] == before["sysctls"]
+    assert after["run_containerd"] == before["run_containerd"]
+    assert after["var_lib_cni"] == before["var_lib_cni"]
+    assert realnode.processes_of(folder) == []
+    assert not os.path.exists(folder)

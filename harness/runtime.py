@@ -97,6 +97,11 @@ class NodeHandle(abc.ABC):
             time.sleep(0.01)
         return not self.alive
 
+    def identity(self) -> dict:
+        """What the runtime knows this node as, for the journal (a pod's name, uid and container
+        id as the kubelet reports it); nothing beyond ``instance`` locally."""
+        return {}
+
     def log_tail(self, n_bytes: int = 2000) -> str:
         return ""
 
@@ -130,6 +135,19 @@ class Placement(abc.ABC):
         """Where the harness reaches the control channel of ``role``'s node, or None: the
         topology's own (an ipc socket in its folder)."""
         return None
+
+    def bind_address(self, role: str) -> str | None:
+        """The address ``role``'s node listens on inside its host, or None: the family's own
+        (loopback, or its network namespace's veth address). The runtime contract: a node that
+        is a host of its own (a pod) listens on its own address and peers reach it at
+        :meth:`host`; loopback is only for nodes that share this machine."""
+        return None
+
+    def reach(self, role: str, url: str) -> str:
+        """``url`` (an endpoint of ``role``'s node, as peers reach it) as the harness's side
+        reaches it: the workload beside the harness, probes, fault peers on this machine.
+        Locally the same URL; a cluster's forwards it (never cluster DNS from this machine)."""
+        return url
 
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:
         """The fault as this runtime carries it out (``spec``: its scenario entry, ``index`` its
@@ -204,8 +222,8 @@ class Runtime(abc.ABC):
     def describe(self, run_id: str, target: str, launches: list[Launch], faults: list[tuple[str, dict]],
                   profile: Any = None) -> str | None:
         """``pdchaos run --dry-run``: what this runtime would create for one planned run (its
-        nodes' ``launches``, its faults as ``(type, params)``), or None: nothing beyond the node
-        commands the dry run prints anyway."""
+        nodes' ``launches``, its faults as ``(type, params)``, ``params["for"]`` its window in
+        seconds), or None: nothing beyond the node commands the dry run prints anyway."""
         return None
 
 

@@ -255,7 +255,7 @@ class BaseTopology:
         handle = placement.start(launch, self.netns)
         # the command as the harness started it (pdchaos repro shows it; never a prompt or a key)
         self.event("process_start", kind=kind, pid=handle.instance, role=launch.role, argv=list(launch.argv),
-                   env=dict(launch.env))
+                   env=dict(launch.env), **handle.identity())
         return handle
 
     def launch(self, kind: str, args: list[str], *, role: str = "", side: str = "b", ready_timeout_s: float = 10.0,

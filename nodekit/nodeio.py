@@ -31,7 +31,10 @@ def check_endpoint(endpoint: str, what: str = "--endpoint", *, allow_any_tcp_hos
 
     Any other address is refused: pd-chaos never sends traffic off this machine. Inside a network
     namespace the run made (the runner sets PDCHAOS_NETNS for the nodes it starts there) a private
-    veth address is allowed: it never leaves the machine."""
+    veth address is allowed: it never leaves the machine. In a pod the run made (its manifest sets
+    PDCHAOS_POD) the node is a host of its own on the pod network: it may listen on its pod's
+    addresses (``0.0.0.0``, a private address) and name its peers by their Services
+    (``NAME.NAMESPACE.svc``), never a public address."""
     if not isinstance(endpoint, str):
         raise NodeUsageError(f"{what}: expected an endpoint string")
     if endpoint.startswith("ipc://"):
@@ -51,17 +54,27 @@ def check_endpoint(endpoint: str, what: str = "--endpoint", *, allow_any_tcp_hos
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise NodeUsageError(f"{what}: {endpoint!r} needs a port, like tcp://127.0.0.1:5555")
         host = host.strip("[]")
-        if host == "localhost":
+        in_pod = bool(os.environ.get("PDCHAOS_POD"))
+        if host == "localhost" or (in_pod and _service_name(host)):
             return endpoint
         try:
             addr = ipaddress.ip_address(host)
         except ValueError:
-            raise NodeUsageError(f"{what}: {endpoint!r}: host must be an IP address or localhost") from None
-        in_netns = bool(os.environ.get("PDCHAOS_NETNS")) and addr.is_private
+            raise NodeUsageError(f"{what}: {endpoint!r}: host must be an IP address or localhost"
+                                 + (" (or a Service, NAME.NAMESPACE.svc)" if in_pod else "")) from None
+        in_netns = (bool(os.environ.get("PDCHAOS_NETNS")) or in_pod) and (addr.is_private or addr.is_unspecified)
         if not addr.is_loopback and not allow_any_tcp_host and not in_netns:
             raise NodeUsageError(f"{what}: {endpoint!r} is not on loopback (127.0.0.0/8 or ::1)")
         return endpoint
     raise NodeUsageError(f"{what}: {endpoint!r} must start with ipc:// or tcp://")
+
+
+def _service_name(host: str) -> bool:
+    """``NAME.NAMESPACE.svc`` or ``NAME.NAMESPACE.svc.cluster.local``: a Service on the pod network."""
+    import re
+
+    return re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\.[a-z0-9]([-a-z0-9]*[a-z0-9])?\.svc(\.cluster\.local)?",
+                        host) is not None
 
 
 def read_hashes(path: str, what: str = "--preload") -> list[str]:

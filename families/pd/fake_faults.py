@@ -81,11 +81,16 @@ class FakePrefillPeer(OnceFault):
         side_port = free_tcp_port()
         while side_port == bootstrap_port:
             side_port = free_tcp_port()
-        bootstrap = f"http://127.0.0.1:{bootstrap_port}"
-        spec = NodeSpec("pd-fake-prefill", ["--bootstrap-port", str(bootstrap_port), "--side-port", str(side_port),
-                                            "--mode", self.params.mode],
-                        ready_timeout_s=READY_TIMEOUT_S,
-                        endpoints={"bootstrap": bootstrap, "side": f"tcp://127.0.0.1:{side_port}"})
+        # where the proxy and D reach it: loopback, or on a cluster its pod's Service (its own pod)
+        placement = getattr(self.ctx, "placement", None)
+        host = (placement.host(ROLE) if placement is not None else None) or "127.0.0.1"
+        bootstrap = f"http://{host}:{bootstrap_port}"
+        args = ["--bootstrap-port", str(bootstrap_port), "--side-port", str(side_port), "--mode", self.params.mode]
+        bind = placement.bind_address(ROLE) if placement is not None else None
+        if bind is not None:
+            args += ["--host", bind]
+        spec = NodeSpec("pd-fake-prefill", args, ready_timeout_s=READY_TIMEOUT_S,
+                        endpoints={"bootstrap": bootstrap, "side": f"tcp://{host}:{side_port}"})
         self.ctx.start_node(ROLE, spec)
         self._bootstrap = bootstrap
 

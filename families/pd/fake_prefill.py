@@ -61,7 +61,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from nodekit.nodeio import NodeApp, NodeUsageError, run_node as run_node_process
+from nodekit.nodeio import NodeApp, NodeUsageError, check_endpoint, run_node as run_node_process
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,10 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--bootstrap-port", type=int, required=True,
                    help="TCP port of the fake Mooncake bootstrap server (GET /query), 127.0.0.1 only")
     p.add_argument("--side-port", type=int, required=True,
-                   help="TCP port of the fake side channel (ZMQ ROUTER), 127.0.0.1 only")
+                   help="TCP port of the fake side channel (ZMQ ROUTER)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address both listen on and the side channel is announced at (default 127.0.0.1; "
+                        "a pod's own address in a pod, nodekit/nodeio.py)")
     p.add_argument("--mode", required=True, choices=MODES, help="how D is answered: " + ", ".join(MODES))
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--log-level", default="INFO")
@@ -126,10 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakePrefill(NodeApp):
-    def __init__(self, *, bootstrap_port: int, side_port: int, mode: str):
+    def __init__(self, *, bootstrap_port: int, side_port: int, mode: str, host: str = "127.0.0.1"):
+        self.host = host
         self.bootstrap_port = bootstrap_port
         self.side_port = side_port
-        self.side_addr = f"tcp://127.0.0.1:{side_port}"
+        self.side_addr = f"tcp://{host}:{side_port}"
         self.mode = _check_mode(mode)
         self.engine_id = str(uuid.uuid4())
         self.other_engine_id = str(uuid.uuid4())
@@ -150,9 +154,9 @@ class FakePrefill(NodeApp):
         """Bind the bootstrap port (before :meth:`bind`, so a taken port is a usage error that
         names ``--bootstrap-port``)."""
         try:
-            self._http = _Http(("127.0.0.1", self.bootstrap_port), _Handler)
+            self._http = _Http((self.host, self.bootstrap_port), _Handler)
         except OSError as exc:
-            raise NodeUsageError(f"--bootstrap-port: cannot bind 127.0.0.1:{self.bootstrap_port}: "
+            raise NodeUsageError(f"--bootstrap-port: cannot bind {self.host}:{self.bootstrap_port}: "
                                  f"{exc.strerror or exc}") from None
         self._http.fake = self
 
@@ -310,9 +314,11 @@ def run_node(args: argparse.Namespace) -> int:
                 raise NodeUsageError(f"{flag}: {port} is not a TCP port in [1, 65535]")
         if args.bootstrap_port == args.side_port:
             raise NodeUsageError(f"--side-port: {args.side_port} is also the --bootstrap-port; give two ports")
-        node = FakePrefill(bootstrap_port=args.bootstrap_port, side_port=args.side_port, mode=args.mode)
+        check_endpoint(f"tcp://{args.host}:{args.bootstrap_port}", "--host")  # the bootstrap server's address
+        node = FakePrefill(bootstrap_port=args.bootstrap_port, side_port=args.side_port, mode=args.mode,
+                           host=args.host)
         node.listen_http()  # last: a taken bootstrap port is one error line, exit 2
         return node
 
-    return run_node_process(build, endpoints={"--side-port": f"tcp://127.0.0.1:{args.side_port}"},
+    return run_node_process(build, endpoints={"--side-port": f"tcp://{args.host}:{args.side_port}"},
                             bind_flag="--side-port", control=args.control, log_level=args.log_level)

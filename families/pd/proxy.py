@@ -114,7 +114,9 @@ _MAX_COUNT = 1_000_000
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
-    p.add_argument("--port", type=int, required=True, help="TCP port to listen on (127.0.0.1 only)")
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; a pod's own address in a pod, nodekit/nodeio.py)")
     p.add_argument("--prefill", required=True, help="P's OpenAI API, http://127.0.0.1:N")
     p.add_argument("--prefill-bootstrap", required=True,
                    help="P's Mooncake bootstrap server, http://127.0.0.1:B (sent to D as remote_bootstrap_addr)")
@@ -215,8 +217,9 @@ def _seconds(value: Any, what: str) -> float:
 
 class PDProxy(NodeApp):
     def __init__(self, *, port: int, prefill: str, bootstrap: str, decode: str, timeout_s: float, order: str,
-                 protocol: str = "bootstrap"):
+                 protocol: str = "bootstrap", host: str = "127.0.0.1"):
         self.protocol = protocol
+        self.host = host
         self.port = port
         self.prefill = prefill
         self.bootstrap = bootstrap
@@ -268,7 +271,7 @@ class PDProxy(NodeApp):
         # the deadline of every call is the request's own (--timeout-s), not aiohttp's default
         self._session = ClientSession(timeout=ClientTimeout(total=None), connector=TCPConnector(limit=0, force_close=True),
                                       json_serialize=json.dumps)
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(self._runner, self.host, self.port).start()
 
     def close(self) -> None:
         loop = self.loop
@@ -672,7 +675,7 @@ class PDProxy(NodeApp):
         rid = uuid.uuid4().hex
         key = f"cmpl-{rid}-0"
         d_params = {"do_remote_decode": False, "do_remote_prefill": True,
-                    "metaserver": f"http://127.0.0.1:{self.port}/v1/metaserver"}
+                    "metaserver": f"http://{self.host}:{self.port}/v1/metaserver"}
         for k in taken.drop:
             d_params.pop(k, None)
         d_body = dict(body)
@@ -924,7 +927,7 @@ def run_node(args: argparse.Namespace) -> int:
         bootstrap = check_url(args.prefill_bootstrap, "--prefill-bootstrap")
         decode = check_url(args.decode, "--decode")
         return PDProxy(port=args.port, prefill=prefill, bootstrap=bootstrap, decode=decode,
-                       timeout_s=args.timeout_s, order=args.order, protocol=args.protocol)
+                       timeout_s=args.timeout_s, order=args.order, protocol=args.protocol, host=args.host)
 
-    return run_node_process(build, endpoints={"--port": f"tcp://127.0.0.1:{args.port}"}, bind_flag="--port",
+    return run_node_process(build, endpoints={"--port": f"tcp://{args.host}:{args.port}"}, bind_flag="--port",
                             control=args.control, log_level=args.log_level)

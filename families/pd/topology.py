@@ -140,6 +140,8 @@ class PDTopology(BaseTopology):
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             if self.netns is not None:
                 args += ["--host", self.host(role)]
+            elif self.placement.bind_address(role) is not None:  # a host of its own (a pod): its address
+                args += ["--host", self.placement.bind_address(role)]
             return NodeSpec("vllm", args, side=SIDES[role], ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})
@@ -155,6 +157,8 @@ class PDTopology(BaseTopology):
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
                     "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}",
                     "--order", "sequential" if self.proxy_protocol() in ("kv-params", "store") else t.proxy_order]
+            if self.placement.bind_address(role) is not None:
+                args += ["--host", self.placement.bind_address(role)]
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 
@@ -265,10 +269,13 @@ class PDTopology(BaseTopology):
         w = self.scenario.workload
         pauses = {"pauses": [[p.at, p.for_] for p in w.pauses]} if w.pauses else {}
         if w.resets:
-            pauses["resets"] = [[r.at, self.url(f"{r.node}:0")] for r in w.resets]
+            pauses["resets"] = [[r.at, self.placement.reach(f"{r.node}:0", self.url(f"{r.node}:0"))] for r in w.resets]
         if w.lead_prompts:
             pauses["lead_prompts"] = list(w.lead_prompts)
-        return {**pauses, "proxy_url": self.url("proxy"), "decode_url": self.url("decode:0"), "duration_s": w.duration,
+        # the workload runs beside the harness: it reaches the nodes as the harness does (a cluster's
+        # port-forwards; the same URLs locally)
+        return {**pauses, "proxy_url": self.placement.reach("proxy", self.url("proxy")),
+                "decode_url": self.placement.reach("decode:0", self.url("decode:0")), "duration_s": w.duration,
                 "concurrency": w.concurrency, "rate": w.rate, "prompt_tokens": w.prompt_tokens,
                 "output_tokens": w.output_tokens, "request_timeout_s": w.request_timeout, "seed": self.scenario.seed,
                 "model": self.profile.model or str(model_dir()), "prompts_path": str(self.run_dir / "prompts.json")}

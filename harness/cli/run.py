@@ -127,7 +127,7 @@ def _runtime_objects(sc: Any, target: str, topo: Any, roles: list[str], profile:
         args = list(spec.args) + (["--control", topo.control_endpoint(role)] if spec.control else [])
         launches.append(topo.launch(spec.kind, args, role=role, side=spec.side, ready_timeout_s=spec.ready_timeout_s,
                                     endpoints=spec.endpoints))
-    faults = [(f.type, f.model_dump(mode="json", exclude={"type", "at", "for_"})) for f in sc.faults]
+    faults = [(f.type, f.model_dump(mode="json", exclude={"type", "at"}, by_alias=True)) for f in sc.faults]
     return topo.runtime.describe(topo.run_id, target, launches, faults, profile)
 
 

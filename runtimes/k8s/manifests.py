@@ -32,6 +32,7 @@ CHAOS_API = "chaos-mesh.org/v1alpha1"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 RUN_DIR = "/var/run/pdchaos"  # the run folder inside a pod (an emptyDir): logs, journal parts
 VLLM_KINDS = ("vllm",)
+CONTAINER = "node"  # the node's container in the pods the harness makes (attach mode: the user's own name)
 # The first process of the container: starts the node as its child, forwards SIGTERM to it and
 # exits with its code. A node that is not PID 1 can be frozen with `kill -STOP -1` through exec.
 ENTRY = ('trap \'kill -TERM "$child" 2>/dev/null\' TERM INT; "$@" & child=$!; '
@@ -94,17 +95,31 @@ def ports_of(endpoints: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def pod_argv(argv: list[str], control_port: int, workdir: str | None) -> list[str]:
+POD_IP_ARG = "$(POD_IP)"  # expanded by the kubelet from the container's env (the downward API)
+
+
+def pod_argv(argv: list[str], control_port: int, workdir: str | None, python: str = "python3",
+             run_dir_from_host: bool = False) -> list[str]:
     """The node's command as it runs in its pod: ``python3 -m harness.cli node ...`` (the image's
-    Python), the control channel on TCP (ipc sockets do not cross pods), the run folder's paths
-    under :data:`RUN_DIR`."""
-    out = ["python3"] + list(argv[1:])
+    Python, or ``same``: the harness's own), the control channel on TCP on every address of the pod
+    (ipc sockets do not cross pods; the harness reaches it through a port-forward), the run
+    folder's paths under :data:`RUN_DIR` (unless the run folder is mounted from the host)."""
+    out = [argv[0] if python == "same" else python] + list(argv[1:])
     for i, a in enumerate(out):
         if out[i - 1] == "--control" and i > 0:
-            out[i] = f"tcp://*:{control_port}"
-        elif workdir and a.startswith(workdir):
+            out[i] = f"tcp://0.0.0.0:{control_port}"
+        elif workdir and a.startswith(workdir) and not run_dir_from_host:
             out[i] = RUN_DIR + "/run" + a[len(workdir):]
     return out
+
+
+def run_folders(args: list[str], workdir: str | None, run_dir_from_host: bool = False) -> list[str]:
+    """The folders of the run-folder paths a node's command names (``--server-log``, journal parts),
+    as the pod sees them: made before the node starts (a fresh emptyDir holds none of them)."""
+    import posixpath
+
+    base = workdir if run_dir_from_host and workdir else RUN_DIR + "/run"
+    return sorted({posixpath.dirname(a) for a in args if a.startswith(base + "/")} | {base})
 
 
 def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], env: dict[str, str],
@@ -119,6 +134,18 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
     container_ports.append({"name": "control", "containerPort": settings.control_port})
     mounts = [{"name": "run", "mountPath": RUN_DIR}]
     volumes: list[dict] = [{"name": "run", "emptyDir": {}}]
+    if settings.run_dir_from_host and workdir:
+        mounts.append({"name": "run-folder", "mountPath": workdir})
+        volumes.append({"name": "run-folder", "hostPath": {"path": workdir, "type": "Directory"}})
+    for i, path in enumerate(settings.host_mounts):
+        mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": True})
+        volumes.append({"name": f"host-{i}", "hostPath": {"path": path, "type": "Directory"}})
+    args = pod_argv(argv, settings.control_port, workdir, settings.python, settings.run_dir_from_host)
+    mkdir = "mkdir -p " + " ".join(shlex.quote(d) for d in run_folders(args, workdir, settings.run_dir_from_host))
+    pod_env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+               # the node's endpoint rules (nodekit/nodeio.py): a node in a pod may listen on its pod's
+               # addresses and name its peers by their Services
+               {"name": "PDCHAOS_POD", "value": "1"}]
     if vllm:
         mounts += [{"name": "model-cache", "mountPath": settings.model_cache_path},
                    {"name": "dshm", "mountPath": "/dev/shm"}]
@@ -129,12 +156,12 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
         "serviceAccountName": settings.service_account,
         "terminationGracePeriodSeconds": 10,
         "containers": [{
-            "name": "node",
+            "name": CONTAINER,
             "image": settings.image,
             "imagePullPolicy": settings.image_pull_policy,
-            "command": ["sh", "-c", ENTRY, "pdchaos-node"],
-            "args": pod_argv(argv, settings.control_port, workdir),
-            "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
+            "command": ["sh", "-c", f"{mkdir} && {ENTRY}", "pdchaos-node"],
+            "args": args,
+            "env": pod_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
             "ports": container_ports,
             "readinessProbe": {"tcpSocket": {"port": settings.control_port}, "periodSeconds": 2},
             "resources": resources,
@@ -208,27 +235,68 @@ SIDE_B = ("prefill",)
 DIRECTION = {"both": "both", "client->server": "to", "server->client": "from"}
 
 
+# A Chaos Mesh object with a lasting effect (a partition, a delay, a stress) carries ``duration``:
+# if the harness dies (SIGKILL) before it deletes the object at heal, Chaos Mesh recovers it by
+# itself when that time is up. The window is the fault's ``for``; the controller may take up to the
+# harness's injection bound (chaos.INJECT_TIMEOUT_S) to report it injected, so the duration is the
+# window plus that bound plus a margin: never shorter than the window, never for ever.
+DURATION_SLACK_S = 35.0
+# The NetworkChaos actions each needs of the pods' kernel: delay (and loss, duplicate, corrupt) use
+# netem, bandwidth uses tbf, partition uses iptables and ipset (ClusterSettings.network_actions).
+NETWORK_ACTIONS = ("partition", "delay", "bandwidth")
+
+
+def chaos_duration(params: dict) -> str:
+    """``duration`` of a lasting object for a fault whose window is ``params["for"]`` seconds."""
+    import math
+
+    window = float(params.get("for") or params.get("for_") or 0.0)
+    return f"{int(math.ceil(window + DURATION_SLACK_S))}s"
+
+
+def why_not(fault_type: str, params: dict, settings: ClusterSettings) -> str | None:
+    """Why this fault has no Chaos Mesh object that means what the scenario says, or None."""
+    if fault_type == "refuse":
+        return ("refuse is a TCP reset at once; Chaos Mesh's partition drops packets silently (a timeout), "
+                "which is another fault")
+    action = {"partition": "partition", "latency": "delay", "bandwidth": "bandwidth",
+              "bandwidth_limit": "bandwidth"}.get(fault_type)
+    if action and action not in settings.network_actions:
+        return (f"NetworkChaos {action} is not available on this cluster (cluster.network_actions: "
+                f"{', '.join(settings.network_actions) or 'none'}; "
+                + ("delay needs the kernel's sch_netem" if action == "delay" else "bandwidth needs sch_tbf"
+                   if action == "bandwidth" else "partition needs iptables and ipset") + ")")
+    return None
+
+
 def chaos_object(fault_type: str, params: dict, roles: list[str], run_id: str, settings: ClusterSettings,
                  index: int, target: str | None = None) -> dict | None:
     """The Chaos Mesh object that carries out this fault on the run's pods, or None when Chaos
-    Mesh has no equivalent. ``roles``: the run's roles; ``params``: the fault's YAML fields."""
+    Mesh has no equivalent (:func:`why_not` says why). ``roles``: the run's roles; ``params``: the
+    fault's YAML fields, ``for`` (its window, seconds) included."""
+    if why_not(fault_type, params, settings):
+        return None
     ns = namespace_name(settings, run_id)
     side_a = [r for r in roles if role_class(r) in SIDE_A]
     side_b = [r for r in roles if role_class(r) in SIDE_B]
     meta = {"name": f"{dns_name(fault_type)}-{index}", "namespace": ns, "labels": labels(run_id, target=target)}
+    lasting = {"duration": chaos_duration(params)}
     if fault_type in ("kill", "restart") and params.get("node"):
         spec = params["node"]
         hit = _matching(spec, roles)
         if not hit:
             return None
+        if fault_type == "restart":  # started again at once in place: the container, not the pod, is killed
+            return {"apiVersion": CHAOS_API, "kind": "PodChaos", "metadata": meta,
+                    "spec": {"action": "container-kill", "mode": "all", "containerNames": [CONTAINER],
+                             "selector": _selector(ns, run_id, hit)}}
         return {"apiVersion": CHAOS_API, "kind": "PodChaos", "metadata": meta,
-                "spec": {"action": "pod-kill", "mode": "all", "gracePeriod": 0 if fault_type == "kill" or
-                         params.get("kill") else 10, "selector": _selector(ns, run_id, hit)}}
-    if fault_type in ("partition", "refuse") and side_a and side_b:
+                "spec": {"action": "pod-kill", "mode": "all", "gracePeriod": 0, "selector": _selector(ns, run_id, hit)}}
+    if fault_type == "partition" and side_a and side_b:
         return {"apiVersion": CHAOS_API, "kind": "NetworkChaos", "metadata": meta,
                 "spec": {"action": "partition", "mode": "all", "selector": _selector(ns, run_id, side_a),
                          "direction": DIRECTION[params.get("direction", "both")],
-                         "target": {"mode": "all", "selector": _selector(ns, run_id, side_b)}}}
+                         "target": {"mode": "all", "selector": _selector(ns, run_id, side_b)}, **lasting}}
     if float(params.get("toxicity", 1.0)) < 1.0:
         return None  # a toxic on some connections only: Chaos Mesh acts on every packet
     # a Toxiproxy toxic sits in front of P: its downstream is P -> the client side, upstream the other way
@@ -240,7 +308,7 @@ def chaos_object(fault_type: str, params: dict, roles: list[str], run_id: str, s
         return {"apiVersion": CHAOS_API, "kind": "NetworkChaos", "metadata": meta,
                 "spec": {"action": "delay", "mode": "all", "selector": _selector(ns, run_id, sender),
                          "direction": "to", "target": {"mode": "all", "selector": _selector(ns, run_id, receiver)},
-                         "delay": delay}}
+                         "delay": delay, **lasting}}
     if fault_type in ("bandwidth_limit", "bandwidth") and side_a and side_b:
         # Chaos Mesh's rate units: "kbit" is kilobits, "kbps" kiloBYTES per second (its CRD says so)
         if "rate_kbit" in params:  # the netns link's tc limit, by direction
@@ -250,7 +318,7 @@ def chaos_object(fault_type: str, params: dict, roles: list[str], run_id: str, s
         return {"apiVersion": CHAOS_API, "kind": "NetworkChaos", "metadata": meta,
                 "spec": {"action": "bandwidth", "mode": "all", "selector": _selector(ns, run_id, sel),
                          "direction": direction, "target": {"mode": "all", "selector": _selector(ns, run_id, tgt)},
-                         "bandwidth": {"rate": f"{kbit}kbit", "limit": 20971520, "buffer": 10000}}}
+                         "bandwidth": {"rate": f"{kbit}kbit", "limit": 20971520, "buffer": 10000}, **lasting}}
     if fault_type == "cpu_pressure":
         spec = params.get("node", "all")
         hit = _matching(spec, roles)
@@ -259,8 +327,10 @@ def chaos_object(fault_type: str, params: dict, roles: list[str], run_id: str, s
         return {"apiVersion": CHAOS_API, "kind": "StressChaos", "metadata": meta,
                 "spec": {"mode": "all", "selector": _selector(ns, run_id, hit),
                          "stressors": {"cpu": {"workers": int(params.get("workers", 1)),
-                                               "load": int(params.get("load", 100))}}}}
+                                               "load": int(params.get("load", 100))}}, **lasting}}
     return None
 
 
-TRANSLATED = ("kill", "restart", "partition", "refuse", "latency", "bandwidth_limit", "bandwidth", "cpu_pressure")
+TRANSLATED = ("kill", "restart", "partition", "latency", "bandwidth_limit", "bandwidth", "cpu_pressure")
+# faults a cluster cannot carry as the scenario means them: refused before anything starts (why_not)
+REFUSED = ("refuse",)

@@ -34,6 +34,8 @@ class K8sPlacement(Placement):
         self._made_ns = False
         self._lws: bool | None = None
         self._lock = threading.Lock()
+        self._forwards = None
+        self.handles: list = []  # every pod started: their logs are saved at close
         self.target: str | None = None
 
     @property
@@ -80,12 +82,12 @@ class K8sPlacement(Placement):
         objs = self.objects(launch)
         for obj in objs:
             self.kube.apply(obj)
-        selector = f"{M.RUN_LABEL}={M.dns_name(self.run_id)},{M.ROLE_LABEL}={M.dns_name(launch.role)}"
+        selector = self.selector(launch.role)
         # a cluster schedules and pulls images: its own bound, never shorter than the node's
         timeout = max(float(launch.ready_timeout_s or 0.0), self.settings.ready_timeout_s)
         try:
             pod = ready_pod(self.kube, self.namespace, selector, timeout, f"{launch.name} ({launch.role}) ready",
-                            cancel=self.cancel)
+                            cancel=self.cancel, pending_s=self.settings.start_fail_s)
         except HarnessError:
             for obj in objs:  # nothing of a node that did not come up is left running
                 try:
@@ -93,13 +95,38 @@ class K8sPlacement(Placement):
                 except HarnessError:
                     pass
             raise
-        return PodHandle(self.kube, pod, objs[0], launch.name, log_path=launch.log_path)
+        handle = PodHandle(self.kube, pod, objs[0], launch.name, log_path=launch.log_path, container=M.CONTAINER)
+        self.handles.append(handle)
+        return handle
 
     def host(self, role: str) -> str | None:
         return f"{M.dns_name(role)}.{self.namespace}.svc"
 
+    def bind_address(self, role: str) -> str | None:
+        # the pod's own address (the downward API's status.podIP, expanded by the kubelet in the
+        # container's args): what vLLM also advertises to its peers (VLLM_HOST_IP)
+        return M.POD_IP_ARG
+
+    def selector(self, role: str) -> str:
+        return f"{M.RUN_LABEL}={M.dns_name(self.run_id)},{M.ROLE_LABEL}={M.dns_name(role)}"
+
+    @property
+    def forwards(self):
+        """Port-forwards through the API server (forward.py): made at the first use."""
+        with self._lock:
+            if self._forwards is None:
+                from .forward import Forwards
+
+                self._forwards = Forwards(lambda: self.kube, self.namespace, self.selector)
+            return self._forwards
+
     def control_endpoint(self, role: str) -> str | None:
-        return f"tcp://{self.host(role)}:{self.settings.control_port}"
+        # the node binds its control channel on the pod's port (manifests.pod_argv); the harness
+        # reaches it through a port-forward on this machine's loopback
+        return f"tcp://127.0.0.1:{self.forwards.local_port(role, self.settings.control_port)}"
+
+    def reach(self, role: str, url: str) -> str:
+        return self.forwards.url(role, url)
 
     # ------------------------------------------------------------------ faults
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:
@@ -107,7 +134,7 @@ class K8sPlacement(Placement):
             return fault
         from .chaos import ChaosMeshFault
 
-        params = spec.model_dump(mode="json", exclude={"type", "at", "for_"})
+        params = spec.model_dump(mode="json", exclude={"type", "at"}, by_alias=True)  # "for": the duration's floor
 
         def manifest() -> dict:  # named by its place in the schedule, as the dry run names it
             obj = M.chaos_object(spec.type, params, list(fault.ctx.nodes), self.run_id, self.settings,
@@ -124,6 +151,10 @@ class K8sPlacement(Placement):
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> list[str]:
+        for h in self.handles:  # every container's log, current and previous, before the namespace goes
+            h.save_log()
+        if self._forwards is not None:
+            self._forwards.close()
         if not self._made_ns:
             return []
         try:

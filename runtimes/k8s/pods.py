@@ -27,13 +27,67 @@ def pod_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
+def container_id(pod: dict, container: str) -> str | None:
+    """The container's id as the kubelet reports it (``containerd://...``), or None."""
+    for st in (pod.get("status") or {}).get("containerStatuses") or []:
+        if st.get("name") == container:
+            return st.get("containerID")
+    return None
+
+
 class PodHandle(NodeHandle):
-    def __init__(self, kube: Kube, pod: dict, workload: dict, name: str, log_path: str | None = None) -> None:
+    def __init__(self, kube: Kube, pod: dict, workload: dict, name: str, log_path: str | None = None,
+                 container: str = "node") -> None:
         self.kube, self.workload, self.name = kube, workload, name
         meta = pod["metadata"]
         self.pod_name, self.namespace, self._uid = meta["name"], meta["namespace"], meta["uid"]
+        self.container = container
+        self.container_id = container_id(pod, container)  # the journal records it (containerd://...)
         self.log_path = log_path
         self._ended = False
+        self._saved = False
+        self._followed: set[str] = set()  # container ids whose log the follower wrote
+        if log_path:
+            import threading
+
+            threading.Thread(target=self._follow, daemon=True, name=f"log-{self.pod_name}").start()
+
+    def identity(self) -> dict:
+        return {"pod": self.pod_name, "pod_uid": self._uid, "container_id": self.container_id}
+
+    def _follow(self) -> None:
+        """Stream the container's log into ``log_path`` as it is written, each container of the pod
+        once (a container a fault killed and the kubelet restarted: the next one's too), so a pod
+        that a fault deletes has left its log in the run folder already."""
+        import time
+
+        from kubernetes import client
+
+        while not self._ended:
+            pod = self._pod()
+            cid = container_id(pod, self.container) if pod else None
+            if pod is None:
+                return
+            if not cid or cid in self._followed:
+                time.sleep(0.5)
+                continue
+            try:
+                resp = client.CoreV1Api(self.kube.api).read_namespaced_pod_log(
+                    self.pod_name, self.namespace, container=self.container, follow=True,
+                    _preload_content=False, _request_timeout=(10, None))
+            except Exception:  # noqa: BLE001 - no log served (a simulated node): save_log tries at the end
+                return
+            self._followed.add(cid)
+            try:
+                with open(self.log_path, "ab") as fh:
+                    fh.write(f"# pd-chaos: pod {self.pod_name}, container {self.container} {cid}\n".encode())
+                    for chunk in resp.stream(4096):
+                        fh.write(chunk)
+                        fh.flush()
+            except Exception:  # noqa: BLE001 - the stream broke (the pod went): what came is written
+                pass
+            finally:
+                resp.release_conn()
 
     @property
     def instance(self) -> str:
@@ -87,21 +141,36 @@ class PodHandle(NodeHandle):
             self._end(0)
         return None
 
-    def _save_log(self) -> None:
-        """The container's log into the run folder (``log_path``) before the pod goes, so the
-        checks that read every node's log (log_hygiene) read this one too."""
-        if not self.log_path:
-            return
+    def _read_log(self, previous: bool = False, limit_bytes: int | None = None) -> str | None:
         from kubernetes import client
 
         try:
             text = client.CoreV1Api(self.kube.api).read_namespaced_pod_log(
-                self.pod_name, self.namespace, container="node", _request_timeout=30)
-        except Exception:  # noqa: BLE001 - no log served (a simulated node, a pod gone): none is written
+                self.pod_name, self.namespace, container=self.container, previous=previous,
+                limit_bytes=limit_bytes, _request_timeout=30)
+        except Exception:  # noqa: BLE001 - no log served (a simulated node, no earlier container, a pod gone)
+            return None
+        return text if isinstance(text, str) else None
+
+    def save_log(self) -> None:
+        """The container's log into the run folder (``log_path``), once: its earlier container's
+        first (a container a fault killed and the kubelet restarted), then the current one's, so
+        the checks that read every node's log (log_hygiene) read these too. Called before the pod
+        goes and at the end of the run."""
+        if not self.log_path or self._saved or self._followed:
+            return  # written already, as it came (the follower)
+        parts = [(label, self._read_log(previous=prev)) for label, prev in (("previous container", True),
+                                                                            ("container", False))]
+        parts = [(label, text) for label, text in parts if text]
+        if not parts:
             return
-        if isinstance(text, str):
-            with open(self.log_path, "a", encoding="utf-8", errors="replace") as fh:
-                fh.write(text)
+        self._saved = True
+        with open(self.log_path, "a", encoding="utf-8", errors="replace") as fh:
+            for label, text in parts:
+                fh.write(f"# pd-chaos: pod {self.pod_name}, {label} {self.container}\n")
+                fh.write(text if text.endswith("\n") else text + "\n")
+
+    _save_log = save_log
 
     def _exec(self, script: str, timeout_s: float = 15.0) -> str:
         """Run ``script`` in the node's container; its stdout. The exec's status channel is read:
@@ -115,7 +184,7 @@ class PodHandle(NodeHandle):
         what = f"{self.name}: exec in pod {self.pod_name}"
         try:
             ws = stream(client.CoreV1Api(self.kube.api).connect_get_namespaced_pod_exec, self.pod_name,
-                        self.namespace, container="node", command=["sh", "-c", script], stderr=True,
+                        self.namespace, container=self.container, command=["sh", "-c", script], stderr=True,
                         stdin=False, stdout=True, tty=False, _preload_content=False, _request_timeout=timeout_s)
             try:
                 ws.run_forever(timeout=timeout_s)
@@ -149,27 +218,39 @@ class PodHandle(NodeHandle):
         self._exec("kill -CONT -1")
 
     def log_tail(self, n_bytes: int = 2000) -> str:
-        from kubernetes import client
-
-        try:
-            text = client.CoreV1Api(self.kube.api).read_namespaced_pod_log(
-                self.pod_name, self.namespace, container="node", limit_bytes=n_bytes, _request_timeout=10)
-        except Exception:  # noqa: BLE001 - no log to show (the pod is gone, or a simulated node)
-            return ""
-        return text if isinstance(text, str) else ""
+        return self._read_log(limit_bytes=n_bytes) or ""
 
 
 UNSCHEDULABLE_GRACE_S = 20.0
+# waiting reasons that never end by themselves: the run fails at once, naming the pod and the reason
+FATAL_WAITING = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                 "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+
+
+def stuck(pod: dict) -> str | None:
+    """Why a pod will not become ready by itself (a container crash-looping, an image that cannot be
+    pulled, a container that cannot be made), or None."""
+    for st in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (st.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in FATAL_WAITING:
+            last = ((st.get("lastState") or {}).get("terminated") or {})
+            exit_code = f"; its last run exited {last['exitCode']}" if "exitCode" in last else ""
+            return (f"container {st.get('name')} is in {waiting['reason']}: "
+                    f"{(waiting.get('message') or '').strip()[:200]}{exit_code}").rstrip(": ")
+    return None
 
 
 def ready_pod(kube: Kube, namespace: str, selector: str, timeout_s: float, what: str,
-              not_uid: str | None = None, cancel: Any = None) -> dict:
+              not_uid: str | None = None, cancel: Any = None, pending_s: float | None = None) -> dict:
     """The first ready pod of ``selector`` (another than ``not_uid``), within ``timeout_s``. A pod
-    the scheduler keeps refusing (a claim that does not exist, resources no node has) is one error
-    with the scheduler's reason after a short grace, not a wait to the deadline."""
+    that will not become ready by itself fails at once with its reason (:func:`stuck`); a pod the
+    scheduler keeps refusing (a claim that does not exist, resources no node has) after a short
+    grace; a pod still Pending after ``pending_s`` (unscheduled, its image not there) then too,
+    not a wait to the deadline."""
     import time
 
     since: dict[str, float] = {}
+    t0 = time.monotonic()
 
     def found(items: list[dict]) -> Any:
         for p in items:
@@ -177,13 +258,25 @@ def ready_pod(kube: Kube, namespace: str, selector: str, timeout_s: float, what:
                 continue
             if pod_ready(p):
                 return p
+            name = p["metadata"]["name"]
+            why = stuck(p)
+            if why:
+                raise HarnessError(f"{what}: pod {name}: {why}")
             cond = next((c for c in (p.get("status") or {}).get("conditions") or []
                          if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
             if cond and cond.get("reason") == "Unschedulable":
                 first = since.setdefault(p["metadata"]["uid"], time.monotonic())
                 if time.monotonic() - first > UNSCHEDULABLE_GRACE_S:
-                    raise HarnessError(f"{what}: pod {p['metadata']['name']} cannot be scheduled: "
+                    raise HarnessError(f"{what}: pod {name} cannot be scheduled: "
                                        f"{(cond.get('message') or '')[:300]}")
+            phase = (p.get("status") or {}).get("phase")
+            if pending_s is not None and phase == "Pending" and time.monotonic() - t0 > pending_s:
+                waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
+                           for c in (p.get("status") or {}).get("containerStatuses") or []]
+                raise HarnessError(f"{what}: pod {name} still Pending after {pending_s:g} s "
+                                   f"({', '.join(w for w in waiting if w) or (cond or {}).get('reason') or 'not started'})")
+            if phase in ("Failed", "Succeeded"):
+                raise HarnessError(f"{what}: pod {name} ended ({phase}) before it was ready")
         return None
 
     return kube.wait("v1", "Pod", namespace, found, timeout_s, what, selector=selector, cancel=cancel)

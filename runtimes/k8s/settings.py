@@ -45,6 +45,21 @@ class ClusterSettings(BaseModel):
     service_account: str = Field("pdchaos-node", pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
     control_port: int = Field(5599, ge=1024, le=65535, description="each node's control channel in its pod")
     ready_timeout_s: float = Field(600.0, gt=0, le=3600)
+    start_fail_s: float = Field(60.0, gt=0, le=3600, description="a node's pod still Pending (unscheduled, "
+                                "image not pulled) after this fails the run at once, naming the pod and the reason; "
+                                "CrashLoopBackOff, ImagePullBackOff and ErrImagePull fail it at once")
+    python: str = Field("python3", min_length=1, description="the interpreter in the pod that runs `-m harness.cli "
+                        "node` (python3: the image's; `same`: the harness's own path, where host_mounts bring it)")
+    host_mounts: list[str] = Field(default_factory=list, description="host folders every node pod mounts read-only "
+                                   "at the same path (a single-node cluster: the locked node env, the model, "
+                                   "pd-chaos itself, instead of a multi-GB image)")
+    run_dir_from_host: bool = Field(False, description="mount the run folder from the host at the same path "
+                                    "(read-write; a single-node cluster): the nodes' logs land in it as they are "
+                                    "written, also those of a pod a fault killed")
+    network_actions: list[Literal["partition", "delay", "bandwidth"]] = Field(
+        ["partition", "delay", "bandwidth"], description="the NetworkChaos actions the pods' kernel can carry: "
+        "delay needs sch_netem, bandwidth sch_tbf, partition iptables and ipset; a scenario whose fault needs "
+        "another is refused before anything starts, with this reason")
     attach: Attach | None = Field(None, description="the user's deployment that `pdchaos run --attach` selects nodes in")
     mode: Literal["deploy", "attach"] = Field("deploy", description="deploy: each run makes its own namespace and "
                                               "nodes; attach: the nodes are the pods `attach` selects (--attach)")

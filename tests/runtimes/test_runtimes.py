@@ -69,8 +69,10 @@ def test_the_cluster_runtime_refuses_what_it_cannot_do_before_anything_starts() 
     fam = _pd("pd-baseline").family
     k8s = fam.load_profile("k8s", [])
     assert "reset_peer" in (runtime_refusal(_pd("pd-bootstrap-reset"), k8s) or "")
+    # a toxic on P's bootstrap link only: Chaos Mesh would delay all of P's traffic, another fault
+    assert "selects pods, not ports" in (runtime_refusal(_pd("pd-bootstrap-latency"), k8s) or "")
     for name in ("pd-kill-prefill-before-pull", "pd-stop-decode", "pd-partition-prefill-decode",
-                 "pd-bootstrap-latency", "pd-fake-prefill-silent"):
+                 "pd-fake-prefill-silent"):
         assert runtime_refusal(_pd(name), k8s) is None, name
     keep, left = split_plan([(_pd("pd-bootstrap-reset"), "hardened"), (_pd("pd-stop-decode"), "hardened")],
                             {"pd": k8s})

@@ -36,8 +36,12 @@ def test_a_vllm_role_is_a_leaderworkerset_with_npus_and_the_model_cache() -> Non
     c = pod["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"huawei.com/ascend-1980": "1"}
     assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}} in pod["spec"]["volumes"]
-    assert c["args"][0] == "python3" and c["args"][-1] == "tcp://*:5599"  # the control channel on TCP
+    assert c["args"][0] == "python3" and c["args"][-1] == "tcp://0.0.0.0:5599"  # the control channel on the pod's port
     assert "/var/run/pdchaos/run/server-logs/p.log" in c["args"]  # the run folder's paths, in the pod
+    # ... whose folders exist before the node starts (a fresh emptyDir holds none)
+    assert c["command"][2].startswith("mkdir -p /var/run/pdchaos/run /var/run/pdchaos/run/server-logs && ")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP" and env["PDCHAOS_POD"]["value"] == "1"
     assert sorted(p["port"] for p in svc["spec"]["ports"]) == [5599, 8100, 8998]
     dep, _ = M.workload(S, "r1", "hardened", "prefill:0", "vllm", ARGV, {}, EP, None, lws=False)
     assert dep["kind"] == "Deployment" and dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -73,3 +77,39 @@ def test_faults_map_to_chaos_mesh_objects_with_their_direction() -> None:
 def test_names_are_dns_labels() -> None:
     assert M.dns_name("fake-prefill:0") == "fake-prefill-0" and M.role_class("fake-prefill:0") == "prefill"
     assert len(M.namespace_name(S, "x" * 100)) <= 63
+
+
+def test_lasting_objects_carry_a_duration_and_faults_are_refused_that_would_mean_another_fault() -> None:
+    """A partition, a delay, a bandwidth limit, a CPU stress: each ends by itself ``duration`` after
+    it began (the window plus the injection bound), so a harness killed with SIGKILL leaves nothing
+    injected past it; a pod-kill has no lasting effect. ``refuse`` (a reset at once) would become a
+    silent drop on Chaos Mesh: refused, as are NetworkChaos actions the cluster's kernel lacks."""
+    part = M.chaos_object("partition", {"direction": "both", "for": 8.0}, ROLES, "r1", S, 0)
+    assert part["spec"]["duration"] == f"{int(8 + M.DURATION_SLACK_S)}s"
+    for t, p in (("latency", {"latency": 1.0, "for": 3}), ("bandwidth", {"rate": 64, "for": 3}),
+                 ("cpu_pressure", {"node": "decode:0", "for": 3})):
+        obj = M.chaos_object(t, p, ROLES, "r1", S, 0)
+        assert obj["spec"]["duration"] == f"{int(3 + M.DURATION_SLACK_S)}s", t
+    assert "duration" not in M.chaos_object("kill", {"node": "prefill:0", "for": 3}, ROLES, "r1", S, 0)["spec"]
+    restart = M.chaos_object("restart", {"node": "decode:0", "for": 1}, ROLES, "r1", S, 0)
+    assert restart["spec"]["action"] == "container-kill" and restart["spec"]["containerNames"] == [M.CONTAINER]
+    assert M.chaos_object("refuse", {"direction": "both", "for": 3}, ROLES, "r1", S, 0) is None
+    assert "silently" in M.why_not("refuse", {}, S)
+    no_netem = ClusterSettings(image="img:1", network_actions=["partition", "bandwidth"])
+    assert M.chaos_object("latency", {"latency": 1.0, "for": 3}, ROLES, "r1", no_netem, 0) is None
+    assert "sch_netem" in M.why_not("latency", {}, no_netem)
+    assert M.chaos_object("partition", {"for": 3}, ROLES, "r1", no_netem, 0) is not None
+
+
+def test_host_mounts_and_the_run_folder_from_the_host() -> None:
+    """A single-node cluster: the node env, the model and pd-chaos mounted read-only at their own
+    paths, the harness's interpreter, and the run folder itself, so every log lands there."""
+    s = ClusterSettings(image="host-usr:1", python="same", host_mounts=["/root/.cache/pdchaos"],
+                        run_dir_from_host=True)
+    dep, _ = M.workload(s, "r1", "hardened", "proxy", "pd-proxy", ARGV, {}, {}, "/tmp/run-7", lws=False)
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["args"][0] == "/usr/bin/python3.11" and "/tmp/run-7/server-logs/p.log" in c["args"]
+    assert {"name": "host-0", "mountPath": "/root/.cache/pdchaos", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "run-folder", "hostPath": {"path": "/tmp/run-7", "type": "Directory"}} in pod["volumes"]
+    assert "mkdir -p /tmp/run-7 /tmp/run-7/server-logs" in c["command"][2]

@@ -75,7 +75,123 @@ def doctor(settings: Any, kubeconfig: str | None) -> list[tuple[str, bool, str, 
                     "Chaos Mesh objects are created but nothing injects them: every such window is a harness error"))
     except HarnessError as exc:
         out.append(("chaos-mesh-controller", False, str(exc), "faults carried out by Chaos Mesh"))
+    out += trials(kube, settings)
     return out
+
+
+PROBE_TIMEOUT_S = 90.0
+
+
+def trials(kube: Any, settings: Any) -> list[tuple[str, bool, str, str]]:
+    """What only trying shows, one line each: chaos-daemon runs; the model volume is there; the
+    node image starts (a probe pod of the harness's own, with the profile's image and mounts, in a
+    namespace made for it and deleted after); the harness reaches that pod (exec); and Chaos Mesh
+    carries out a fault on it (a PodChaos container-kill the controller and daemon must inject: the
+    container's restart count rises)."""
+    import secrets
+    import time
+
+    from . import manifests as M
+    from .client import KubeError
+    from .pods import pod_ready, ready_pod
+
+    off = "runs under the k8s profile"
+    out = []
+    daemons = [p for p in kube.list("v1", "Pod", selector="app.kubernetes.io/component=chaos-daemon")
+               if pod_ready(p)]
+    out.append(("chaos-daemon", bool(daemons), f"{len(daemons)} ready chaos-daemon pod(s)" if daemons else
+                "no ready pod labelled app.kubernetes.io/component=chaos-daemon",
+                "Chaos Mesh's network and container faults (the daemon on each node carries them out)"))
+    if settings is None:
+        return out
+    if settings.model_cache_claim:
+        ns = settings.namespace_prefix
+        try:
+            claims = kube.list("v1", "PersistentVolumeClaim", selector=None)
+            bound = [c for c in claims if c["metadata"]["name"] == settings.model_cache_claim
+                     and (c.get("status") or {}).get("phase") == "Bound"]
+            out.append(("k8s-model-volume", bool(bound), f"PersistentVolumeClaim {settings.model_cache_claim} "
+                        + ("bound" if bound else "missing or not bound"),
+                        off + f" (create the claim {settings.model_cache_claim} with the model, in each run namespace "
+                        f"{ns}-*, or use host_mounts on a single-node cluster)"))
+        except HarnessError as exc:
+            out.append(("k8s-model-volume", False, str(exc), off))
+    run_id = f"doctor-{secrets.token_hex(3)}"
+    ns = M.namespace_name(settings, run_id)
+    argv = [settings.python, "-c", "import time; time.sleep(3600)"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "namespace": ns,
+                                                          "labels": M.labels(run_id, "probe")},
+           "spec": {**M.pod_spec(settings, "probe", "probe", argv, {}, {}, None), "serviceAccountName": "default"}}
+    pod["spec"]["containers"][0]["args"] = argv if settings.python != "same" else ["python3", *argv[1:]]
+    pod["spec"]["containers"][0].pop("readinessProbe", None)
+    pod["spec"]["restartPolicy"] = "Always"
+    made = False
+    try:
+        ns_obj = M.namespace(settings, run_id)
+        ns_obj["metadata"]["annotations"] = {M.RUNNER_ANNOTATION: M.runner_id()}
+        kube.apply(ns_obj)
+        made = True
+        # the namespace's default ServiceAccount comes from the controller-manager: wait for it
+        kube.wait("v1", "ServiceAccount", ns, lambda items: any(i["metadata"]["name"] == "default" for i in items),
+                  30.0, "default ServiceAccount")
+        t0 = time.monotonic()
+        kube.apply(pod)
+        got = ready_pod(kube, ns, f"{M.RUN_LABEL}={M.dns_name(run_id)}", PROBE_TIMEOUT_S, "probe pod ready",
+                        pending_s=settings.start_fail_s)
+        out.append(("k8s-image", True, f"{settings.image} started in {time.monotonic() - t0:.1f} s", off))
+    except HarnessError as exc:
+        out.append(("k8s-image", False, str(exc), off + " (build and load the node image: docs/k8s.md)"))
+        got = None
+    if got is not None:
+        from .pods import PodHandle
+
+        h = PodHandle(kube, got, {}, "probe", container=M.CONTAINER)
+        try:
+            said = h._exec("echo reached").strip()
+            out.append(("k8s-reach", said == "reached", "exec into the probe pod answered" if said == "reached"
+                        else f"exec answered {said[:40]!r}", off + " (the harness execs to freeze and thaw nodes)"))
+        except HarnessError as exc:
+            out.append(("k8s-reach", False, str(exc), off + " (RBAC: get and create on pods/exec)"))
+        if daemons:
+            out.append(_chaos_trial(kube, ns, run_id))
+        else:  # nothing could carry it out: said without waiting for it
+            out.append(("chaos-mesh-trial", False, "not tried: no chaos-daemon runs",
+                        "faults carried out by Chaos Mesh (every such window would be a harness error)"))
+    if made:
+        try:
+            kube.delete_namespace(ns, 120.0)
+        except KubeError as exc:
+            out.append(("k8s-probe-cleanup", False, str(exc), f"nothing (remove namespace {ns} by hand)"))
+    return out
+
+
+def _chaos_trial(kube: Any, ns: str, run_id: str) -> tuple[str, bool, str, str]:
+    """A PodChaos container-kill on the probe pod: injected, and the container restarted."""
+    import time
+
+    from . import manifests as M
+    from .chaos import condition
+
+    off = "faults carried out by Chaos Mesh (every such window would be a harness error)"
+    obj = {"apiVersion": M.CHAOS_API, "kind": "PodChaos",
+           "metadata": {"name": "probe-container-kill", "namespace": ns, "labels": M.labels(run_id)},
+           "spec": {"action": "container-kill", "mode": "all", "containerNames": [M.CONTAINER],
+                    "selector": {"namespaces": [ns], "labelSelectors": {M.RUN_LABEL: M.dns_name(run_id)}}}}
+    t0 = time.monotonic()
+    try:
+        kube.apply(obj)
+        kube.wait(M.CHAOS_API, "PodChaos", ns, lambda items: any(condition(i, "AllInjected") for i in items),
+                  45.0, "probe PodChaos injected")
+
+        def restarted(items: list[dict]) -> bool:
+            return any(st.get("restartCount", 0) > 0 for p in items
+                       for st in (p.get("status") or {}).get("containerStatuses") or [])
+
+        kube.wait("v1", "Pod", ns, restarted, 45.0, "probe container restarted")
+    except HarnessError as exc:
+        return ("chaos-mesh-trial", False, str(exc), off)
+    return ("chaos-mesh-trial", True, f"container-kill injected and the container restarted in "
+            f"{time.monotonic() - t0:.1f} s", off)
 
 
 def _alive(pid: int) -> bool:

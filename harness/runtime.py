@@ -139,8 +139,14 @@ class Placement(abc.ABC):
     def bind_address(self, role: str) -> str | None:
         """The address ``role``'s node listens on inside its host, or None: the family's own
         (loopback, or its network namespace's veth address). The runtime contract: a node that
-        is a host of its own (a pod) listens on its own address and peers reach it at
-        :meth:`host`; loopback is only for nodes that share this machine."""
+        is a host of its own (a pod) listens on every address of its host (its own, where peers
+        reach it at :meth:`host`, and its loopback, where the runtime's forwards arrive);
+        loopback alone is only for nodes that share this machine."""
+        return None
+
+    def advertise_address(self, role: str) -> str | None:
+        """The address ``role``'s node announces to its peers itself (a transfer engine's host, a
+        side channel in a bootstrap answer), or None: its listening address."""
         return None
 
     def reach(self, role: str, url: str) -> str:

@@ -89,6 +89,8 @@ class FakePrefillPeer(OnceFault):
         bind = placement.bind_address(ROLE) if placement is not None else None
         if bind is not None:
             args += ["--host", bind]
+            if placement.advertise_address(ROLE) is not None:
+                args += ["--advertise-host", placement.advertise_address(ROLE)]
         spec = NodeSpec("pd-fake-prefill", args, ready_timeout_s=READY_TIMEOUT_S,
                         endpoints={"bootstrap": bootstrap, "side": f"tcp://{host}:{side_port}"})
         self.ctx.start_node(ROLE, spec)

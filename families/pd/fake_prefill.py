@@ -81,8 +81,10 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--side-port", type=int, required=True,
                    help="TCP port of the fake side channel (ZMQ ROUTER)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address both listen on and the side channel is announced at (default 127.0.0.1; "
-                        "a pod's own address in a pod, nodekit/nodeio.py)")
+                   help="address both listen on (default 127.0.0.1; 0.0.0.0 in a pod, nodekit/nodeio.py)")
+    p.add_argument("--advertise-host", default=None,
+                   help="the address the side channel is announced at in bootstrap answers (default --host; "
+                        "a pod's own address in a pod)")
     p.add_argument("--mode", required=True, choices=MODES, help="how D is answered: " + ", ".join(MODES))
     p.add_argument("--control", help="ipc endpoint of the harness control channel")
     p.add_argument("--log-level", default="INFO")
@@ -129,11 +131,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakePrefill(NodeApp):
-    def __init__(self, *, bootstrap_port: int, side_port: int, mode: str, host: str = "127.0.0.1"):
+    def __init__(self, *, bootstrap_port: int, side_port: int, mode: str, host: str = "127.0.0.1",
+                 advertise: str | None = None):
         self.host = host
         self.bootstrap_port = bootstrap_port
         self.side_port = side_port
-        self.side_addr = f"tcp://{host}:{side_port}"
+        self.bind_addr = f"tcp://{host}:{side_port}"
+        self.side_addr = f"tcp://{advertise or host}:{side_port}"  # what bootstrap answers announce
         self.mode = _check_mode(mode)
         self.engine_id = str(uuid.uuid4())
         self.other_engine_id = str(uuid.uuid4())
@@ -166,7 +170,7 @@ class FakePrefill(NodeApp):
         self._zctx = zmq.Context()
         self._sock = self._zctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(self.side_addr)
+        self._sock.bind(self.bind_addr)
         if self._http is None:
             self.listen_http()
         self._http_thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.2},
@@ -315,8 +319,10 @@ def run_node(args: argparse.Namespace) -> int:
         if args.bootstrap_port == args.side_port:
             raise NodeUsageError(f"--side-port: {args.side_port} is also the --bootstrap-port; give two ports")
         check_endpoint(f"tcp://{args.host}:{args.bootstrap_port}", "--host")  # the bootstrap server's address
+        if args.advertise_host:
+            check_endpoint(f"tcp://{args.advertise_host}:{args.side_port}", "--advertise-host")
         node = FakePrefill(bootstrap_port=args.bootstrap_port, side_port=args.side_port, mode=args.mode,
-                           host=args.host)
+                           host=args.host, advertise=args.advertise_host)
         node.listen_http()  # last: a taken bootstrap port is one error line, exit 2
         return node
 

@@ -140,8 +140,10 @@ class PDTopology(BaseTopology):
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             if self.netns is not None:
                 args += ["--host", self.host(role)]
-            elif self.placement.bind_address(role) is not None:  # a host of its own (a pod): its address
+            elif self.placement.bind_address(role) is not None:  # a host of its own (a pod): its addresses
                 args += ["--host", self.placement.bind_address(role)]
+                if self.placement.advertise_address(role) is not None:
+                    args += ["--advertise-host", self.placement.advertise_address(role)]
             return NodeSpec("vllm", args, side=SIDES[role], ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})

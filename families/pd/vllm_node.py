@@ -116,6 +116,10 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--port", required=True, type=int, help="vLLM's HTTP port")
     p.add_argument("--host", default="127.0.0.1",
                    help="address vLLM listens on and VLLM_HOST_IP (loopback; a private address inside a run's netns)")
+    p.add_argument("--advertise-host", default=None,
+                   help="VLLM_HOST_IP, the address peers reach this node's bootstrap server and transfer engine at, "
+                        "when it differs from --host (a pod: --host 0.0.0.0, so a port-forward reaches it on the "
+                        "pod's loopback, and the pod's own address here)")
     p.add_argument("--bootstrap-port", required=True, type=int,
                    help="VLLM_MOONCAKE_BOOTSTRAP_PORT (P's bootstrap server, which D and the proxy ask)")
     p.add_argument("--model", default=None, help="model folder (default: the tiny model of stacks.vllm_cpu.tiny_model)")
@@ -346,6 +350,8 @@ class VllmNode:
         if args.port == args.bootstrap_port:
             raise NodeUsageError("--port and --bootstrap-port must differ")
         check_endpoint(f"tcp://{args.host}:{args.port}", "--host")
+        self.advertise = args.advertise_host or args.host
+        check_endpoint(f"tcp://{self.advertise}:{args.bootstrap_port}", "--advertise-host")
         if args.control:
             check_endpoint(args.control, "--control")
         if args.startup_timeout_s <= 0:
@@ -423,7 +429,7 @@ class VllmNode:
                 and "Store" not in args.kv_connector and is_mooncake(args.kv_connector)):
             self.waf_file = self.server_log.with_name(self.server_log.name + ".waf.json")
         self.base = f"http://{args.host}:{args.port}"
-        self.bootstrap = f"http://{args.host}:{args.bootstrap_port}"
+        self.bootstrap = f"http://{self.advertise}:{args.bootstrap_port}"
         self.proc: subprocess.Popen | None = None
         self.engine_id: str | None = None
         self.t_start = 0.0
@@ -507,7 +513,7 @@ class VllmNode:
 
         a = self.args
         extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                 "VLLM_HOST_IP": a.host, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                 "VLLM_HOST_IP": self.advertise, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                  "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(a.bootstrap_port),
                  "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
         if a.vllm_from == "node-env":  # the node env is self-contained; a job's Python may use its user site

@@ -103,8 +103,13 @@ class K8sPlacement(Placement):
         return f"{M.dns_name(role)}.{self.namespace}.svc"
 
     def bind_address(self, role: str) -> str | None:
+        # every address of the pod: peers come to its own, port-forwards (the kubelet dials the
+        # pod's localhost) to its loopback
+        return "0.0.0.0"
+
+    def advertise_address(self, role: str) -> str | None:
         # the pod's own address (the downward API's status.podIP, expanded by the kubelet in the
-        # container's args): what vLLM also advertises to its peers (VLLM_HOST_IP)
+        # container's args): VLLM_HOST_IP, a fake peer's side channel
         return M.POD_IP_ARG
 
     def selector(self, role: str) -> str:

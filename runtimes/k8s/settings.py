@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LABEL_RE = r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,251}[A-Za-z0-9])?$"
 
@@ -63,6 +63,32 @@ class ClusterSettings(BaseModel):
     attach: Attach | None = Field(None, description="the user's deployment that `pdchaos run --attach` selects nodes in")
     mode: Literal["deploy", "attach"] = Field("deploy", description="deploy: each run makes its own namespace and "
                                               "nodes; attach: the nodes are the pods `attach` selects (--attach)")
+
+    @field_validator("host_mounts")
+    @classmethod
+    def _expand(cls, paths: list[str]) -> list[str]:
+        """``~`` (this user's home), ``{pdchaos}`` (the folder holding pd-chaos's packages) and
+        ``{python}`` (the harness interpreter's installation, and its venv when it runs in one)
+        become this machine's paths: a profile names no machine's paths."""
+        import os
+        import sys
+        from pathlib import Path
+
+        out: list[str] = []
+        for p in paths:
+            if p == "{python}":
+                found = [sys.base_prefix, sys.prefix]
+            elif p == "{pdchaos}":
+                found = [str(Path(__file__).resolve().parents[2])]
+            else:
+                found = [os.path.expanduser(p)]
+            for f in found:
+                f = os.path.normpath(f)
+                if not os.path.isabs(f):
+                    raise ValueError(f"{p!r}: a host mount is an absolute path (or ~, {{pdchaos}}, {{python}})")
+                if f not in out:
+                    out.append(f)
+        return out
 
     @model_validator(mode="after")
     def _attach_needs_selectors(self) -> "ClusterSettings":

@@ -513,7 +513,7 @@ class VllmNode:
 
         a = self.args
         extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                 "VLLM_HOST_IP": self.advertise, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                 "VLLM_HOST_IP": a.advertise_host or a.host, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                  "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(a.bootstrap_port),
                  "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
         if a.vllm_from == "node-env":  # the node env is self-contained; a job's Python may use its user site

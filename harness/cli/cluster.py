@@ -99,7 +99,10 @@ def _up(realnode, args: argparse.Namespace) -> int:
                       f"answering; images {state['host_usr_image']}, {state['pause_image']}; logs {state['logs']}")
                 print(f"export PDCHAOS_KUBECONFIG={state['kubeconfig']}")
                 return 0
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
             path.unlink(missing_ok=True)
             raise HarnessError(f"cluster up: {state.get('error')}")
         if proc.poll() is not None:

@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -154,6 +155,11 @@ def iptables_chains() -> dict[str, list[str]]:
     return out
 
 
+def bridge_ports(bridge: str = BRIDGE) -> list[str]:
+    """The links enslaved to ``bridge`` (the pods' host-side veths)."""
+    return _listing(f"/sys/class/net/{bridge}/brif")
+
+
 def kubepods_cgroups() -> list[str]:
     return sorted(str(p) for p in CGROUP_ROOT.glob("*/kubepods") if p.is_dir())
 
@@ -237,13 +243,16 @@ def _ours(mount: str, folder: str, before: set[str]) -> bool:
         return False
     if mount == folder or mount.startswith(folder + "/"):
         return True
-    return any(mount.startswith(d + "/cni-") for d in NETNS_DIRS) or mount.startswith("/run/containerd/")
+    return any(mount.startswith(d + "/cni-") for d in NETNS_DIRS)  # the pods' network namespaces
 
 
 def _remove_chain(tool: str, table: str, chain: str) -> None:
     listing = _run([tool, "-w", "5", "-t", table, "-S"]).stdout.splitlines()
     for rule in listing:  # every rule that jumps to it
-        parts = rule.split()
+        try:
+            parts = shlex.split(rule)
+        except ValueError:
+            continue
         if parts[:1] == ["-A"] and ("-j" in parts and parts[parts.index("-j") + 1] == chain
                                     or "-g" in parts and parts[parts.index("-g") + 1] == chain):
             _run([tool, "-w", "5", "-t", table, "-D", *parts[1:]])
@@ -307,15 +316,19 @@ def clean_host(folder: str, baseline: dict[str, Any] | None = None, bridge: str 
                     os.unlink(f"{d}/{name}")
                 except OSError:
                     pass
-    # 3. links: the bridge and any veth that was not there
+    # containerd (as `ip netns` does) bind-mounts /run/netns on itself: undone when it was not
+    # there before and nothing else lives in it now (another program's namespaces stay untouched)
+    netns = os.path.realpath("/run/netns")
+    if not baseline["dirs"].get("/run/netns", True) and os.path.isdir(netns) and not _listing(netns):
+        if netns in mountpoints() and netns not in before:
+            _umount(netns)
+    # 3. links: the veths still on the bridge (a pod whose network was not torn down), then the bridge
     if bridge not in baseline["links"] and bridge in links():
-        _run(["ip", "link", "del", bridge])
-    for name in links():
-        if name not in baseline["links"] and name.startswith("veth"):
+        for name in bridge_ports(bridge):
             _run(["ip", "link", "del", name])
-    left_links = [n for n in links() if n not in baseline["links"] and (n == bridge or n.startswith("veth"))]
-    if left_links:
-        problems.append(f"links left: {', '.join(left_links)}")
+        _run(["ip", "link", "del", bridge])
+    if bridge not in baseline["links"] and bridge in links():
+        problems.append(f"link left: {bridge}")
     # 4. cgroups
     for p in new_kubepods:
         for _ in range(20):
@@ -590,7 +603,7 @@ class RealCluster(LocalCluster):
         self._sign("apiserver-kubelet", "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth")
         self._sign("webhook", "/CN=chaos-mesh-webhook", "serverAuth", "subjectAltName=IP:127.0.0.1,DNS:localhost")
         self._sign("daemon", "/CN=chaos-daemon", "serverAuth,clientAuth",
-                   f"subjectAltName=IP:{ip},IP:127.0.0.1,DNS:localhost,DNS:chaos-daemon")
+                   f"subjectAltName=IP:{ip},IP:127.0.0.1,DNS:localhost,DNS:chaos-daemon,DNS:chaos-daemon.chaos-mesh.org")
         self._sign("daemon-client", "/CN=chaos-controller-manager", "clientAuth")
         webhook = self.dir / "webhook-certs"
         webhook.mkdir()
@@ -690,6 +703,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                                "x509": {"clientCAFile": str(self.pki / "ca.crt")}},
             "authorization": {"mode": "Webhook"},
             "podLogsDir": str(self.dir / "pod-logs"), "makeIPTablesUtilChains": False,
+            "volumePluginDir": str(k / "volume-plugins"),
             "protectKernelDefaults": False, "serializeImagePulls": False,
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",

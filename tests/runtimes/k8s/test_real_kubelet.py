@@ -50,7 +50,8 @@ def _host_state() -> dict:
     snap = realnode.snapshot()
     return {"mounts": set(snap["mounts"]), "links": set(snap["links"]), "kubepods": snap["kubepods"],
             "chains": {k: set(v) for k, v in snap["chains"].items()}, "sysctls": _sysctls(),
-            "run_containerd": os.path.exists("/run/containerd"), "var_lib_cni": os.path.exists("/var/lib/cni")}
+            "run_containerd": os.path.exists("/run/containerd"), "var_lib_cni": os.path.exists("/var/lib/cni"),
+            "run_netns": os.path.exists("/run/netns"), "var_log_containers": os.path.exists("/var/log/containers")}
 
 
 @pytest.fixture(scope="module")
@@ -219,15 +220,61 @@ def test_stop_leaves_the_host_as_found(real):
     c.stop()
     print(f"stopped and cleaned in {time.monotonic() - t0:.1f} s")
     assert c.cleanup_problems == []
-    after = _host_state()
-    assert after["mounts"] - before["mounts"] == set()
-    assert after["links"] - before["links"] == set()
-    assert realnode.BRIDGE not in after["links"]
+    _assert_as_before(before, _host_state(), folder)
+    assert realnode.processes_of(folder) == []
+    assert not os.path.exists(folder)
+
+
+def _assert_as_before(before: dict, after: dict, folder: str) -> None:
+    """Nothing of the cluster's is left. Other programs may change the host meanwhile (the suite
+    runs in parallel: `ip netns` makes /run/netns, other tests add links), so mounts and links are
+    judged by whose they are: under the cluster's folder, the pods' cni-* namespaces, the bridge."""
+    new_mounts = after["mounts"] - before["mounts"]
+    assert [m for m in new_mounts if m.startswith(folder) or "/netns/cni-" in m] == []
+    assert realnode.BRIDGE not in after["links"] - before["links"]
     assert after["kubepods"] == before["kubepods"]
     for key, chains in after["chains"].items():
         assert chains - before["chains"].get(key, set()) == set(), key
-    assert after["sysctls"] == before["sysctls"]
-    assert after["run_containerd"] == before["run_containerd"]
-    assert after["var_lib_cni"] == before["var_lib_cni"]
+    for key in ("sysctls", "run_containerd", "var_lib_cni", "var_log_containers"):
+        assert after[key] == before[key], key
+
+
+def test_the_watchdog_cleans_up_when_the_owner_is_killed(real):
+    """`pdchaos cluster up`'s background process (realnode.serve) SIGKILLed with a pod running:
+    its watchdog kills the components and the pod and leaves the host as found."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    before = _host_state()
+    state = os.path.join(tempfile.mkdtemp(prefix="pdchaos-real-test-"), "state.json")
+    code = f"from runtimes.k8s.realnode import serve; serve({state!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        up = _wait(lambda: os.path.exists(state) and json.load(open(state)), 240, "the background cluster up")
+        assert up["state"] == "up", up
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=up["kubeconfig"])
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": NS}}, _request_timeout=30)
+        vols, mounts = realnode.RealCluster.host_usr_volumes()
+        body = {"metadata": {"name": "orphan"}, "spec": {"terminationGracePeriodSeconds": 1, "volumes": vols,
+                "containers": [{"name": "main", "image": up["host_usr_image"], "imagePullPolicy": "Never",
+                                "command": ["sleep", "3600"], "volumeMounts": mounts}]}}
+        core.create_namespaced_pod(NS, body, _request_timeout=30)
+        _wait(_running(core, "orphan"), 120, "pod orphan Running")
+        api.close()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    folder = up["dir"]
+    _wait(lambda: not os.path.exists(folder), 120, "the watchdog removed the cluster's folder")
+    _assert_as_before(before, _host_state(), folder)
     assert realnode.processes_of(folder) == []
-    assert not os.path.exists(folder)
+    if os.path.exists(state):
+        os.unlink(state)
+    os.rmdir(os.path.dirname(state))

@@ -69,6 +69,7 @@ class LocalCluster:
     ``kubeconfig``, an admin kubeconfig file; ``logs_dir``, one log per component; ``dir``, the
     temporary folder holding them (removed by stop()). ``server``: the https URL."""
 
+    label = "local cluster"  # how its errors begin
     components: tuple[str, ...] = COMPONENTS  # stop() kills them in reverse order
     authorization_mode = "RBAC"
 
@@ -148,7 +149,7 @@ class LocalCluster:
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                               start_new_session=True, text=True)
         except OSError as exc:
-            raise HarnessError(f"local cluster: cannot start its watchdog ({sys.executable}): {exc}") from None
+            raise HarnessError(f"{self.label}: cannot start its watchdog ({sys.executable}): {exc}") from None
 
     def _control_plane(self) -> int:
         """etcd, the API server (waited for), kube-controller-manager and kube-scheduler (started);
@@ -258,10 +259,10 @@ class LocalCluster:
             try:
                 found = [d for d in yaml.load_all(Path(path).read_text(), Loader=_LOADER) if d]
             except (OSError, yaml.YAMLError) as exc:
-                raise HarnessError(f"local cluster: cannot read CRDs from {path}: {exc}") from None
+                raise HarnessError(f"{self.label}: cannot read CRDs from {path}: {exc}") from None
             crds = [d for d in found if d.get("kind") == "CustomResourceDefinition"]
             if not crds:
-                raise HarnessError(f"local cluster: {path} holds no CustomResourceDefinition")
+                raise HarnessError(f"{self.label}: {path} holds no CustomResourceDefinition")
             docs += crds
         api = self.api_client()
         try:
@@ -306,13 +307,13 @@ class LocalCluster:
             for name in list(pending):
                 h = self.procs[name]
                 if not h.alive:
-                    raise HarnessError(f"local cluster: {name} exited (code {h.returncode}) before it was ready"
+                    raise HarnessError(f"{self.label}: {name} exited (code {h.returncode}) before it was ready"
                                        f"{self._tail(name)}")
                 if pending[name]():
                     del pending[name]
             if pending and time.monotonic() > end:
                 name = next(iter(pending))
-                raise HarnessError(f"local cluster: {name} not ready within {self.ready_timeout_s:g} s"
+                raise HarnessError(f"{self.label}: {name} not ready within {self.ready_timeout_s:g} s"
                                    f"{self._tail(name)}")
             if pending:
                 time.sleep(0.1)
@@ -321,16 +322,14 @@ class LocalCluster:
         lines = [ln.strip() for ln in self.procs[name].log_tail(3000).splitlines() if ln.strip()]
         return "; last log lines: " + " | ".join(lines[-3:]) if lines else ""
 
-    @staticmethod
-    def _poll(ok: Callable[[], bool], timeout_s: float, why: Callable[[], str]) -> None:
+    def _poll(self, ok: Callable[[], bool], timeout_s: float, why: Callable[[], str]) -> None:
         end = time.monotonic() + timeout_s
         while not ok():
             if time.monotonic() > end:
-                raise HarnessError(f"local cluster: {why()}")
+                raise HarnessError(f"{self.label}: {why()}")
             time.sleep(0.2)
 
-    @staticmethod
-    def _api(call: Callable[[], Any], doing: str) -> Any:
+    def _api(self, call: Callable[[], Any], doing: str) -> Any:
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - any client failure: one line, no client traceback
@@ -341,7 +340,7 @@ class LocalCluster:
                 msg = ""
             text = str(exc).strip()
             detail = msg or (text.splitlines()[0] if text else type(exc).__name__)
-            raise HarnessError(f"local cluster: {doing}: {getattr(exc, 'status', '') or ''} {detail[:300]}") from None
+            raise HarnessError(f"{self.label}: {doing}: {getattr(exc, 'status', '') or ''} {detail[:300]}") from None
 
     # readiness probes: etcd's and the scheduler's own health endpoints are plain HTTP(S) outside the
     # Kubernetes API, so urllib; everything in the API goes through the official client
@@ -409,10 +408,10 @@ class LocalCluster:
             res = subprocess.run(["openssl", *args], cwd=self.pki, capture_output=True, text=True, timeout=30,
                                  stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise HarnessError(f"local cluster: openssl {args[0]}: {exc}") from None
+            raise HarnessError(f"{self.label}: openssl {args[0]}: {exc}") from None
         if res.returncode != 0:
             last = (res.stderr.strip().splitlines() or ["?"])[-1]
-            raise HarnessError(f"local cluster: openssl {args[0]} exited {res.returncode}: {last}")
+            raise HarnessError(f"{self.label}: openssl {args[0]} exited {res.returncode}: {last}")
 
     def _certs(self) -> None:
         ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")

@@ -422,6 +422,7 @@ class RealCluster(LocalCluster):
     components = ("etcd", "kube-apiserver", "containerd", "kube-controller-manager", "kube-scheduler", "kubelet",
                   "chaos-controller-manager")
     authorization_mode = "Node,RBAC"
+    label = "real cluster"
 
     def __init__(self, ready_timeout_s: float = READY_TIMEOUT_S, chaos: bool = True) -> None:
         super().__init__(nodes=0, ready_timeout_s=ready_timeout_s)

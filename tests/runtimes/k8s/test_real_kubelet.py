@@ -278,3 +278,42 @@ def test_the_watchdog_cleans_up_when_the_owner_is_killed(real):
     if os.path.exists(state):
         os.unlink(state)
     os.rmdir(os.path.dirname(state))
+
+
+def test_a_component_not_ready_in_time_is_one_line_and_leaves_nothing(real):
+    before = _host_state()
+    c = realnode.RealCluster(ready_timeout_s=0.3)
+    with pytest.raises(realnode.HarnessError, match=r"^real cluster: [\w-]+ not ready within 0.3 s; last log lines: "):
+        c.start()
+    assert c.cleanup_problems == []
+    _assert_as_before(before, _host_state(), str(c.dir))
+    assert not c.dir.exists()
+
+
+def test_cli_up_status_down(real):
+    """`pdchaos cluster up` returns with the cluster running in the background and prints the
+    kubeconfig to export; `status` sees it; `up` again says so; `down` leaves the host as found."""
+    import subprocess
+    import sys
+
+    def cli(*args, timeout=300):
+        return subprocess.run([sys.executable, "-m", "harness.cli", "cluster", *args], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    before = _host_state()
+    up = cli("up")
+    assert up.returncode == 0, up.stderr
+    export = [ln for ln in up.stdout.splitlines() if ln.startswith("export PDCHAOS_KUBECONFIG=")]
+    assert export and os.path.isfile(export[0].split("=", 1)[1])
+    folder = os.path.dirname(export[0].split("=", 1)[1])
+    try:
+        status = cli("status", timeout=60)
+        assert status.returncode == 0 and "nodes Ready: pdchaos-node" in status.stdout, status.stdout + status.stderr
+        again = cli("up", timeout=60)
+        assert again.returncode == 0 and "already up" in again.stdout
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert cli("status", timeout=60).returncode == 1
+    _assert_as_before(before, _host_state(), folder)
+    assert realnode.processes_of(folder) == []

@@ -97,11 +97,15 @@ def trials(kube: Any, settings: Any) -> list[tuple[str, bool, str, str]]:
 
     off = "runs under the k8s profile"
     out = []
-    daemons = [p for p in kube.list("v1", "Pod", selector="app.kubernetes.io/component=chaos-daemon")
-               if pod_ready(p)]
-    out.append(("chaos-daemon", bool(daemons), f"{len(daemons)} ready chaos-daemon pod(s)" if daemons else
-                "no ready pod labelled app.kubernetes.io/component=chaos-daemon",
-                "Chaos Mesh's network and container faults (the daemon on each node carries them out)"))
+    what = "Chaos Mesh's network and container faults (the daemon on each node carries them out)"
+    try:
+        daemons = [p for p in kube.list("v1", "Pod", selector="app.kubernetes.io/component=chaos-daemon")
+                   if pod_ready(p)]
+        out.append(("chaos-daemon", bool(daemons), f"{len(daemons)} ready chaos-daemon pod(s)" if daemons else
+                    "no ready pod labelled app.kubernetes.io/component=chaos-daemon", what))
+    except HarnessError as exc:
+        daemons = []
+        out.append(("chaos-daemon", False, str(exc), what))
     if settings is None:
         return out
     if settings.model_cache_claim:

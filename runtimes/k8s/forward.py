@@ -106,7 +106,11 @@ class Forwards:
             conn.close()
             return
         try:
-            pf = portforward(client.CoreV1Api(self._kube().api).connect_get_namespaced_pod_portforward, pod,
+            # an ApiClient of its own: the client's stream functions swap the request method of the
+            # ApiClient they are given while they connect, which would turn the run's own API calls
+            # in other threads into websocket requests
+            api = client.ApiClient(configuration=self._kube().api.configuration)
+            pf = portforward(client.CoreV1Api(api).connect_get_namespaced_pod_portforward, pod,
                              self.namespace, ports=str(port), _request_timeout=CONNECT_TIMEOUT_S)
             remote = pf.socket(port)
             remote.setblocking(True)

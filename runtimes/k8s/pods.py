@@ -183,7 +183,10 @@ class PodHandle(NodeHandle):
 
         what = f"{self.name}: exec in pod {self.pod_name}"
         try:
-            ws = stream(client.CoreV1Api(self.kube.api).connect_get_namespaced_pod_exec, self.pod_name,
+            # an ApiClient of its own: stream() swaps the request method of the client it is given
+            # while it connects (other threads' API calls on a shared one would go out as websockets)
+            api = client.ApiClient(configuration=self.kube.api.configuration)
+            ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, self.pod_name,
                         self.namespace, container=self.container, command=["sh", "-c", script], stderr=True,
                         stdin=False, stdout=True, tty=False, _preload_content=False, _request_timeout=timeout_s)
             try:

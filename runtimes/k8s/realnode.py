@@ -27,11 +27,13 @@ Only one runs on a machine at a time (a lock file).
 Leaving the host as found (``stop()``, and a watchdog when the owning process dies): the pods are
 deleted through the API first (the kubelet tears their networks down), then every process is killed
 (components, what is left in the ``kubepods`` cgroups, containerd's shims), the mounts under the
-folder and the pods' network namespaces are unmounted, the bridge and leftover veths deleted, the
-``kubepods`` cgroups removed, the ``KUBE-*``/``CNI-*`` iptables chains that were not there before
-removed, and the files containerd and the CNI plugins put outside the folder (``/run/containerd/s``,
-``/var/lib/cni``, ``/var/log/containers``) removed; what the host had before start is left alone
-(a baseline taken at start, ``baseline.json`` in the folder).
+folder and the pods' network namespaces are unmounted (and /run/netns, when it is new and empty),
+the veths left on the bridge and the bridge deleted, the ``kubepods`` cgroups removed, any
+``KUBE-*``/``CNI-*`` iptables chain that was not there before removed (none is made with this
+configuration), and what containerd, the CNI plugins and the kubelet write at fixed paths outside
+the folder (``/run/containerd/s``, ``/var/lib/cni``, ``/var/log/containers``,
+``/var/lib/kubelet/device-plugins``) removed; what the host had before start is left alone (a
+baseline taken at start, ``baseline.json`` in the folder). No sysctl is written.
 """
 
 from __future__ import annotations
@@ -84,9 +86,13 @@ OUR_CHAINS = re.compile(r"^(KUBE-|CNI-)")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIRS = ("/run/netns", "/var/run/netns")
 # outside the folder: what containerd 1.6 (shim sockets), the CNI plugins (results cache) and the
-# kubelet (container log links) write at fixed paths
+# kubelet (container log links; its device-plugin socket, /var/lib/kubelet/device-plugins, is fixed
+# in k8s.io/kubelet) write at fixed paths
 FIXED_DIRS = ("/run/containerd/s", "/run/containerd", "/var/lib/cni/results", "/var/lib/cni", "/var/log/containers",
-              "/var/log/pods", "/run/netns")
+              "/var/log/pods", "/run/netns", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet")
+# removed whole when they were not there before (nothing else writes in them)
+OWN_WHEN_NEW = ("/var/lib/cni", "/var/log/containers", "/var/log/pods", "/var/lib/kubelet/device-plugins",
+                "/var/lib/kubelet")
 
 
 class StackMissing(HarnessError):
@@ -354,7 +360,7 @@ def clean_host(folder: str, baseline: dict[str, Any] | None = None, bridge: str 
         if not os.path.isdir(d):
             continue
         if not baseline["dirs"].get(d, True):
-            if d in ("/var/lib/cni", "/var/log/containers", "/var/log/pods"):
+            if d in OWN_WHEN_NEW:
                 shutil.rmtree(d, ignore_errors=True)
                 continue
         had = set(baseline["listings"].get(d, []))

@@ -51,7 +51,8 @@ def _host_state() -> dict:
     return {"mounts": set(snap["mounts"]), "links": set(snap["links"]), "kubepods": snap["kubepods"],
             "chains": {k: set(v) for k, v in snap["chains"].items()}, "sysctls": _sysctls(),
             "run_containerd": os.path.exists("/run/containerd"), "var_lib_cni": os.path.exists("/var/lib/cni"),
-            "run_netns": os.path.exists("/run/netns"), "var_log_containers": os.path.exists("/var/log/containers")}
+            "run_netns": os.path.exists("/run/netns"), "var_log_containers": os.path.exists("/var/log/containers"),
+            "var_lib_kubelet": os.path.exists("/var/lib/kubelet")}
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +236,7 @@ def _assert_as_before(before: dict, after: dict, folder: str) -> None:
     assert after["kubepods"] == before["kubepods"]
     for key, chains in after["chains"].items():
         assert chains - before["chains"].get(key, set()) == set(), key
-    for key in ("sysctls", "run_containerd", "var_lib_cni", "var_log_containers"):
+    for key in ("sysctls", "run_containerd", "var_lib_cni", "var_log_containers", "var_lib_kubelet"):
         assert after[key] == before[key], key
 
 

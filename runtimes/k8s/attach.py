@@ -25,12 +25,30 @@ OWN_KINDS = (("chaos-mesh.org/v1alpha1", "PodChaos"), ("chaos-mesh.org/v1alpha1"
              ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"), ("v1", "Service"), ("v1", "Pod"))
 
 
-def select(kube: Any, attach: Any) -> dict[str, dict]:
-    """role -> the one ready pod its selector picks in the attach namespace."""
+ROLE_LABELS = ("llm-d.ai/role", "role")  # llm-d's, then the plain one (SGLang's, vllm-ascend's examples)
+
+
+def selectors_of(attach: Any, roles: list[str]) -> dict[str, list[str]]:
+    """role -> the selectors to try, in order: the profile's, else the conventional role labels."""
+    out = {r: [s] for r, s in attach.selectors.items()}
+    for r in roles:
+        if r not in out and M.role_class(r) in ("prefill", "decode"):
+            out[r] = [f"{label}={M.role_class(r)}" for label in ROLE_LABELS]
+    return out
+
+
+def select(kube: Any, attach: Any, roles: list[str] | None = None) -> dict[str, dict]:
+    """role -> the one ready pod its selector picks in the attach namespace (a role with no
+    selector of its own: the first conventional role label that matches any pod)."""
     picked: dict[str, dict] = {}
     owner: dict[str, str] = {}
-    for role, selector in attach.selectors.items():
-        pods = kube.list("v1", "Pod", namespace=attach.namespace, selector=selector)
+    for role, candidates in selectors_of(attach, list(roles or [])).items():
+        selector, pods = candidates[0], []
+        for cand in candidates:
+            pods = kube.list("v1", "Pod", namespace=attach.namespace, selector=cand)
+            selector = cand
+            if pods:
+                break
         ready = [p for p in pods if pod_ready(p)]
         where = f"attach: role {role}: selector {selector!r} in namespace {attach.namespace}"
         if not ready:
@@ -98,7 +116,8 @@ class AttachPlacement(K8sPlacement):
 
     def picked(self) -> dict[str, dict]:
         if self._picked is None:
-            self._picked = select(self.kube, self.attach)
+            # the vLLM roles found by their conventional labels where the profile names no selector
+            self._picked = select(self.kube, self.attach, ["prefill:0", "decode:0"])
         return self._picked
 
     def _ensure_namespace(self) -> None:
@@ -124,7 +143,9 @@ class AttachPlacement(K8sPlacement):
             raise HarnessError(f"attach: role {launch.role} is the user's pod {pod['metadata']['name']}: attach mode "
                                "cannot replace or restart it")
         self._attached.add(launch.role)
-        return AttachedPod(self.kube, pod, {}, f"{launch.name} (attached)", log_path=launch.log_path)
+        container = self.attach.container or pod["spec"]["containers"][0]["name"]  # the user's own container
+        return AttachedPod(self.kube, pod, {}, f"{launch.name} (attached)", log_path=launch.log_path,
+                           container=container)
 
     def host(self, role: str) -> str | None:
         pod = (self._picked or {}).get(role)

@@ -21,8 +21,12 @@ class Attach(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     namespace: str = Field(..., pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    selectors: dict[str, str] = Field(..., min_length=1, description="role -> label selector, e.g. "
-                                      "prefill:0: role=prefill")
+    selectors: dict[str, str] = Field(default_factory=dict, description="role -> label selector, e.g. "
+                                      "prefill:0: role=prefill; a role without one is found by the labels the "
+                                      "deployments it stands for use: llm-d.ai/role=ROLE (llm-d), then role=ROLE")
+    container: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                                  description="the serving container's name in the user's pods (default: the "
+                                              "pod's first container): exec and logs go to it")
     ports: dict[str, dict[str, int]] = Field(default_factory=dict, description="role -> endpoint name -> "
                                              "container port (http, bootstrap), where the pods serve them")
 

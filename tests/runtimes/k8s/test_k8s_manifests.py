@@ -113,3 +113,12 @@ def test_host_mounts_and_the_run_folder_from_the_host() -> None:
     assert {"name": "host-0", "mountPath": "/root/.cache/pdchaos", "readOnly": True} in c["volumeMounts"]
     assert {"name": "run-folder", "hostPath": {"path": "/tmp/run-7", "type": "Directory"}} in pod["volumes"]
     assert "mkdir -p /tmp/run-7 /tmp/run-7/server-logs" in c["command"][2]
+
+
+def test_attach_finds_roles_by_llm_d_s_label_then_the_plain_one() -> None:
+    from runtimes.k8s.attach import selectors_of
+    from runtimes.k8s.settings import Attach
+
+    a = Attach(namespace="user", selectors={"decode:0": "app=my-decode"}, container="vllm")
+    got = selectors_of(a, ["prefill:0", "decode:0", "proxy"])
+    assert got == {"decode:0": ["app=my-decode"], "prefill:0": ["llm-d.ai/role=prefill", "role=prefill"]}

@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -900,11 +900,3 @@ def serve(state_file: str, ready_timeout_s: float = READY_TIMEOUT_S) -> int:
             pass
     return 0
 
-
-def wait_until(ok: Callable[[], bool], timeout_s: float, step_s: float = 0.2) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if ok():
-            return True
-        time.sleep(step_s)
-    return ok()

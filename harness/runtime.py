@@ -175,6 +175,8 @@ class Runtime(abc.ABC):
     setup_default = False  # set up by a plain `pdchaos setup` (what the README's main job needs)
     #: whether the nodes run on this machine (so this machine's node stacks and model files matter)
     runs_here = True
+    #: extra top-level commands, as a family's: name -> (module with add_arguments/run, help)
+    commands: dict[str, tuple[str, str]] = {}
 
     @abc.abstractmethod
     def open(self, run_id: str, profile: Any = None, target: str | None = None) -> Placement:

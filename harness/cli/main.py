@@ -44,22 +44,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("harness.cli.bench", "benchmark a family's normal path, its targets side by side"),
     "upstream": ("harness.cli.upstream", "prove the upstream diffs (connector_patch/upstream/): each diff's tests "
                                          "fail before it and pass after it, and upstream's own tests pass with the series"),
-    "cluster": ("harness.cli.cluster", "a real single-node Kubernetes cluster on this machine (kubelet, containerd, "
-                                       "Chaos Mesh): up, status, down (needs `pdchaos setup --only k8s-node`)"),
     "explore": ("harness.cli.explore", "generative chaos: draw seeded fault schedules over real nodes, shrink "
                                        "what a target fails to a scenario that reproduces it"),
 }
-# Commands a family adds (e.g. ``pdchaos lookup``) are found in the families, not listed here.
+# Commands a family adds (e.g. ``pdchaos lookup``) are found in the families, and those a runtime
+# adds (e.g. a local cluster's up/down) in the runtimes, not listed here.
 
 
 def _family_commands() -> dict[str, tuple[str, str]]:
     from ..family import all_families
+    from ..runtime import load_runtime, runtime_names
 
     out: dict[str, tuple[str, str]] = {}
-    for fam in all_families():
-        for name, spec in fam.commands.items():
+    owners = [(f"family {fam.name!r}", fam.commands) for fam in all_families()]
+    for name in runtime_names():
+        try:
+            owners.append((f"runtime {name!r}", dict(getattr(load_runtime(name), "commands", {}) or {})))
+        except HarnessError:
+            continue  # a runtime that does not load adds no command (doctor names it)
+    for owner, commands in owners:
+        for name, spec in commands.items():
             if name in COMMANDS or name in out:
-                raise HarnessError(f"family {fam.name!r}: command {name!r} already exists")
+                raise HarnessError(f"{owner}: command {name!r} already exists")
             out[name] = spec
     return out
 

@@ -31,6 +31,8 @@ KUBECONFIG_ENV = "PDCHAOS_KUBECONFIG"
 
 class K8sRuntime(Runtime):
     name = "k8s"
+    commands = {"cluster": ("runtimes.k8s.cli", "a real single-node Kubernetes cluster on this machine (kubelet, "
+                            "containerd, Chaos Mesh): up, status, down (needs `pdchaos setup --only k8s-node`)")}
     # every pod is a host of its own: the run's "netns" link exists by construction
     provides = frozenset(("stop", "kill", "freeze", "restart", "netns"))
     runs_here = False  # the image holds vLLM and the node stack; the model is in the cluster's cache

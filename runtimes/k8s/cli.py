@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import HarnessError
+from harness.errors import HarnessError
 
 UP_TIMEOUT_S = 420.0
 DOWN_TIMEOUT_S = 150.0
@@ -59,7 +59,7 @@ def _alive(pid: int) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtimes.k8s import realnode
+    from . import realnode
 
     if args.timeout is not None and args.timeout <= 0:
         raise HarnessError(f"--timeout {args.timeout:g}: must be above 0")

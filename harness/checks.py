@@ -437,7 +437,8 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     stopped = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "stop"}
     if started - stopped and not bad:  # a heal that failed is a fault_error event, reported below
         return _r(False, f"fault {sorted(started - stopped, key=str)[0]} started and was never healed")
-    finals = [p.get("pid") for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
+    # a process is its node and its pid: a pid is unique on one host only (nodes in pods each count theirs)
+    finals = [(p.get("node"), p.get("pid")) for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
     if len(finals) != len(set(finals)):
         return _r(False, "two final probes of one process: the history is not one run's")
     kinds = inp.meta.get("op_kinds")

@@ -119,6 +119,9 @@ class Placement(abc.ABC):
     harness_links = True
     #: whether the run's nodes share this machine (and its cores: a family may pin them)
     shared_host = True
+    #: whether a node may outlive its scenario run and serve the next (warm reuse, harness/pool.py):
+    #: not where the run's end removes everything it made (a cluster's namespace)
+    lends_nodes = True
     #: set when the run is interrupted (Ctrl-C): a placement's long waits end early on it
     cancel: Any = None
 

@@ -150,8 +150,16 @@ def unlink_ipc(endpoint: str | None) -> None:
             pass
 
 
+READY_FILE_ENV = "PDCHAOS_READY_FILE"
+
+
 def announce_ready() -> None:
-    """Tell the runner this node serves: one line ``READY`` on stdout (harness/procs.py waits for it)."""
+    """Tell the runner this node serves: one line ``READY`` on stdout (harness/procs.py waits for it);
+    where the runtime reads readiness from a file instead (a pod's readiness probe), that file too."""
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write("READY\n")
     print("READY", flush=True)
 
 

@@ -94,7 +94,9 @@ class FakePrefillPeer(OnceFault):
         spec = NodeSpec("pd-fake-prefill", args, ready_timeout_s=READY_TIMEOUT_S,
                         endpoints={"bootstrap": bootstrap, "side": f"tcp://{host}:{side_port}"})
         self.ctx.start_node(ROLE, spec)
-        self._bootstrap = bootstrap
+        # where it runs now (a runtime that names nodes by their address knows it only once started)
+        started = (placement.host(ROLE) if placement is not None else None) or "127.0.0.1"
+        self._bootstrap = f"http://{started}:{bootstrap_port}"
 
     def _report(self) -> int | None:
         """Journal what the window did (counts only); the number of redirected requests, or None

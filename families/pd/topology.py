@@ -202,7 +202,8 @@ class PDTopology(BaseTopology):
     def pool_key(self, role: str) -> tuple | None:
         """P and D are pooled under every setting they were started with (ports aside: a pooled
         node brings its own); a netns link never pools (its namespaces die with the run)."""
-        if role not in CORES or self.topo.link == "netns" or self.profile.store is not None:
+        if (role not in CORES or self.topo.link == "netns" or self.profile.store is not None
+                or not self.placement.lends_nodes):
             return None  # (a store master lives as long as its run: servers that know it neither)
         t = self.topo
         return ("vllm", self.connector(role), self.profile.key(), self.connector_profile(role).model_dump_json(), role, t.model, t.kv_load_failure_policy, int(t.abort_timeout),
@@ -241,6 +242,11 @@ class PDTopology(BaseTopology):
         return None
 
     def start(self) -> None:
+        if not self.placement.shared_host:  # nodes elsewhere may see this machine's cache read-only (a pod's
+            from .plugin_site import instrument_site, plugin_site  # host mount): its plugin folders made here
+
+            plugin_site()
+            instrument_site()
         if self.topo.link == "netns" and self.netns is None:
             self.make_netns()
             self.event("link", kind="netns", to="P in namespace b; D, the proxy and the workload in namespace a")

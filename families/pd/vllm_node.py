@@ -82,7 +82,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodekit.nodeio import NodeUsageError, check_endpoint, setup_logging, usage_exit, watch_parent
+from nodekit.nodeio import NodeUsageError, announce_ready, check_endpoint, setup_logging, usage_exit, watch_parent
 
 from .metrics import MetricsError, http_get, scrape
 
@@ -853,7 +853,7 @@ def run_node(args: argparse.Namespace) -> int:
         log.info("vllm %s: healthy after %.1f s (%d processes, RSS %.0f MiB, %d threads, %d fds; allowance %d/%d)%s",
                  node.role, took, len(node.others()), rss, ready["threads"], ready["fds"], *node.allowance(),
                  " engine known" if node.engine_id else "")
-        print("READY", flush=True)
+        announce_ready()
         while not stop.wait(0.5):
             if not node.server_alive():
                 print(f"error: vLLM ({node.role}, pid {node.proc.pid}) exited with code {node.proc.returncode} "

@@ -76,6 +76,10 @@ def doctor(settings: Any, kubeconfig: str | None) -> list[tuple[str, bool, str, 
     except HarnessError as exc:
         out.append(("chaos-mesh-controller", False, str(exc), "faults carried out by Chaos Mesh"))
     out += trials(kube, settings)
+    trial = next((o for o in out if o[0] == "chaos-mesh-trial"), None)
+    if trial is not None and trial[1]:  # a controller that carried out the trial runs, Deployment or not
+        out = [("chaos-mesh-controller", True, "it carried out the trial below (no Deployment: run another way)", o[3])
+               if o[0] == "chaos-mesh-controller" and not o[1] else o for o in out]
     return out
 
 

@@ -31,6 +31,7 @@ ROLE_LABEL = "pd-chaos.io/role"
 CHAOS_API = "chaos-mesh.org/v1alpha1"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 RUN_DIR = "/var/run/pdchaos"  # the run folder inside a pod (an emptyDir): logs, journal parts
+READY_FILE = RUN_DIR + "/ready"  # what the node's readiness probe looks for
 VLLM_KINDS = ("vllm",)
 CONTAINER = "node"  # the node's container in the pods the harness makes (attach mode: the user's own name)
 # The first process of the container: starts the node as its child, forwards SIGTERM to it and
@@ -143,6 +144,8 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
     args = pod_argv(argv, settings.control_port, workdir, settings.python, settings.run_dir_from_host)
     mkdir = "mkdir -p " + " ".join(shlex.quote(d) for d in run_folders(args, workdir, settings.run_dir_from_host))
     pod_env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+               # the node says it serves (nodekit's announce_ready) in this file: the readiness probe
+               {"name": "PDCHAOS_READY_FILE", "value": READY_FILE},
                # the node's endpoint rules (nodekit/nodeio.py): a node in a pod may listen on its pod's
                # addresses and name its peers by their Services
                {"name": "PDCHAOS_POD", "value": "1"}]
@@ -159,11 +162,14 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
             "name": CONTAINER,
             "image": settings.image,
             "imagePullPolicy": settings.image_pull_policy,
-            "command": ["sh", "-c", f"{mkdir} && {ENTRY}", "pdchaos-node"],
+            # a restarted container starts not ready (the emptyDir keeps the last one's file)
+            "command": ["sh", "-c", f"{mkdir} && rm -f {READY_FILE} && {ENTRY}", "pdchaos-node"],
             "args": args,
             "env": pod_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
             "ports": container_ports,
-            "readinessProbe": {"tcpSocket": {"port": settings.control_port}, "periodSeconds": 2},
+            # ready when the node said so (as the local runtime waits for its READY line), not when
+            # its control port opens (a vLLM node opens it long before vLLM serves)
+            "readinessProbe": {"exec": {"command": ["test", "-e", READY_FILE]}, "periodSeconds": 1},
             "resources": resources,
             "volumeMounts": mounts,
         }],
@@ -259,6 +265,9 @@ def why_not(fault_type: str, params: dict, settings: ClusterSettings) -> str | N
     if fault_type == "refuse":
         return ("refuse is a TCP reset at once; Chaos Mesh's partition drops packets silently (a timeout), "
                 "which is another fault")
+    if fault_type in ("kill", "node_down") and settings.peers == "pod-ip":
+        return (f"{fault_type} replaces the node's pod, and on this cluster (cluster.peers: pod-ip, no Service "
+                "routing) its peers would not learn the new pod's address")
     action = {"partition": "partition", "latency": "delay", "bandwidth": "bandwidth",
               "bandwidth_limit": "bandwidth"}.get(fault_type)
     if action and action not in settings.network_actions:

@@ -25,6 +25,7 @@ NAMESPACE_DELETE_TIMEOUT_S = 120.0
 class K8sPlacement(Placement):
     harness_links = False  # the pods' network is the link; Chaos Mesh cuts it
     shared_host = False  # each pod is a host of its own: nothing pins cores
+    lends_nodes = False  # the run's namespace goes at its end, and its pods with it
 
     def __init__(self, run_id: str, settings: ClusterSettings, kubeconfig: str | None = None,
                  kube: Any = None) -> None:
@@ -89,6 +90,7 @@ class K8sPlacement(Placement):
             pod = ready_pod(self.kube, self.namespace, selector, timeout, f"{launch.name} ({launch.role}) ready",
                             cancel=self.cancel, pending_s=self.settings.start_fail_s)
         except HarnessError:
+            self._save_failed_logs(launch, selector)  # why it did not come up: its log, before it goes
             for obj in objs:  # nothing of a node that did not come up is left running
                 try:
                     self.kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], self.namespace)
@@ -99,8 +101,40 @@ class K8sPlacement(Placement):
         self.handles.append(handle)
         return handle
 
+    def _save_failed_logs(self, launch: Launch, selector: str) -> None:
+        from .pods import PodHandle
+
+        if not launch.log_path:
+            return
+        try:
+            pods = self.kube.list("v1", "Pod", namespace=self.namespace, selector=selector)
+        except HarnessError:
+            return
+        for p in pods:
+            h = PodHandle.__new__(PodHandle)  # a handle only to read its logs (no follower)
+            h.kube, h.pod_name, h.namespace, h.container = self.kube, p["metadata"]["name"], self.namespace, M.CONTAINER
+            h.log_path, h._saved, h._followed = launch.log_path, False, set()
+            h.save_log()
+
     def host(self, role: str) -> str | None:
+        if self.settings.peers == "pod-ip" and self._kube is not None:
+            ip = self.pod_ip(role)
+            if ip:
+                return ip
         return f"{M.dns_name(role)}.{self.namespace}.svc"
+
+    def pod_ip(self, role: str) -> str | None:
+        """The address of ``role``'s ready pod, or None (none is ready, or none was started)."""
+        from .pods import pod_ready
+
+        if not self._made_ns:
+            return None
+        try:
+            pods = self.kube.list("v1", "Pod", namespace=self.namespace, selector=self.selector(role))
+        except HarnessError:
+            return None
+        ready = [p for p in pods if pod_ready(p)]
+        return ((ready[0].get("status") or {}).get("podIP") or None) if ready else None
 
     def bind_address(self, role: str) -> str | None:
         # every address of the pod: peers come to its own, port-forwards (the kubelet dials the

@@ -60,6 +60,11 @@ class ClusterSettings(BaseModel):
     run_dir_from_host: bool = Field(False, description="mount the run folder from the host at the same path "
                                     "(read-write; a single-node cluster): the nodes' logs land in it as they are "
                                     "written, also those of a pod a fault killed")
+    peers: Literal["service", "pod-ip"] = Field("service", description="how nodes name each other: by their "
+                                                 "Services (a cluster with DNS and Service routing), or by the ready "
+                                                 "pod's own address (a cluster with neither, such as `pdchaos cluster "
+                                                 "up`'s: then a fault that replaces a pod, whose new address its peers "
+                                                 "would not learn, is refused)")
     network_actions: list[Literal["partition", "delay", "bandwidth"]] = Field(
         ["partition", "delay", "bandwidth"], description="the NetworkChaos actions the pods' kernel can carry: "
         "delay needs sch_netem, bandwidth sch_tbf, partition iptables and ipset; a scenario whose fault needs "

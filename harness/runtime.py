@@ -119,6 +119,9 @@ class Placement(abc.ABC):
     harness_links = True
     #: whether the run's nodes share this machine (and its cores: a family may pin them)
     shared_host = True
+    #: how much longer than on this machine a node's first control call may take (its connection
+    #: is made through the runtime, e.g. a port-forward over the API server)
+    control_grace_s = 0.0
     #: whether a node may outlive its scenario run and serve the next (warm reuse, harness/pool.py):
     #: not where the run's end removes everything it made (a cluster's namespace)
     lends_nodes = True

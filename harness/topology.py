@@ -338,8 +338,9 @@ class BaseTopology:
         node = Node(role, spec.kind, proc, ctl, client, dict(spec.endpoints),
                     pool_key=self.pool_key(role) if self.pool is not None and spec_given is None else None)
         self.nodes[role] = node
-        if ctl:
-            node.baseline = self.probe(role, "baseline")
+        if ctl:  # the first call also makes the connection (through the runtime: its grace)
+            node.baseline = self.probe_node(node, "baseline",
+                                            timeout_ms=PROBE_TIMEOUT_MS + int(self.placement.control_grace_s * 1000))
         return node
 
     def start_nodes(self, roles: list[str]) -> None:

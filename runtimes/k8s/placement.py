@@ -26,6 +26,7 @@ class K8sPlacement(Placement):
     harness_links = False  # the pods' network is the link; Chaos Mesh cuts it
     shared_host = False  # each pod is a host of its own: nothing pins cores
     lends_nodes = False  # the run's namespace goes at its end, and its pods with it
+    control_grace_s = 10.0  # a first control call opens a port-forward through the API server and the kubelet
 
     def __init__(self, run_id: str, settings: ClusterSettings, kubeconfig: str | None = None,
                  kube: Any = None) -> None:

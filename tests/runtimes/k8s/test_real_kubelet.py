@@ -214,6 +214,127 @@ def test_networkchaos_partition_cuts_and_recovers(real):
     print(f"partition: injected in {inject_s:.1f} s, recovered and deleted in {time.monotonic() - t1:.1f} s")
 
 
+# A harness that creates the scenario's partition the way a run does (runtimes/k8s: chaos_object,
+# ChaosMeshFault) between two pods labelled as a run's roles, says "injected" and then waits to be killed.
+HARNESS = """
+import sys, time
+from types import SimpleNamespace
+from runtimes.k8s import manifests as M
+from runtimes.k8s.chaos import ChaosMeshFault
+from runtimes.k8s.client import Kube
+from runtimes.k8s.settings import ClusterSettings
+M.DURATION_SLACK_S = 3.0  # the window plus 3 s (35 s in a run): the test waits for it
+kube = Kube(sys.argv[1])
+s = ClusterSettings(image="x", namespace_prefix="sigkill")
+obj = M.chaos_object("partition", {"direction": "both", "for": 2.0}, ["prefill:0", "decode:0"], "r", s, 0)
+inner = SimpleNamespace(params=None, ctx=SimpleNamespace(event=lambda *a, **k: None), name="partition",
+                        expected_categories=lambda: (), possible_categories=lambda: (), required_effect=lambda: {})
+fault = ChaosMeshFault(inner, obj, kube)
+fault.start()
+print("injected", obj["spec"]["duration"], flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_sigkilled_harness_leaves_nothing_injected_past_the_duration(real, tmp_path):
+    """Every Chaos Mesh object with a lasting effect carries ``duration``: the harness is killed
+    with SIGKILL right after its partition is injected (no heal ever runs), and Chaos Mesh's own
+    controller recovers it when the duration is up: the pods reach each other again, nothing is
+    left injected."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kubernetes import client
+
+    from runtimes.k8s import manifests as M
+    from runtimes.k8s.settings import ClusterSettings
+
+    c, api = real["cluster"], real["api"]
+    core = client.CoreV1Api(api)
+    s = ClusterSettings(image="x", namespace_prefix="sigkill")
+    ns = M.namespace_name(s, "r")
+    core.create_namespace({"metadata": {"name": ns}}, _request_timeout=30)
+    for role, cmd in (("prefill:0", ["python3", "-m", "http.server", "8080"]), ("decode:0", ["sleep", "3600"])):
+        body = _pod_body(c, M.dns_name(role), M.labels("r", role), cmd)
+        core.create_namespaced_pod(ns, body, _request_timeout=30)
+    global NS
+    ns_before, NS = NS, ns
+    try:
+        p = _wait(_running(core, "prefill-0"), 120, "P's pod Running")
+        _wait(_running(core, "decode-0"), 120, "D's pod Running")
+
+        def connect() -> str:
+            return _exec(api, "decode-0", ["python3", "-c", CONNECT, p.status.pod_ip]).strip()
+
+        assert _wait(lambda: connect() == "connected", 30, "D reaches P before the fault")
+        root = str(Path(__file__).resolve().parents[3])
+        harness = subprocess.Popen([sys.executable, "-c", HARNESS, c.kubeconfig], cwd=root, stdout=subprocess.PIPE,
+                                   text=True, env={**os.environ, "PYTHONPATH": root})
+        try:
+            line = harness.stdout.readline()
+            assert line.startswith("injected 5s"), line
+            assert connect().startswith("failed"), "the partition is in place"
+        finally:
+            harness.send_signal(signal.SIGKILL)  # no heal runs: only the duration ends it
+            harness.wait(timeout=10)
+        t0 = time.monotonic()
+        assert _wait(lambda: connect() == "connected", 60, "D reaches P again, with no harness to heal it")
+        print(f"recovered by Chaos Mesh {time.monotonic() - t0:.1f} s after the harness was killed")
+        custom = client.CustomObjectsApi(api)
+        obj = custom.list_namespaced_custom_object("chaos-mesh.org", "v1alpha1", ns, "networkchaos",
+                                                   _request_timeout=10)["items"][0]
+        assert obj["spec"]["duration"] == "5s"
+    finally:
+        NS = ns_before
+        core.delete_namespace(ns, _request_timeout=30)
+
+
+def test_the_shipped_rbac_lets_its_service_account_exec_and_port_forward(real, tmp_path):
+    """runtimes/k8s/rbac.yaml applied as shipped; a token of its ServiceAccount; the harness's own
+    exec (a websocket: authorised as get) and a port-forward into a pod, as that user; a user with
+    no role is refused both."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.stream import portforward
+
+    from runtimes.k8s.client import Kube
+
+    c, api = real["cluster"], real["api"]
+    admin = Kube(c.kubeconfig)
+    docs = [d for d in yaml.safe_load_all(open(Path_rbac()).read()) if d]
+    for d in docs:
+        admin.apply(d)
+    tok = client.CoreV1Api(api).create_namespaced_service_account_token(
+        "pdchaos-harness", "pdchaos-system", {"spec": {"expirationSeconds": 600}}, _request_timeout=30).status.token
+    cfg = yaml.safe_load(open(c.kubeconfig).read())
+    cfg["users"] = [{"name": "harness", "user": {"token": tok}}]
+    cfg["contexts"] = [{"name": "harness", "context": {"cluster": cfg["clusters"][0]["name"], "user": "harness"}}]
+    cfg["current-context"] = "harness"
+    kc = tmp_path / "harness.kubeconfig"
+    kc.write_text(yaml.safe_dump(cfg))
+    as_harness = Kube(str(kc))
+    out = _exec(as_harness.api, "server", ["sh", "-c", "echo reached"]).strip()
+    assert out == "reached"
+    pf = portforward(client.CoreV1Api(client.ApiClient(as_harness.api.configuration)).connect_get_namespaced_pod_portforward,
+                     "server", NS, ports="8080", _request_timeout=30)
+    sock = pf.socket(8080)
+    sock.settimeout(10)
+    sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    assert sock.recv(12).startswith(b"HTTP/1.0 200")
+    pf.close()
+    nobody = Kube(c.user_kubeconfig("nobody"))
+    with pytest.raises(Exception, match="403|Forbidden|forbidden"):
+        _exec(nobody.api, "server", ["sh", "-c", "echo reached"])
+
+
+def Path_rbac():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[3] / "runtimes" / "k8s" / "rbac.yaml"
+
+
 def test_stop_leaves_the_host_as_found(real):
     c, before = real["cluster"], real["before"]
     folder = str(c.dir)

@@ -119,6 +119,9 @@ class Placement(abc.ABC):
     harness_links = True
     #: whether the run's nodes share this machine (and its cores: a family may pin them)
     shared_host = True
+    #: whether a node's own pid names its process in the journal: on one host pids are unique; in
+    #: pods each numbers its own (P's and D's node are both pid 9), so the handle's instance does
+    pids_unique = True
     #: how much longer than on this machine a node's first control call may take (its connection
     #: is made through the runtime, e.g. a port-forward over the API server)
     control_grace_s = 0.0

@@ -495,10 +495,15 @@ class BaseTopology:
             self.event("probe_silent", role=node.role, kind=node.kind, pid=node.handle.instance, when=when)
             return None
         probe = {"type": "probe", "node": node.role, "kind": node.kind, "when": when, "t": time.monotonic(),
-                 "pid": stats.get("pid"), "threads": stats.get("threads"), "fds": stats.get("fds"),
+                 "pid": self._pid(node, stats), "threads": stats.get("threads"), "fds": stats.get("fds"),
                  "counters": stats.get("counters", {}), "alive": bool(stats.get("alive", True))}
         self._record(probe)
         return probe
+
+    def _pid(self, node: Node, stats: dict) -> Any:
+        """The process a probe saw, as the journal names it: its pid where pids are unique (this
+        machine), else the handle's instance (a pod: its uid, as the node's events name it)."""
+        return stats.get("pid") if self.placement.pids_unique else node.handle.instance
 
     def probe(self, role: str, when: str) -> dict | None:
         return self.probe_node(self.node(role), when)
@@ -513,7 +518,7 @@ class BaseTopology:
                 continue
             base = node.baseline or {}
             stats = self.node_stats(role)
-            while stats is not None and time.monotonic() < deadline and stats.get("pid") == base.get("pid") \
+            while stats is not None and time.monotonic() < deadline and self._pid(node, stats) == base.get("pid") \
                     and (stats.get("threads", 0) > base.get("threads", 0) or stats.get("fds", 0) > base.get("fds", 0)):
                 time.sleep(0.05)
                 stats = self.node_stats(role)

@@ -242,7 +242,7 @@ class PDTopology(BaseTopology):
         return None
 
     def start(self) -> None:
-        if not self.placement.shared_host:  # nodes elsewhere may see this machine's cache read-only (a pod's
+        if not self.placement.lends_nodes:  # nodes elsewhere may see this machine's cache read-only (a pod's
             from .plugin_site import instrument_site, plugin_site  # host mount): its plugin folders made here
 
             plugin_site()

@@ -5,7 +5,11 @@
 that fault declares (the failure categories it causes, its tail) stays the same, so the checks
 judge the history as they do locally; only the injection differs. Its effect counts what the
 controller reported (``injected``, ``recovered``): a window whose object never reported injected
-did nothing, and ``fault_effect`` fails it as a harness error, never as a pass.
+did nothing, and ``fault_effect`` fails it as a harness error, never as a pass. A partition's own
+count (``dropped``, the iptables counters locally) comes from a probe once it is injected: a
+connection tried from a pod on one side to a pod's port on the other, through exec, that must not
+get through (Chaos Mesh reports no packet counts); one that got through, or could not be tried,
+leaves the count 0 or missing, and ``fault_effect`` fails the window.
 """
 
 from __future__ import annotations
@@ -28,13 +32,30 @@ def condition(obj: dict | None, name: str) -> bool:
     return False
 
 
+def label_selector(sel: dict) -> str:
+    """A Chaos Mesh selector's labels as a Kubernetes label selector string."""
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("labelSelectors") or {}).items())]
+    for ex in sel.get("expressionSelectors") or []:
+        if ex.get("operator") == "In":
+            parts.append(f"{ex['key']} in ({','.join(ex.get('values') or [])})")
+    return ",".join(parts)
+
+
+CUT_PROBE = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()\n"
+             "    print('through')\nexcept OSError:\n    print('cut')\n")
+
+
 class ChaosMeshFault(Fault):
     """``inner``'s fault through a Chaos Mesh object: ``manifest`` and ``kube`` are the object and
     the cluster, or callables that give them when the window opens (the run's roles are known then)."""
 
-    def __init__(self, inner: Fault, manifest: Any, kube: Any) -> None:
+    def __init__(self, inner: Fault, manifest: Any, kube: Any, probe_port: int | None = None,
+                 container: str = "node") -> None:
         super().__init__(inner.params, inner.ctx)
         self.inner, self._manifest, self._kube = inner, manifest, kube
+        # a partition's effect: a connection tried across the cut, from a source pod to a target
+        # pod's port (its control channel), that does not get through while the window lasts
+        self.probe_port, self.container = probe_port, container
         self.manifest: dict | None = manifest if isinstance(manifest, dict) else None
         self.kube = None if callable(kube) and not hasattr(kube, "apply") else kube
         self.name = inner.name
@@ -62,6 +83,8 @@ class ChaosMeshFault(Fault):
         out = {}
         if (self.manifest or {}).get("kind") == "PodChaos":
             out = {k: self._counts["injected"] for k in self.inner.required_effect()}
+        if "cut" in self._counts:  # a partition: the connections it stopped, seen by a probe across it
+            out = {k: self._counts["cut"] for k in self.inner.required_effect()}
         return {**out, **self._counts}
 
     def _ref(self) -> tuple[str, str, str, str]:
@@ -82,6 +105,9 @@ class ChaosMeshFault(Fault):
                        INJECT_TIMEOUT_S, f"{kind} {name} injected")
         self._counts["injected"] = 1
         self.ctx.event("chaos_injected", kind=kind, name=name, t_wall=time.time())
+        if kind == "NetworkChaos" and self.manifest["spec"].get("action") == "partition" and self.probe_port:
+            self._counts["cut"] = self._probe_cut()
+            self.ctx.event("chaos_probe", kind=kind, name=name, cut=self._counts["cut"])
 
     def stop(self) -> None:
         if not self._created:
@@ -96,3 +122,24 @@ class ChaosMeshFault(Fault):
         self._created = False
         self._counts["recovered"] = 1
         self.ctx.event("chaos_recovered", kind=kind, name=name, t_wall=time.time())
+
+    def _probe_cut(self) -> int:
+        """1 when a connection from a source pod to a target pod's port does not get through (the cut
+        acts), 0 when it does; -1 when it could not be tried (no pod, no exec): fault_effect fails then."""
+        from .pods import exec_in, pod_ready
+
+        spec = self.manifest["spec"]
+        ns = self.manifest["metadata"]["namespace"]
+        try:
+            src = [p for p in self.kube.list("v1", "Pod", namespace=ns, selector=label_selector(spec["selector"]))
+                   if pod_ready(p)]
+            dst = [p for p in self.kube.list("v1", "Pod", namespace=ns,
+                                             selector=label_selector(spec["target"]["selector"])) if pod_ready(p)]
+            if not src or not dst or not (dst[0].get("status") or {}).get("podIP"):
+                return -1
+            out = exec_in(self.kube, ns, src[0]["metadata"]["name"], self.container,
+                          ["python3", "-c", CUT_PROBE, dst[0]["status"]["podIP"], str(self.probe_port)],
+                          "partition probe", 15.0)
+        except Exception:  # noqa: BLE001 - could not try: the effect stays unproven (fault_effect fails)
+            return -1
+        return 1 if out.strip() == "cut" else 0

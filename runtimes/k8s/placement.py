@@ -26,11 +26,13 @@ class K8sPlacement(Placement):
     harness_links = False  # the pods' network is the link; Chaos Mesh cuts it
     shared_host = False  # each pod is a host of its own: nothing pins cores
     lends_nodes = False  # the run's namespace goes at its end, and its pods with it
+    pids_unique = False  # each pod numbers its own processes: the journal names a node's process by its pod
     control_grace_s = 10.0  # a first control call opens a port-forward through the API server and the kubelet
 
     def __init__(self, run_id: str, settings: ClusterSettings, kubeconfig: str | None = None,
                  kube: Any = None) -> None:
         self.run_id, self.settings, self.kubeconfig = run_id, settings, kubeconfig
+        self.shared_host = settings.shared_host  # a single-node cluster on this machine shares its cores
         self.namespace = M.namespace_name(settings, run_id)
         self._kube = kube
         self._made_ns = False
@@ -183,7 +185,8 @@ class K8sPlacement(Placement):
                 raise HarnessError(f"fault {spec.type}: no Chaos Mesh object fits this run's roles")
             return obj
 
-        return ChaosMeshFault(fault, manifest, self.kube_lazy)
+        return ChaosMeshFault(fault, manifest, self.kube_lazy, probe_port=self.settings.control_port,
+                              container=M.CONTAINER)
 
     def kube_lazy(self):
         self._ensure_namespace()

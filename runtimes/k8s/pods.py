@@ -173,37 +173,9 @@ class PodHandle(NodeHandle):
     _save_log = save_log
 
     def _exec(self, script: str, timeout_s: float = 15.0) -> str:
-        """Run ``script`` in the node's container; its stdout. The exec's status channel is read:
-        a command that failed, or an exec the kubelet could not make, is one error, never an
-        empty answer taken for success."""
-        import json
-
-        from kubernetes import client
-        from kubernetes.stream import stream
-
-        what = f"{self.name}: exec in pod {self.pod_name}"
-        try:
-            # an ApiClient of its own: stream() swaps the request method of the client it is given
-            # while it connects (other threads' API calls on a shared one would go out as websockets)
-            api = client.ApiClient(configuration=self.kube.api.configuration)
-            ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, self.pod_name,
-                        self.namespace, container=self.container, command=["sh", "-c", script], stderr=True,
-                        stdin=False, stdout=True, tty=False, _preload_content=False, _request_timeout=timeout_s)
-            try:
-                ws.run_forever(timeout=timeout_s)
-                out, status = ws.read_stdout() or "", ws.read_channel(3) or ""
-            finally:
-                ws.close()
-        except Exception as exc:  # noqa: BLE001 - one line: the pod cannot be exec'd into
-            raise HarnessError(f"{what} failed: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
-        try:
-            st = json.loads(status) if status else {}
-        except ValueError:
-            st = {}
-        if st.get("status") != "Success":
-            raise HarnessError(f"{what} failed: {(st.get('message') or 'no exit status from the kubelet')[:200]}")
-        return out
+        """Run ``script`` in the node's container; its stdout (one error when it failed)."""
+        return exec_in(self.kube, self.namespace, self.pod_name, self.container, ["sh", "-c", script],
+                       f"{self.name}: exec in pod {self.pod_name}", timeout_s)
 
     def freeze(self) -> bool | None:
         # state T seen in /proc (no ps needed in a slim image); "?" when /proc cannot be read
@@ -222,6 +194,40 @@ class PodHandle(NodeHandle):
 
     def log_tail(self, n_bytes: int = 2000) -> str:
         return self._read_log(limit_bytes=n_bytes) or ""
+
+
+def exec_in(kube: Kube, namespace: str, pod: str, container: str, argv: list[str], what: str,
+            timeout_s: float = 15.0) -> str:
+    """Run ``argv`` in a pod's container; its stdout. The exec's status channel is read: a command
+    that failed, or an exec the kubelet could not make, is one error, never an empty answer taken
+    for success."""
+    import json
+
+    from kubernetes import client
+    from kubernetes.stream import stream
+
+    try:
+        # an ApiClient of its own: stream() swaps the request method of the client it is given
+        # while it connects (other threads' API calls on a shared one would go out as websockets)
+        api = client.ApiClient(configuration=kube.api.configuration)
+        ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                    command=argv, stderr=True, stdin=False, stdout=True, tty=False, _preload_content=False,
+                    _request_timeout=timeout_s)
+        try:
+            ws.run_forever(timeout=timeout_s)
+            out, status = ws.read_stdout() or "", ws.read_channel(3) or ""
+        finally:
+            ws.close()
+    except Exception as exc:  # noqa: BLE001 - one line: the pod cannot be exec'd into
+        raise HarnessError(f"{what} failed: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+    try:
+        st = json.loads(status) if status else {}
+    except ValueError:
+        st = {}
+    if st.get("status") != "Success":
+        raise HarnessError(f"{what} failed: {(st.get('message') or 'no exit status from the kubelet')[:200]}")
+    return out
 
 
 UNSCHEDULABLE_GRACE_S = 20.0

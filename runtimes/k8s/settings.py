@@ -60,6 +60,9 @@ class ClusterSettings(BaseModel):
     run_dir_from_host: bool = Field(False, description="mount the run folder from the host at the same path "
                                     "(read-write; a single-node cluster): the nodes' logs land in it as they are "
                                     "written, also those of a pod a fault killed")
+    shared_host: bool = Field(False, description="the pods share one machine's cores (a single-node cluster on "
+                              "this machine): the family pins its nodes to cores as it does locally (vLLM on CPU "
+                              "otherwise binds its threads to every core, and P and D starve each other)")
     peers: Literal["service", "pod-ip"] = Field("service", description="how nodes name each other: by their "
                                                  "Services (a cluster with DNS and Service routing), or by the ready "
                                                  "pod's own address (a cluster with neither, such as `pdchaos cluster "

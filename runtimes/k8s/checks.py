@@ -203,15 +203,9 @@ def _chaos_trial(kube: Any, ns: str, run_id: str) -> tuple[str, bool, str, str]:
 
 
 def _alive(pid: int) -> bool:
-    import os
+    from .cli import _alive as alive  # one definition (a zombie is no live process)
 
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return alive(pid)
 
 
 def clean(settings: Any, kubeconfig: str | None) -> tuple[list[str], list[str]]:

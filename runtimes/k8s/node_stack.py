@@ -115,15 +115,9 @@ def stamp_file() -> Path:
 
 
 def _version_ok(name: str) -> bool:
-    path = node_binary(name)
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        return False
-    try:
-        res = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return res.returncode == 0 and BINARIES[name] in res.stdout + res.stderr
+    from .stack import version_ok
+
+    return version_ok(node_binary(name), BINARIES[name])
 
 
 def missing_packages() -> list[str]:

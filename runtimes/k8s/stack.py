@@ -96,7 +96,11 @@ def stamp_file() -> Path:
 
 def binary_version_ok(name: str) -> bool:
     """The binary runs (within a timeout) and prints its pinned version."""
-    path = binary(name)
+    return version_ok(binary(name), VERSIONS[name])
+
+
+def version_ok(path: Path, expected: str) -> bool:
+    """``path --version`` runs within a timeout and prints ``expected``."""
     if not (path.is_file() and os.access(path, os.X_OK)):
         return False
     try:
@@ -104,7 +108,7 @@ def binary_version_ok(name: str) -> bool:
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return res.returncode == 0 and VERSIONS[name] in res.stdout + res.stderr
+    return res.returncode == 0 and expected in res.stdout + res.stderr
 
 
 def _file_ok(path: Path) -> bool:

@@ -50,8 +50,13 @@ class SideChannelGarbage(OnceFault):
 
         ctx = self.ctx
         answered, size = False, 0
+        placement = getattr(ctx, "placement", None)  # the harness reaches P as its runtime lets it (a pod: a forward)
+
+        def reach(url: str) -> str:
+            return placement.reach("prefill:0", url) if placement is not None else url
+
         try:
-            status, body = http_get(ctx.node("prefill:0").endpoints["bootstrap"] + "/query", 5.0)
+            status, body = http_get(reach(ctx.node("prefill:0").endpoints["bootstrap"]) + "/query", 5.0)
             if status != 200:
                 raise RuntimeError(f"side_channel_garbage: P's bootstrap answered HTTP {status}")
             entry = json.loads(body)["0"]["worker_addr"]["0"]["0"]
@@ -60,7 +65,7 @@ class SideChannelGarbage(OnceFault):
                 s = zc.socket(zmq.DEALER)
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.RCVTIMEO, ANSWER_WAIT_MS)
-                s.connect(entry)
+                s.connect(reach(entry))
                 s.send_multipart([b"pdchaos-garbage"] * (self.params.frames - 1))
                 try:
                     reply = s.recv_multipart()

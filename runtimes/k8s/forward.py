@@ -21,6 +21,30 @@ import threading
 from typing import Any, Callable
 
 ACCEPT_POLL_S = 0.25
+CLIENT_THREAD = "Kubernetes port forward proxy"  # the official client's own relay thread, one per stream
+
+
+def _quiet_client_threads() -> None:
+    """The official client's port-forward thread raises when the far end closes its stream while it
+    writes (SSLEOFError, a reset): a connection that ended, which the relay already handles, printed
+    as a traceback. Such ends are counted, not printed; any other thread's exception is printed as
+    before."""
+    previous = threading.excepthook
+    if getattr(previous, "_pdchaos_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if (args.thread is not None and args.thread.name.startswith(CLIENT_THREAD)
+                and isinstance(args.exc_value, OSError)):
+            CLOSED_BY_PEER[0] += 1
+            return
+        previous(args)
+
+    hook._pdchaos_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
+CLOSED_BY_PEER = [0]
 RELAY_CHUNK = 65536
 CONNECT_TIMEOUT_S = 10.0
 
@@ -30,6 +54,7 @@ class Forwards:
     port on 127.0.0.1 it listens on; ``close()`` ends every listener and relay."""
 
     def __init__(self, kube: Callable[[], Any], namespace: str, selector: Callable[[str], str]) -> None:
+        _quiet_client_threads()
         # ``kube``: gives the cluster's client when a connection first needs it (a dry run that only
         # names the forwards' ports asks no cluster)
         self._kube, self.namespace, self.selector = kube, namespace, selector

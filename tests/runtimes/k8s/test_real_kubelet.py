@@ -300,7 +300,9 @@ def test_the_shipped_rbac_lets_its_service_account_exec_and_port_forward(real, t
     from kubernetes.stream import portforward
 
     from runtimes.k8s.client import Kube
+    from runtimes.k8s.forward import _quiet_client_threads
 
+    _quiet_client_threads()  # the client's stream thread ends with a reset when the pod's side closes
     c, api = real["cluster"], real["api"]
     admin = Kube(c.kubeconfig)
     docs = [d for d in yaml.safe_load_all(open(Path_rbac()).read()) if d]

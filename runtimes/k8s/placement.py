@@ -113,11 +113,9 @@ class K8sPlacement(Placement):
             pods = self.kube.list("v1", "Pod", namespace=self.namespace, selector=selector)
         except HarnessError:
             return
-        for p in pods:
-            h = PodHandle.__new__(PodHandle)  # a handle only to read its logs (no follower)
-            h.kube, h.pod_name, h.namespace, h.container = self.kube, p["metadata"]["name"], self.namespace, M.CONTAINER
-            h.log_path, h._saved, h._followed = launch.log_path, False, set()
-            h.save_log()
+        for p in pods:  # a handle only to read its logs (no follower)
+            PodHandle(self.kube, p, {}, launch.name, log_path=launch.log_path, container=M.CONTAINER,
+                      follow=False).save_log()
 
     def host(self, role: str) -> str | None:
         if self.settings.peers == "pod-ip" and self._kube is not None:

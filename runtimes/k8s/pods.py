@@ -37,7 +37,7 @@ def container_id(pod: dict, container: str) -> str | None:
 
 class PodHandle(NodeHandle):
     def __init__(self, kube: Kube, pod: dict, workload: dict, name: str, log_path: str | None = None,
-                 container: str = "node") -> None:
+                 container: str = "node", follow: bool = True) -> None:
         self.kube, self.workload, self.name = kube, workload, name
         meta = pod["metadata"]
         self.pod_name, self.namespace, self._uid = meta["name"], meta["namespace"], meta["uid"]
@@ -47,7 +47,7 @@ class PodHandle(NodeHandle):
         self._ended = False
         self._saved = False
         self._followed: set[str] = set()  # container ids whose log the follower wrote
-        if log_path:
+        if log_path and follow:
             import threading
 
             threading.Thread(target=self._follow, daemon=True, name=f"log-{self.pod_name}").start()

@@ -77,6 +77,8 @@ class FakePrefillPeer(OnceFault):
     def _start_fake(self) -> None:
         from harness.topology import NodeSpec, free_tcp_port
 
+        from .topology import host_args
+
         bootstrap_port = free_tcp_port()
         side_port = free_tcp_port()
         while side_port == bootstrap_port:
@@ -86,11 +88,7 @@ class FakePrefillPeer(OnceFault):
         host = (placement.host(ROLE) if placement is not None else None) or "127.0.0.1"
         bootstrap = f"http://{host}:{bootstrap_port}"
         args = ["--bootstrap-port", str(bootstrap_port), "--side-port", str(side_port), "--mode", self.params.mode]
-        bind = placement.bind_address(ROLE) if placement is not None else None
-        if bind is not None:
-            args += ["--host", bind]
-            if placement.advertise_address(ROLE) is not None:
-                args += ["--advertise-host", placement.advertise_address(ROLE)]
+        args += host_args(placement, ROLE)
         spec = NodeSpec("pd-fake-prefill", args, ready_timeout_s=READY_TIMEOUT_S,
                         endpoints={"bootstrap": bootstrap, "side": f"tcp://{host}:{side_port}"})
         self.ctx.start_node(ROLE, spec)

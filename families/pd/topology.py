@@ -37,6 +37,17 @@ def _busy(stats: dict | None, baseline: dict | None = None) -> bool:
     return (_gauge(c, "kv_cache_usage_perc") or 0.0) > base + 1e-6
 
 
+def host_args(placement: Any, role: str, advertise: bool = True) -> list[str]:
+    """``--host`` (and ``--advertise-host``) of a node its runtime puts on a host of its own (a
+    pod: every address of it, and the pod's own announced to peers); none where it shares this
+    machine (the node's loopback default)."""
+    bind = placement.bind_address(role) if placement is not None else None
+    if bind is None:
+        return []
+    announce = placement.advertise_address(role) if advertise else None
+    return ["--host", bind] + (["--advertise-host", announce] if announce is not None else [])
+
+
 class PDTopology(BaseTopology):
     workload_kind = "pd-workload"
     workload_ready_timeout_s = 300.0  # it computes the reference outputs (cached per machine) first
@@ -140,10 +151,8 @@ class PDTopology(BaseTopology):
                 args += ["--engine-id", f"pdchaos-{role.replace(':', '-')}"]
             if self.netns is not None:
                 args += ["--host", self.host(role)]
-            elif self.placement.bind_address(role) is not None:  # a host of its own (a pod): its addresses
-                args += ["--host", self.placement.bind_address(role)]
-                if self.placement.advertise_address(role) is not None:
-                    args += ["--advertise-host", self.placement.advertise_address(role)]
+            else:  # a host of its own (a pod): its addresses
+                args += host_args(self.placement, role)
             return NodeSpec("vllm", args, side=SIDES[role], ready_timeout_s=t.startup_timeout + 30.0,
                             endpoints={"http": self.url(role),
                                        "bootstrap": f"http://{self.host(role)}:{self.bootstrap[role]}"})
@@ -159,8 +168,7 @@ class PDTopology(BaseTopology):
                     "--prefill-bootstrap", f"http://{self.bootstrap_hostport}",
                     "--decode", self.url("decode:0"), "--timeout-s", f"{t.proxy_timeout:g}",
                     "--order", "sequential" if self.proxy_protocol() in ("kv-params", "store") else t.proxy_order]
-            if self.placement.bind_address(role) is not None:
-                args += ["--host", self.placement.bind_address(role)]
+            args += host_args(self.placement, role, advertise=False)  # it announces no address of its own
             return NodeSpec("pd-proxy", args, side=SIDES[role], endpoints={"http": self.url("proxy")})
         return super().node_spec(role)
 

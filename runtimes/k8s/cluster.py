@@ -97,13 +97,20 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         """Start every component and wait until each is ready; on any failure everything stops
         and HarnessError names the component and its last log lines."""
-        if self.dir is not None or self._stopped:
-            raise HarnessError("local cluster: a LocalCluster starts once (make a new one)")
+        self._only_once()
         missing = [n for n in COMPONENTS if not binary(n).is_file()]
         if missing or not kwok_stages().is_file():
             self.stop()
             raise HarnessError(f"local cluster: {binary(missing[0]) if missing else kwok_stages()} is missing: "
                                "run `pdchaos setup --only k8s`")
+        return self._start_or_stop()
+
+    def _only_once(self) -> None:
+        if self.dir is not None or self._stopped:
+            raise HarnessError(f"{self.label}: a {type(self).__name__} starts once (make a new one)")
+
+    def _start_or_stop(self):
+        """:meth:`_start`, timed (``started_s``); on any failure everything started stops first."""
         t0 = time.monotonic()
         try:
             self._start()

@@ -459,8 +459,7 @@ class RealCluster(LocalCluster):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "RealCluster":
-        if self.dir is not None or self._stopped:
-            raise HarnessError("real cluster: a RealCluster starts once (make a new one)")
+        self._only_once()
         why = stack_missing()
         if why:
             raise StackMissing(f"real cluster: the k8s-node stack is not installed ({why}): "
@@ -480,14 +479,7 @@ class RealCluster(LocalCluster):
         if BRIDGE in links():
             self.stop()
             raise HarnessError(f"real cluster: a link {BRIDGE} exists already (left over? `ip link del {BRIDGE}`)")
-        t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.started_s = time.monotonic() - t0
-        return self
+        return self._start_or_stop()
 
     def _binary(self, name: str) -> str:
         if name == "containerd":

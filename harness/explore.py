@@ -21,8 +21,21 @@ A family opts in with ``Family.explore_module``: a module with
 
 The core never names a family. A drawn schedule that does not validate (schema, recovery gaps) or
 that the launch profile leaves out is drawn again, never run. Shrinking is greedy and bounded by the
-same budget: drop a fault, halve a window, halve the concurrency, start a fault later; a step is
-kept when the run still fails with one of the checks the original run failed (same verdict kind).
+same budget: drop a fault, halve a window, halve the concurrency, start a fault later.
+
+Re-proving: a run that fails is a *candidate*, never a finding by itself. A schedule (drawn or a
+shrink step) counts only when it fails the same checks in ``reprove`` (N, default 3) of N runs, the
+run that found it being the first: every run a failure (never pass, error or skipped), and at least
+one check failing in all of them (the checks they have in common, among those of the first run,
+are the finding's *re-proven checks*). A drawn schedule that fails k < N of its N runs is reported
+as flaky with its rate (k of N), not shrunk, not a finding. A shrink step is kept only when it
+re-proves the same way (a step whose first or any later run passes is dropped at once). The kept
+reproduction is then written as a scenario file and run once more *from that file* (the very file
+reported); it is reported as re-proven only when that run fails one of the re-proven checks too.
+Budget: a schedule whose N runs, or its re-run from the file, the budget cut short is reported as
+"not re-proven", never as a finding; each shrink step starts only when its N runs and the file's
+re-run fit in what is left (so the budget ending shrinking leaves an already re-proven, less
+small, reproduction: reported with "shrinking cut short").
 """
 
 from __future__ import annotations
@@ -43,9 +56,14 @@ from .errors import UsageError
 MAX_REDRAWS = 200  # drawn schedules that do not validate, in a row, before giving up (a family bug)
 
 
+REPROVEN, FLAKY, NOT_REPROVEN, SAME = "re-proven", "flaky", "not re-proven", "same"
+
+
 @dataclass
 class Finding:
-    """A schedule the target did not pass, and the smallest one found that still fails."""
+    """A schedule the target did not pass, what re-proving it said, and the smallest schedule found
+    that still fails N of N (``status``: re-proven, flaky, not re-proven, or the same as an earlier
+    finding)."""
 
     seed: int
     verdict: str
@@ -58,6 +76,17 @@ class Finding:
     shrink_runs: int = 0
     path: str | None = None
     same_as: int | None = None  # the seed of an earlier finding with the same signature and checks
+    status: str = NOT_REPROVEN
+    failed_runs: int = 1  # k: runs of the drawn schedule that failed the re-proven checks
+    proving_runs: int = 1  # m: its runs so far (N when re-proving ran to its end)
+    checks: list[str] = field(default_factory=list)  # the re-proven checks (failing in every run)
+    shrink_note: str = ""  # "shrinking cut short by the budget" or ""
+    rerun: dict | None = None  # the re-run from the written file: verdict, failing, reproduces
+    why_not: str = ""  # why it is not re-proven (the budget, a run that passed)
+    found_at_s: float = 0.0  # seconds into the exploration when its first run ended
+    proven_at_s: float | None = None  # when its drawn schedule had failed N of N
+    reported_at_s: float | None = None  # when it was settled (after shrinking and the file's re-run)
+    drawn: str = ""  # the drawn scenario file it was found with (its re-runs load it)
 
 
 @dataclass
@@ -69,6 +98,10 @@ class Tally:
     invalid: int = 0
     findings: list[Finding] = field(default_factory=list)
     error_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def reproven(self) -> list[Finding]:
+        return [f for f in self.findings if f.status == REPROVEN]
 
 
 def explore_module(family: Any):
@@ -115,18 +148,28 @@ def write_scenario(doc: dict, path: Path) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False, width=110))
 
 
+def _is_failure(res: Any) -> bool:
+    return res.verdict not in ("pass", "error", "skipped")
+
+
 class Explorer:
     """``run_one(scenario_path, target) -> Result`` is injected (the CLI runs real nodes through the
     runner; tests may pass another), as is ``load(path) -> LoadedScenario | str`` (a reason when
-    the file is invalid or left out)."""
+    the file is invalid or left out). ``reprove``: N, the runs a schedule must fail (N of N);
+    ``first``: stop at the first re-proven finding, settling (re-proving, shrinking) each finding
+    as soon as it is found (``pdchaos explore --mutant``: the time to kill)."""
 
     def __init__(self, family: Any, target: str, seed: int, budget_s: float, out_dir: Path,
                  run_one: Callable[[Path, str], Any], load: Callable[[Path], Any], say: Callable[[str], None] = print,
-                 shrink: bool = True, clock: Callable[[], float] = time.monotonic):
+                 shrink: bool = True, clock: Callable[[], float] = time.monotonic, reprove: int = 3,
+                 first: bool = False):
+        if reprove < 1:
+            raise UsageError(f"--reprove {reprove}: at least 1")
         self.family, self.target, self.seed = family, target, seed
         self.mod = explore_module(family)
         self.budget_s, self.out_dir = budget_s, out_dir
         self.run_one, self.load, self.say, self.shrink = run_one, load, say, shrink
+        self.reprove, self.first = reprove, first
         self.clock = clock
         self.t0 = clock()
         self.tally = Tally()
@@ -136,10 +179,13 @@ class Explorer:
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.t0)
 
-    def _room(self) -> bool:
-        """Another run fits: the budget left is at least the last run's time (a soft bound: one run
-        that started in time may end past it)."""
-        return self.left() >= min(self._last_run_s, self.budget_s)
+    def elapsed(self) -> float:
+        return round(self.clock() - self.t0, 1)
+
+    def _room(self, runs: int = 1) -> bool:
+        """``runs`` more runs fit: the budget left is at least that many times the last run's time
+        (a soft bound: one run that started in time may end past it)."""
+        return self.left() >= runs * min(self._last_run_s, self.budget_s)
 
     # ------------------------------------------------------------------ one schedule
     def _materialize(self, schedule: dict, seed: int, tag: str) -> tuple[Path | None, str]:
@@ -187,12 +233,15 @@ class Explorer:
         sig = getattr(self.mod, "signature", None)
         return sig(schedule) if sig is not None else None
 
+    def _done(self) -> bool:
+        return self.first and bool(self.tally.reproven)
+
     def explore(self) -> Tally:
         rng = random.Random(self.seed)
         covering = self._covering(random.Random(rng.randrange(1, 1 << 30)))
         seen: dict[tuple, int] = {}
-        pending: list[Finding] = []  # found while covering: shrunk once every kind was tried
-        while self._room():
+        pending: list[Finding] = []  # found while covering: settled once every kind was tried
+        while self._room() and not self._done():
             first = next(covering, None) if covering is not None else None
             if first is not None:
                 seed, schedule, path = first
@@ -200,11 +249,10 @@ class Explorer:
                 if covering is not None:
                     covering = None
                     for f in pending:
-                        if self.shrink and self._room():
-                            self._shrink(f)
-                        self._write_finding(f)
+                        if not self._done():
+                            self._settle(f)
                     pending = []
-                    if not self._room():
+                    if not self._room() or self._done():
                         break
                 seed = rng.randrange(1, 1 << 30)
                 drawn = self._draw_valid(random.Random(seed), seed)
@@ -222,24 +270,27 @@ class Explorer:
                 self.tally.errors += 1
                 self.tally.error_reasons.append(f"seed {seed}: {res.reason}"[:300])
             else:
-                f = Finding(seed, res.verdict, list(res.failing), res.reason, schedule)
+                f = Finding(seed, res.verdict, list(res.failing), res.reason, schedule,
+                            checks=sorted(res.failing), found_at_s=self.elapsed(), drawn=str(path))
                 self.tally.findings.append(f)
                 sig = self._signature(schedule)
                 key = (sig, res.verdict, tuple(sorted(res.failing)))
                 if sig is not None and key in seen:
-                    f.same_as = seen[key]
-                    self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks): not shrunk again")
+                    f.same_as, f.status = seen[key], SAME
+                    self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks): "
+                             "not re-proven or shrunk again")
                     self._write_finding(f)
+                    f.reported_at_s = self.elapsed()
                 else:
                     seen[key] = seed
-                    if covering is not None:
+                    if covering is not None and not self.first:
                         pending.append(f)
                         continue
-                    if self.shrink:
-                        self._shrink(f)
-                    self._write_finding(f)
-        for f in pending:  # the budget ended while covering: written as found
+                    self._settle(f)
+        for f in pending:  # the budget ended while covering: written as found, not re-proven
+            f.why_not = f.why_not or "the budget ended before it was re-run"
             self._write_finding(f)
+            f.reported_at_s = self.elapsed()
         return self.tally
 
     @staticmethod
@@ -252,44 +303,119 @@ class Explorer:
         faults = ", ".join(f"{what(f)}@{f['at']:g}s+{f['for']:g}s" for f in schedule["faults"])
         return f"concurrency {w.get('concurrency')}, rate {w.get('rate')}/s; {faults}"
 
-    # ------------------------------------------------------------------ shrinking
-    def _still_fails(self, res: Any, f: Finding) -> bool:
-        return res.verdict not in ("pass", "error", "skipped") and bool(set(res.failing) & set(f.failing))
+    # ------------------------------------------------------------------ re-proving
+    def _prove(self, path: Path, ref: set[str], first: Any | None, stop_early: bool,
+               label: str) -> tuple[int, int, set[str], bool]:
+        """Run ``path`` until it has N runs (``first``, a run already made, is the first of them):
+        (k failing runs, m runs, the checks failing in every run among ``ref``, cut short by the
+        budget). ``stop_early``: stop at the first run that does not fail them (a shrink step)."""
+        runs = [first] if first is not None else []
+        while len(runs) < self.reprove:
+            if not self._room():
+                break
+            res = self._run(path)
+            runs.append(res)
+            self.say(f"    {label}: run {len(runs)} of {self.reprove} -> {res.verdict}"
+                     + (f" [{', '.join(res.failing)}]" if res.failing else ""))
+            if stop_early and not (_is_failure(res) and ref & set(res.failing)):
+                break
+        common = set(ref)
+        k = 0
+        for r in runs:
+            if _is_failure(r) and ref & set(r.failing):
+                k += 1
+            common &= set(r.failing) if _is_failure(r) else set()
+        cut = len(runs) < self.reprove and all(_is_failure(r) and ref & set(r.failing) for r in runs)
+        return k, len(runs), common, cut
 
+    def _settle(self, f: Finding) -> None:
+        """Re-prove ``f`` N of N, shrink it (each kept step N of N too), write it and re-run it from
+        the written file; set its status."""
+        k, m, common, cut = self._prove(Path(f.drawn), set(f.failing), _Ran(f.verdict, f.failing), False,
+                                        f"re-prove seed {f.seed}")
+        f.failed_runs, f.proving_runs = k, m
+        why = ""
+        if k < m:  # a run that did not fail it: flaky, however many runs the budget left
+            f.status, why = FLAKY, f"failed {k} of {m} runs"
+        elif cut or m < self.reprove:
+            f.status, why = NOT_REPROVEN, f"the budget ended after {m} of its {self.reprove} runs ({k} failed)"
+        elif not common:
+            f.status = FLAKY
+            why = f"failed {m} of {m} runs, but no check in all of them"
+        if why:
+            f.why_not = why
+            self.say(f"    seed {f.seed}: {f.status} ({why})")
+            self._write_finding(f)
+            f.reported_at_s = self.elapsed()
+            return
+        f.checks = sorted(common)
+        f.proven_at_s = self.elapsed()
+        self.say(f"    seed {f.seed}: failed {k} of {m} runs, re-proven checks {', '.join(f.checks)}")
+        if self.shrink:
+            self._shrink(f)
+        self._write_finding(f)
+        if not self._room():
+            f.status, f.why_not = NOT_REPROVEN, "the budget ended before its re-run from the written file"
+            self.say(f"    seed {f.seed}: {f.status} ({f.why_not})")
+            f.reported_at_s = self.elapsed()
+            return
+        got = self.load(Path(f.path))
+        if isinstance(got, str):  # the written file is the reproduction: it must load as written
+            f.status, f.why_not = NOT_REPROVEN, f"its written file does not load: {got[:200]}"
+            f.rerun = {"path": f.path, "verdict": "refused", "failing": [], "reproduces": False}
+        else:
+            res = self._run(Path(f.path))
+            same = _is_failure(res) and bool(set(f.checks) & set(res.failing))
+            f.rerun = {"path": f.path, "verdict": res.verdict, "failing": list(res.failing), "reproduces": same}
+            if same:
+                f.status = REPROVEN
+            else:
+                f.status, f.why_not = FLAKY, f"its re-run from the written file: {res.verdict}"
+        self.say(f"    seed {f.seed}: re-run from {f.path} -> {f.rerun['verdict']}"
+                 + (f" [{', '.join(f.rerun['failing'])}]" if f.rerun["failing"] else "") + f": {f.status}")
+        f.reported_at_s = self.elapsed()
+
+    # ------------------------------------------------------------------ shrinking
     def _shrink(self, f: Finding) -> None:
-        best, best_res = f.schedule, None
+        best = f.schedule
+        ref = set(f.checks)
         progress = True
-        while progress and self._room():
+        while progress:
             progress = False
             for what, cand in shrink_candidates(best, float(self.mod.MIN_WINDOW_S)):
-                if not self._room():
+                if not self._room(self.reprove + 1):  # its N runs and the file's re-run after
+                    f.shrink_note = "shrinking cut short by the budget"
+                    self.say(f"    shrink seed {f.seed}: {f.shrink_note}")
                     break
                 path, why = self._materialize(cand, f.seed, f"k{f.shrink_runs}")
                 if path is None:
                     continue
-                f.shrink_runs += 1
-                res = self._run(path)
-                keep = self._still_fails(res, f)
-                self.say(f"    shrink seed {f.seed}: {what} -> {res.verdict}"
-                         + (f" [{', '.join(res.failing)}]" if res.failing else "") + (" (kept)" if keep else ""))
+                before = self.tally.runs
+                k, m, common, cut = self._prove(path, ref, None, True, f"shrink seed {f.seed}: {what}")
+                f.shrink_runs += self.tally.runs - before
+                keep = not cut and k == m == self.reprove and bool(common)
+                self.say(f"    shrink seed {f.seed}: {what} -> failed {k} of {m}" + (" (kept)" if keep else ""))
                 if keep:
-                    best, best_res, progress = cand, res, True
+                    best, ref, progress = cand, common, True
                     break
-        if best_res is not None:
-            f.shrunk, f.shrunk_verdict, f.shrunk_failing = best, best_res.verdict, list(best_res.failing)
+        if best is not f.schedule:
+            f.shrunk, f.shrunk_verdict, f.shrunk_failing = best, f.verdict, sorted(ref)
+            f.checks = sorted(ref)
 
     def _write_finding(self, f: Finding) -> None:
         """The smallest failing schedule as a scenario that reproduces it: the target expected to
         pass (it deviates as long as the defect is there), the observed failure in its
         description."""
         schedule = f.shrunk or f.schedule
-        failing = f.shrunk_failing if f.shrunk else f.failing
-        verdict = f.shrunk_verdict if f.shrunk else f.verdict
+        failing = f.checks or (f.shrunk_failing if f.shrunk else f.failing)
         name = f"explore-{self.family.name}-{self.target}-{f.seed}"[:64].rstrip("-.")
         doc = self.mod.render(schedule, name, self.target, f.seed)
+        proof = (f"failed {f.failed_runs} of {f.proving_runs} runs" if f.status != SAME
+                 else f"the same as seed {f.same_as}")
         doc["description"] = (f"Found by pdchaos explore (family {self.family.name}, target {self.target}, seed "
-                              f"{f.seed}){' and shrunk' if f.shrunk else ''}: {verdict}, failing "
-                              f"{', '.join(failing)}. Expected to pass; it deviates while the defect is there.")
+                              f"{f.seed}){' and shrunk' if f.shrunk else ''}: {f.verdict}, failing "
+                              f"{', '.join(failing)} ({proof}). Expected to pass; it deviates while the defect "
+                              "is there.")
         path = self.out_dir / f"{name}.yaml"
         write_scenario(doc, path)
         f.path = str(path)
@@ -298,14 +424,28 @@ class Explorer:
     def summary(self) -> dict:
         t = self.tally
         return {"family": self.family.name, "target": self.target, "seed": self.seed, "budget_s": self.budget_s,
-                "elapsed_s": round(self.clock() - self.t0, 1), "schedules": t.schedules, "runs": t.runs,
+                "reprove": self.reprove, "elapsed_s": self.elapsed(), "schedules": t.schedules, "runs": t.runs,
                 "passes": t.passes, "errors": t.errors, "invalid_draws": t.invalid,
-                "findings": [{"seed": f.seed, "verdict": f.verdict, "failing": f.failing,
-                              "shrunk_failing": f.shrunk_failing, "shrink_runs": f.shrink_runs,
+                "reproven": len(t.reproven),
+                "findings": [{"seed": f.seed, "status": f.status, "verdict": f.verdict, "failing": f.failing,
+                              "checks": f.checks, "rate": f"{f.failed_runs}/{f.proving_runs}",
+                              "why_not": f.why_not, "shrunk_failing": f.shrunk_failing,
+                              "shrink_runs": f.shrink_runs, "shrink_note": f.shrink_note,
                               "faults": len(f.schedule["faults"]),
                               "shrunk_faults": len(f.shrunk["faults"]) if f.shrunk else None,
-                              "same_as": f.same_as, "reproduction": f.path} for f in t.findings],
+                              "same_as": f.same_as, "reproduction": f.path, "rerun": f.rerun,
+                              "kept": self._describe(f.shrunk or f.schedule),
+                              "found_at_s": f.found_at_s, "proven_at_s": f.proven_at_s,
+                              "reported_at_s": f.reported_at_s} for f in t.findings],
                 "error_reasons": t.error_reasons}
+
+
+@dataclass
+class _Ran:
+    """The run that found a finding, as the first of its N."""
+
+    verdict: str
+    failing: list[str]
 
 
 def dump_summary(summary: dict, path: Path) -> None:

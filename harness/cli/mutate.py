@@ -36,7 +36,10 @@ from ..errors import UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="+", metavar="DIR", help="scenario files or folders")
+    p.add_argument("paths", nargs="*", metavar="DIR", help="scenario files or folders")
+    p.add_argument("--list", action="store_true", help="print the system mutants' names, one a line, and exit "
+                                                      "(with --family: that family's only)")
+    p.add_argument("--family", default=None, help="with --list: only this family's mutants")
     p.add_argument("--from", dest="from_run", metavar="RUN_DIR",
                    help="judge the baseline runs of this saved run instead of running them")
     p.add_argument("--target", default="hardened", help="the target whose claims are judged (default hardened)")
@@ -78,9 +81,27 @@ def judge(journal: Path, target: str) -> dict:
             "reason": V.difference(verdict, expected, failing) if outcome == "deviation" else ""}
 
 
+def list_mutants(family: str | None) -> list[str]:
+    """The system mutants' names (``family``'s only, when given; an unknown family is a usage error)."""
+    tables = mutant_tables()
+    if family is not None and family not in tables:
+        raise UsageError(f"--family {family!r}: no system mutants (families with some: {', '.join(sorted(tables))})")
+    return [m[0] for fam, mod in sorted(tables.items()) if family in (None, fam) for m in mod.MUTANTS]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..schema import load_all
 
+    if args.list:
+        if args.paths or args.from_run or args.mutant:
+            raise UsageError("--list prints the system mutants' names: no DIR, --from or --mutant with it")
+        for name in list_mutants(args.family):
+            print(name)
+        return 0
+    if args.family is not None:
+        raise UsageError("--family goes with --list (a run takes its families from its scenarios)")
+    if not args.paths:
+        raise UsageError("name the scenario files or folders (DIR), or --list")
     scenarios = load_all(args.paths)
     if args.from_run and args.mutant:
         raise UsageError("--mutant runs system mutants on real nodes; --from judges a saved run: not both")

@@ -78,20 +78,23 @@ def test_every_drawn_schedule_and_shrink_candidate_is_a_scenario_or_refused(tmp_
 
 def test_a_failing_schedule_is_shrunk_and_written_as_a_scenario(tmp_path: Path) -> None:
     clock, runs, lines = Clock(), [], []
-    ex = Explorer(FAM, "hardened", seed=5, budget_s=3600, out_dir=tmp_path, run_one=_stand_in(clock, runs),
+    ex = Explorer(FAM, "hardened", seed=5, budget_s=3 * 3600, out_dir=tmp_path, run_one=_stand_in(clock, runs),
                   load=_load, say=lines.append, clock=clock)
     tally = ex.explore()
-    assert tally.schedules >= 5 and tally.runs == len(runs) and clock.t <= 3600 + 30
+    assert tally.schedules >= 5 and tally.runs == len(runs) and clock.t <= 3 * 3600 + 30
     assert tally.findings, "\n".join(lines)
     for f in tally.findings:
         repro = load_scenario(Path(f.path))  # a valid scenario
         assert repro.model.expect["hardened"] == "pass" and "Found by pdchaos explore" in repro.model.description
+        # the stand-in is deterministic: every finding settled is re-proven 3 of 3 and by its file's re-run
+        if f.status == "re-proven":
+            assert (f.failed_runs, f.proving_runs) == (3, 3) and f.rerun["reproduces"] and f.rerun["path"] == f.path
         # minimal for the stand-in's rule: one fault (D stopped) and concurrency 2
-        if f.shrunk is not None:
+        if f.shrunk is not None and not f.shrink_note:
             assert [x.type for x in repro.faults] == ["stop"] and repro.faults[0].node == "decode:0"
             assert repro.model.workload.concurrency == 2, f.shrunk
             assert f.shrunk_failing == ["drained"]
-    assert any(f.shrunk is not None for f in tally.findings)
+    assert any(f.shrunk is not None and not f.shrink_note and f.status == "re-proven" for f in tally.findings)
     summary = ex.summary()
     assert summary["schedules"] == tally.schedules and len(summary["findings"]) == len(tally.findings)
 

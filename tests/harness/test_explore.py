@@ -141,3 +141,195 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, args: list, words: str) ->
     r = subprocess.run([sys.executable, "-m", "harness.cli", "explore", *args, "--runs-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- re-proving (N of N) and the written file's re-run
+
+def _stand_in_runner(clock: Clock, calls: list, fails):  # noqa: ANN001
+    """A stand-in runner (no nodes): ``fails(scenario, path, nth run of that file) -> bool``; a
+    failing run fails ``drained``; each run takes 30 s of the fake clock."""
+    seen: dict[str, int] = {}
+
+    def run_one(path: Path, target: str):
+        sc = load_scenario(path)
+        seen[str(path)] = seen.get(str(path), 0) + 1
+        calls.append(str(path))
+        clock.t += 30.0
+        bad = fails(sc, path, seen[str(path)])
+        return SimpleNamespace(verdict="fail" if bad else "pass", failing=["drained"] if bad else [],
+                               reason="drained" if bad else "")
+    return run_one
+
+
+def _stops_d(sc) -> bool:  # noqa: ANN001
+    return any(f.type == "stop" and f.node == "decode:0" for f in sc.faults)
+
+
+def test_a_candidate_failing_2_of_3_runs_is_flaky_at_2_of_3_and_no_finding(tmp_path: Path) -> None:
+    clock, calls, lines = Clock(), [], []
+    run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: _stops_d(sc) and nth != 3)
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=1800, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3)
+    tally = ex.explore()
+    flaky = [f for f in tally.findings if f.status == "flaky"]
+    assert flaky, "\n".join(lines)
+    assert not tally.reproven  # a flaky candidate is never a finding
+    for f in flaky:
+        assert (f.failed_runs, f.proving_runs) == (2, 3) and f.why_not == "failed 2 of 3 runs"
+        assert f.shrink_runs == 0 and f.shrunk is None and f.rerun is None  # not shrunk, not re-run
+        assert calls.count(f.drawn) == 3  # its own drawn file, three times
+    row = next(r for r in ex.summary()["findings"] if r["status"] == "flaky")
+    assert row["rate"] == "2/3" and row["why_not"] == "failed 2 of 3 runs"
+    assert any("flaky (failed 2 of 3 runs)" in line for line in lines)
+
+
+def test_a_re_proven_finding_is_re_run_from_its_written_file(tmp_path: Path) -> None:
+    clock, calls, lines = Clock(), [], []
+    run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: _stops_d(sc) and sc.model.workload.concurrency >= 2)
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, first=True)
+    tally = ex.explore()
+    assert len(tally.reproven) == 1, "\n".join(lines)  # first=True: it stops at the first one
+    f = tally.reproven[0]
+    assert (f.failed_runs, f.proving_runs) == (3, 3) and f.checks == ["drained"]
+    written = Path(f.path)
+    assert written.parent == tmp_path and written.is_file() and "drawn" not in written.parts
+    assert calls[-1] == f.path and calls.count(f.path) == 1  # the last run: the written file itself, once
+    assert f.rerun == {"path": f.path, "verdict": "fail", "failing": ["drained"], "reproduces": True}
+    assert "failed 3 of 3 runs" in load_scenario(written).model.description
+    assert f.proven_at_s is not None and f.found_at_s <= f.proven_at_s <= f.reported_at_s
+    # every kept shrink step failed 3 of 3: each kept schedule's drawn file ran 3 times
+    kept = [line for line in lines if line.endswith("(kept)")]
+    assert all("failed 3 of 3" in line for line in kept)
+
+
+def test_a_finding_whose_written_file_does_not_reproduce_is_flaky_not_a_finding(tmp_path: Path) -> None:
+    clock, calls, lines = Clock(), [], []
+    run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: _stops_d(sc) and "drawn" in path.parts)
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, first=True, shrink=False)
+    tally = ex.explore()
+    settled = [f for f in tally.findings if f.rerun is not None]
+    assert settled and not tally.reproven, "\n".join(lines)
+    f = settled[0]
+    assert f.status == "flaky" and f.why_not == "its re-run from the written file: pass"
+    assert f.rerun["verdict"] == "pass" and not f.rerun["reproduces"] and calls.count(f.path) == 1
+
+
+def test_a_shrink_step_failing_1_of_3_is_not_kept(tmp_path: Path) -> None:
+    """A step is kept only when it too fails 3 of 3: here every smaller schedule fails its first run
+    only; the reproduction is the drawn schedule, re-proven."""
+    clock, calls, lines = Clock(), [], []
+    drawn: set[str] = set()
+
+    def fails(sc, path, nth):  # noqa: ANN001
+        if not drawn and _stops_d(sc) and sc.model.workload.concurrency >= 2:
+            drawn.add(str(path))  # the first failing schedule: fails always, and so does its written file;
+        written = "drawn" not in path.parts  # a shrink step fails its first run only
+        return str(path) in drawn or written or (_stops_d(sc) and nth == 1 and "k" in path.stem.rsplit("-", 1)[-1])
+
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path,
+                  run_one=_stand_in_runner(clock, calls, fails), load=_load, say=lines.append, clock=clock,
+                  reprove=3, first=True)
+    tally = ex.explore()
+    f = tally.reproven[0]
+    assert f.shrunk is None and f.shrink_runs >= 2, "\n".join(lines)
+    assert not any(line.endswith("(kept)") for line in lines)
+    assert any("-> failed 1 of 2" in line for line in lines)  # stopped at the step's first pass
+
+
+def test_a_finding_the_budget_cuts_short_is_not_re_proven(tmp_path: Path) -> None:
+    clock, calls, lines = Clock(), [], []
+    run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: True)  # the very first schedule fails
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=50, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, first=True)
+    tally = ex.explore()
+    assert len(tally.findings) == 1 and not tally.reproven
+    f = tally.findings[0]
+    assert f.status == "not re-proven" and f.why_not.startswith("the budget ended after"), f.why_not
+    assert ex.summary()["findings"][0]["status"] == "not re-proven" and ex.summary()["reproven"] == 0
+
+
+# ---------------------------------------------------------------- --mutant and mutate --list
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _pd_mutants() -> list[str]:
+    from harness.cli.mutate import mutant_tables
+
+    return [m[0] for m in mutant_tables()["pd"].MUTANTS]
+
+
+def test_mutate_list_names_the_mutants_one_a_line() -> None:
+    r = _cli("mutate", "--list", "--family", "pd")
+    assert r.returncode == 0 and r.stdout.splitlines() == _pd_mutants() and len(_pd_mutants()) == 9, r.stderr
+    every = _cli("mutate", "--list")
+    assert every.returncode == 0 and set(_pd_mutants()) <= set(every.stdout.splitlines())
+
+
+@pytest.mark.parametrize("args, words", [
+    (["mutate", "--list", "--family", "nope"], "--family 'nope': no system mutants"),
+    (["mutate", "--list", "scenarios/pd/"], "--list prints the system mutants' names"),
+    (["mutate"], "name the scenario files or folders (DIR), or --list"),
+])
+def test_mutate_list_bad_input_is_one_clear_error(args: list, words: str) -> None:
+    r = _cli(*args)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_explore_mutant_bad_name_lists_the_valid_names(tmp_path: Path) -> None:
+    r = _cli("explore", "--family", "pd", "--mutant", "NoSuch", "--runs-dir", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--mutant 'NoSuch': no such system mutant of family pd (valid: " + ", ".join(_pd_mutants()) + ")" \
+        in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--mutant", "LoudWait", "--target", "upstream"], "a system mutant of family pd runs as 'hardened'"),
+    (["--reprove", "0"], "'0': between 1 and 10 runs"),
+    (["--reprove", "x"], "'x': a whole number of runs"),
+])
+def test_explore_mutant_and_reprove_bad_input(tmp_path: Path, args: list, words: str) -> None:
+    r = _cli("explore", "--family", "pd", *args, "--runs-dir", str(tmp_path))
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- the power driver (harness/ci/explore_power.py)
+
+def test_power_table_rows_come_from_explore_summaries(tmp_path: Path) -> None:
+    """The table is generated from the explorer's own summaries: a kill's time, rate, re-run and
+    kept reproduction; a survivor with its unsettled candidates; an exit that is no verdict."""
+    from harness.ci.explore_power import render, row_of
+
+    meta = {"family": "pd", "budget_s": 600.0, "seed": 1, "commit": "abc1234", "date": "2026-12-07",
+            "machine": "2 cores x86_64"}
+    killed = {"schedules": 4, "runs": 11, "elapsed_s": 412.0, "reprove": 3,
+              "mutant": {"name": "M1", "killed": True, "time_to_kill_s": 181.2, "reported_at_s": 400.5,
+                         "reproduction": "runs/x/explore-pd-hardened-5.yaml", "rate": "3/3"},
+              "findings": [{"seed": 5, "status": "re-proven", "checks": ["no_stall"], "rate": "3/3",
+                            "rerun": {"verdict": "fail"}, "kept": "concurrency 1, rate 0.5/s; stop(decode:0)@1s+3s",
+                            "shrunk_faults": 1, "shrink_note": "", "why_not": ""}]}
+    survived = {"schedules": 20, "runs": 22, "elapsed_s": 601.0, "reprove": 3,
+                "mutant": {"name": "M2", "killed": False},
+                "findings": [{"seed": 9, "status": "flaky", "why_not": "failed 1 of 3 runs"}]}
+    rows = [row_of(killed, "M1", "g1", 1, meta), row_of(survived, "M2", "g2", 0, meta), row_of({}, "M3", "g3", 2, meta)]
+    assert rows[0]["killed"] and rows[0]["time_to_kill_s"] == 181.2 and rows[0]["rerun"] == "fail"
+    assert not rows[1]["killed"] and rows[1]["unsettled"] == ["seed 9: flaky (failed 1 of 3 runs)"]
+    assert rows[2]["error"] == "pdchaos explore ended with exit 2 (not a verdict)"
+    md = render(rows, "explore-power.json")
+    assert md.startswith("<!-- generated by python3 -m harness.ci.explore_power") and "Killed: **1 of 3**" in md
+    line = next(x for x in md.splitlines() if "| M1 |" in x)
+    assert "| killed | 181 s | 400 s | 3 of 3 (no_stall) | fail |" in line and "explore-pd-hardened-5.yaml" in line
+    assert "survived (seed 9: flaky (failed 1 of 3 runs))" in md and "error: pdchaos explore ended with exit 2" in md
+
+
+def test_power_driver_bad_mutant_is_one_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "harness.ci.explore_power", "--family", "pd", "--mutant", "Nope",
+                        "--json", str(tmp_path / "p.json"), "--out", str(tmp_path / "p.md")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--mutant 'Nope': no such system mutant of family pd (valid: " in r.stderr
+    assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())

@@ -102,6 +102,13 @@ class NodeHandle(abc.ABC):
         id as the kubelet reports it); nothing beyond ``instance`` locally."""
         return {}
 
+    def proc_counts(self) -> dict | None:
+        """The node's processes as its host sees them: ``threads``, ``fds``, ``processes`` and
+        ``cpu_s`` (user + system seconds), summed; None where the runtime cannot count them. Used
+        for nodes the harness did not start and so has no control channel of its own in
+        (attach mode): a node the harness started reports these on its control channel."""
+        return None
+
     def log_tail(self, n_bytes: int = 2000) -> str:
         return ""
 
@@ -156,6 +163,14 @@ class Placement(abc.ABC):
     def advertise_address(self, role: str) -> str | None:
         """The address ``role``'s node announces to its peers itself (a transfer engine's host, a
         side channel in a bootstrap answer), or None: its listening address."""
+        return None
+
+    def existing(self, role: str) -> dict[str, int] | None:
+        """A node that already runs, which the harness does not start (attach mode: a pod of the
+        user's deployment): its serving ports by endpoint name (``{"http": 8000, "bootstrap":
+        8998}``); None: the harness starts the node of ``role`` and picks its ports. A family
+        addresses an existing node on these ports and reads its state from what the node serves
+        itself (e.g. ``/metrics``), since it has no control channel of the harness's."""
         return None
 
     def reach(self, role: str, url: str) -> str:

@@ -73,6 +73,8 @@ class PDTopology(BaseTopology):
         # vLLM servers that may serve later scenarios log in the run folder, not in this scenario's
         self._server_log: dict[str, str | None] = {}
         self.pooled_logs = self.pool.log_folder(self.server_logs) if self.pool is not None else self.server_logs
+        self._existing: set[str] = set()  # roles whose node already runs (attach mode): find_existing()
+        self._standins: list = []  # their stand-in control channels (attached.py)
 
     def host(self, role: str) -> str:
         """Where the node of ``role`` listens: loopback, or with ``link: netns`` P on the veth
@@ -110,8 +112,41 @@ class PDTopology(BaseTopology):
                                f"{d.proxy} to the proxy: they cannot be paired (topology.mixed)")
         return p.proxy
 
+    def find_existing(self) -> None:
+        """The nodes that already run (attach mode: the user's P, D and router), on the ports they
+        serve; a stand-in control channel (attached.py) for each vLLM server among them."""
+        from .attached import AttachedControl
+
+        for role in (*CORES, "proxy"):
+            ports = self.placement.existing(role)
+            if ports is None or role in self._existing:
+                continue
+            self._existing.add(role)
+            self.ports[role] = ports["http"]
+            if role in CORES and "bootstrap" in ports:
+                self.bootstrap[role] = ports["bootstrap"]
+            if role in CORES:
+                ctl = AttachedControl(self.control_endpoint(role), role,
+                                      lambda r=role: self.placement.reach(r, self.url(r)),
+                                      lambda r=role: getattr(self.nodes.get(r), "handle", None)).start()
+                self._standins.append(ctl)
+            self.event("node_existing", role=role, ports=dict(ports))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for ctl in self._standins:
+                ctl.close()
+            self._standins.clear()
+
     def node_spec(self, role: str) -> NodeSpec:
         t = self.topo
+        if role in self._existing:  # started by nobody here: the runtime hands over the user's pod
+            return NodeSpec("vllm" if role in CORES else "pd-proxy", [], side=SIDES[role], control=role in CORES,
+                            ready_timeout_s=t.startup_timeout + 30.0,
+                            endpoints={"http": self.url(role), **({"bootstrap": f"http://{self.host(role)}:"
+                                                                   f"{self.bootstrap[role]}"} if role in CORES else {})})
         if role in CORES:
             kind = role.split(":")[0]
             prof, conn = self.profile, self.connector_profile(role)
@@ -260,6 +295,7 @@ class PDTopology(BaseTopology):
             self.event("link", kind="netns", to="P in namespace b; D, the proxy and the workload in namespace a")
         if self.profile.store is not None:
             self.start_node("store")  # the KV pool's master, before the servers that register with it
+        self.find_existing()
         fresh = []
         for role in CORES:  # warm P and D from an earlier scenario, on their own ports
             pooled = self.take_pooled(role)

@@ -81,12 +81,15 @@ class K8sRuntime(Runtime):
                 if self.translates(f.type) and chaos_object(f.type, params, roles, "plan", settings, i) is None:
                     return (f"runtime k8s: fault {f.type!r} has no Chaos Mesh object for this scenario "
                             f"(its roles {', '.join(roles) or 'none'}, or parameters Chaos Mesh cannot carry out)")
-        if settings is not None and settings.mode == "attach":  # never delete or restart a user's pod
+        if settings is not None and settings.mode == "attach":  # never delete a user's pod or workload
             for t, req in needs.items():
-                bad = [r for r in req if r in ("stop", "restart", "kill")]  # a PodChaos pod-kill deletes it too
+                # node_down deletes the workload, kill the pod (a PodChaos pod-kill); restart (the
+                # container SIGKILLed, the kubelet starting it again in its pod) and freeze act inside it
+                bad = [r for r in req if r in ("stop", "kill")]
                 if t != "topology" and bad:
-                    return (f"runtime k8s, attach mode: fault {t!r} would {bad[0]} a pod of the user's deployment, "
-                            "and attach mode touches nothing it did not create")
+                    return (f"runtime k8s, attach mode: fault {t!r} would delete a pod or workload of the user's "
+                            "deployment, and attach mode deletes nothing it did not create (`restart` kills "
+                            "the serving container in its pod instead)")
         topo = set(needs.pop("topology", ()))
         topo.discard("root")  # the harness makes no namespace or rule on this machine
         if "toxiproxy" in topo:  # a Toxiproxy link stands in front of one port of a node (P's bootstrap server)

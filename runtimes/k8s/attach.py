@@ -37,9 +37,11 @@ def selectors_of(attach: Any, roles: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def select(kube: Any, attach: Any, roles: list[str] | None = None) -> dict[str, dict]:
+def select(kube: Any, attach: Any, roles: list[str] | None = None,
+           chosen: dict[str, str] | None = None) -> dict[str, dict]:
     """role -> the one ready pod its selector picks in the attach namespace (a role with no
-    selector of its own: the first conventional role label that matches any pod)."""
+    selector of its own: the first conventional role label that matches any pod); ``chosen``
+    gets the selector that picked each."""
     picked: dict[str, dict] = {}
     owner: dict[str, str] = {}
     for role, candidates in selectors_of(attach, list(roles or [])).items():
@@ -60,6 +62,8 @@ def select(kube: Any, attach: Any, roles: list[str] | None = None) -> dict[str, 
             raise HarnessError(f"{where} picks pod {ready[0]['metadata']['name']}, already the node of role {owner[uid]}")
         owner[uid] = role
         picked[role] = ready[0]
+        if chosen is not None:
+            chosen[role] = selector
     return picked
 
 
@@ -73,8 +77,9 @@ class AttachedPod(PodHandle):
         return None
 
     def kill(self) -> int | None:
-        # refused before the run (attach mode provides no kill of a user's pod): reaching here
-        # is a harness error, and the pod is left alone (the fault then shows no effect)
+        # refused before the run (attach mode deletes no pod of the user's; ``restart`` kills its
+        # container instead): reaching here is a harness error, and the pod is left alone (the
+        # fault then shows no effect)
         return None
 
     @property
@@ -111,14 +116,46 @@ class AttachPlacement(K8sPlacement):
         self.attach = settings.attach
         self.namespace = self.attach.namespace  # the harness's own objects go there too
         self._picked: dict[str, dict] | None = None
+        self._chosen: dict[str, str] = {}  # role -> the selector that picked its pod
         self._own = False
         self._attached: set[str] = set()
 
     def picked(self) -> dict[str, dict]:
         if self._picked is None:
             # the vLLM roles found by their conventional labels where the profile names no selector
-            self._picked = select(self.kube, self.attach, ["prefill:0", "decode:0"])
+            self._picked = select(self.kube, self.attach, ["prefill:0", "decode:0"], self._chosen)
         return self._picked
+
+    def container_of(self, pod: dict) -> str:
+        """The user's serving container: the profile's ``attach.container``, else the pod's first."""
+        return self.attach.container or pod["spec"]["containers"][0]["name"]
+
+    def existing(self, role: str) -> dict[str, int] | None:
+        """The ports the user's pod of ``role`` serves: the profile's ``attach.ports`` for the role,
+        else the named ports its serving container declares (``http``, ``bootstrap``, ...)."""
+        pod = self.picked().get(role)
+        if pod is None:
+            return None  # a node of the harness's own
+        if role in self.attach.ports:
+            return dict(self.attach.ports[role])
+        container = self.container_of(pod)
+        ports = {pt["name"]: int(pt["containerPort"])
+                 for c in pod["spec"]["containers"] if c["name"] == container
+                 for pt in c.get("ports") or [] if pt.get("name")}
+        if "http" not in ports:
+            raise HarnessError(f"attach: role {role}: pod {pod['metadata']['name']} names no port 'http' in container "
+                               f"{container}: give its ports in the profile's cluster.attach.ports.{role}")
+        return ports
+
+    def control_endpoint(self, role: str) -> str | None:
+        if role in self.picked():
+            return None  # a user's pod has no control channel of the harness's: the family's stand-in, locally
+        return super().control_endpoint(role)
+
+    def selector(self, role: str) -> str:
+        if self._picked is not None and role in self._picked:
+            return self._chosen[role]  # the user's pod, by the selector that picked it
+        return super().selector(role)
 
     def _ensure_namespace(self) -> None:
         self._own = True  # the user's namespace: nothing to make, only our own objects to remove
@@ -143,7 +180,7 @@ class AttachPlacement(K8sPlacement):
             raise HarnessError(f"attach: role {launch.role} is the user's pod {pod['metadata']['name']}: attach mode "
                                "cannot replace or restart it")
         self._attached.add(launch.role)
-        container = self.attach.container or pod["spec"]["containers"][0]["name"]  # the user's own container
+        container = self.container_of(pod)  # the user's own container
         return AttachedPod(self.kube, pod, {}, f"{launch.name} (attached)", log_path=launch.log_path,
                            container=container)
 
@@ -161,11 +198,23 @@ class AttachPlacement(K8sPlacement):
             def manifest() -> dict:
                 obj = build()
                 obj["metadata"]["namespace"] = self.namespace
-                _retarget(obj["spec"], self.namespace, self.picked(), self.run_id)
+                targets = _retarget(obj["spec"], self.namespace, self.picked(), self.run_id)
+                if obj["spec"].get("containerNames"):  # a container-kill: the user's container, by its name
+                    obj["spec"]["containerNames"] = sorted({self.container_of(self.picked()[r]) for r in targets})
                 return obj
 
             wrapped._manifest = manifest
+            # a partition's probe: from a user's pod, to the serving port of the pod across the cut
+            wrapped.container = None  # each pod's own serving container (container_for)
+            wrapped.container_for = lambda pod: self.container_of(pod)
+            wrapped.probe_port_for = lambda pod: self._port_of(pod)
         return wrapped
+
+    def _port_of(self, pod: dict) -> int | None:
+        for role, p in self.picked().items():
+            if p["metadata"]["uid"] == pod["metadata"]["uid"]:
+                return (self.existing(role) or {}).get("http")
+        return None
 
     def close(self) -> list[str]:
         if not self._own:
@@ -175,11 +224,13 @@ class AttachPlacement(K8sPlacement):
         return left
 
 
-def _retarget(spec: dict, namespace: str, picked: dict[str, dict], run_id: str) -> None:
+def _retarget(spec: dict, namespace: str, picked: dict[str, dict], run_id: str) -> list[str]:
     """A Chaos Mesh selector written for a run namespace, rewritten for the user's pods: the roles
     it names become the pods attach mode picked for them, by name (Chaos Mesh's ``pods``
-    selector); a role with no user pod (the harness's own) keeps the run label."""
+    selector). Returns the roles of the main selector."""
     by_dns = {M.dns_name(r): p["metadata"]["name"] for r, p in picked.items()}
+    role_of = {M.dns_name(r): r for r in picked}
+    main: list[str] = []
     for sel in [spec.get("selector"), (spec.get("target") or {}).get("selector")]:
         if not sel:
             continue
@@ -191,5 +242,8 @@ def _retarget(spec: dict, namespace: str, picked: dict[str, dict], run_id: str) 
         names = sorted(by_dns[r] for r in roles if r in by_dns)
         if len(names) != len(roles):
             raise HarnessError(f"attach: a Chaos Mesh selector names roles {roles} that are not all the user's pods")
+        if sel is spec.get("selector"):
+            main = [role_of[r] for r in roles]
         sel.clear()
         sel.update({"namespaces": [namespace], "pods": {namespace: names}})
+    return main

@@ -56,6 +56,10 @@ class ChaosMeshFault(Fault):
         # a partition's effect: a connection tried across the cut, from a source pod to a target
         # pod's port (its control channel), that does not get through while the window lasts
         self.probe_port, self.container = probe_port, container
+        # attach mode: each user pod's serving container and port (the harness's pods: ``container``
+        # and the control port)
+        self.container_for: Any = None
+        self.probe_port_for: Any = None
         self.manifest: dict | None = manifest if isinstance(manifest, dict) else None
         self.kube = None if callable(kube) and not hasattr(kube, "apply") else kube
         self.name = inner.name
@@ -105,7 +109,8 @@ class ChaosMeshFault(Fault):
                        INJECT_TIMEOUT_S, f"{kind} {name} injected")
         self._counts["injected"] = 1
         self.ctx.event("chaos_injected", kind=kind, name=name, t_wall=time.time())
-        if kind == "NetworkChaos" and self.manifest["spec"].get("action") == "partition" and self.probe_port:
+        if kind == "NetworkChaos" and self.manifest["spec"].get("action") == "partition" \
+                and (self.probe_port or self.probe_port_for):
             self._counts["cut"] = self._probe_cut()
             self.ctx.event("chaos_probe", kind=kind, name=name, cut=self._counts["cut"])
 
@@ -131,15 +136,24 @@ class ChaosMeshFault(Fault):
         spec = self.manifest["spec"]
         ns = self.manifest["metadata"]["namespace"]
         try:
-            src = [p for p in self.kube.list("v1", "Pod", namespace=ns, selector=label_selector(spec["selector"]))
-                   if pod_ready(p)]
-            dst = [p for p in self.kube.list("v1", "Pod", namespace=ns,
-                                             selector=label_selector(spec["target"]["selector"])) if pod_ready(p)]
+            src = [p for p in self._pods(ns, spec["selector"]) if pod_ready(p)]
+            dst = [p for p in self._pods(ns, spec["target"]["selector"]) if pod_ready(p)]
             if not src or not dst or not (dst[0].get("status") or {}).get("podIP"):
                 return -1
-            out = exec_in(self.kube, ns, src[0]["metadata"]["name"], self.container,
-                          ["python3", "-c", CUT_PROBE, dst[0]["status"]["podIP"], str(self.probe_port)],
+            port = self.probe_port_for(dst[0]) if self.probe_port_for else self.probe_port
+            container = self.container_for(src[0]) if self.container_for else self.container
+            if not port:
+                return -1
+            out = exec_in(self.kube, ns, src[0]["metadata"]["name"], container,
+                          ["python3", "-c", CUT_PROBE, dst[0]["status"]["podIP"], str(port)],
                           "partition probe", 15.0)
         except Exception:  # noqa: BLE001 - could not try: the effect stays unproven (fault_effect fails)
             return -1
         return 1 if out.strip() == "cut" else 0
+
+    def _pods(self, ns: str, sel: dict) -> list[dict]:
+        """The pods a Chaos Mesh selector picks: by name (``pods``, attach mode) or by labels."""
+        names = (sel.get("pods") or {}).get(ns)
+        if names:
+            return [p for p in self.kube.list("v1", "Pod", namespace=ns) if p["metadata"]["name"] in names]
+        return self.kube.list("v1", "Pod", namespace=ns, selector=label_selector(sel))

@@ -192,8 +192,36 @@ class PodHandle(NodeHandle):
             return
         self._exec("kill -CONT -1")
 
+    def proc_counts(self) -> dict | None:
+        """Threads, open fds, processes and CPU seconds of every process in the container but the
+        counting one, read from /proc through exec (python3 in the container: a serving image has
+        it); None when the exec fails (no python3, the pod gone)."""
+        try:
+            out = exec_in(self.kube, self.namespace, self.pod_name, self.container, ["python3", "-c", PROC_COUNTS],
+                          f"{self.name}: process counts in pod {self.pod_name}", 15.0)
+            vals = [float(x) for x in out.split()]
+        except (HarnessError, ValueError):
+            return None
+        if len(vals) != 4:
+            return None
+        return {"threads": int(vals[0]), "fds": int(vals[1]), "processes": int(vals[2]), "cpu_s": round(vals[3], 3)}
+
     def log_tail(self, n_bytes: int = 2000) -> str:
         return self._read_log(limit_bytes=n_bytes) or ""
+
+
+# every process of the container's pid namespace but this one: threads (stat field 20), fds,
+# processes, utime + stime (fields 14, 15) in seconds; one line "T F N CPU"
+PROC_COUNTS = (
+    "import os\nt = f = n = 0\nc = 0.0\nhz = os.sysconf('SC_CLK_TCK')\nme = str(os.getpid())\n"
+    "for p in os.listdir('/proc'):\n"
+    "    if not p.isdigit() or p == me:\n        continue\n"
+    "    try:\n"
+    "        st = open('/proc/' + p + '/stat').read().rsplit(')', 1)[1].split()\n"
+    "        k = len(os.listdir('/proc/' + p + '/fd'))\n"
+    "    except OSError:\n        continue\n"
+    "    t += int(st[17]); f += k; n += 1; c += (int(st[11]) + int(st[12])) / hz\n"
+    "print(t, f, n, c)\n")
 
 
 def exec_in(kube: Kube, namespace: str, pod: str, container: str, argv: list[str], what: str,

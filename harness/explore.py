@@ -28,7 +28,10 @@ shrink step) counts only when it fails the same checks in ``reprove`` (N, defaul
 run that found it being the first: every run a failure (never pass, error or skipped), and at least
 one check failing in all of them (the checks they have in common, among those of the first run,
 are the finding's *re-proven checks*). A drawn schedule that fails k < N of its N runs is reported
-as flaky with its rate (k of N), not shrunk, not a finding. A shrink step is kept only when it
+as flaky with its rate (k of N), not shrunk, not a finding. A re-run that cannot be judged (a
+harness error, skipped) is no evidence either way: it is run again (at most N such runs), never
+counted. Each re-run is a copy of the file under its own name (``NAME-r2``...: the runner keeps
+one journal per scenario name). A shrink step is kept only when it
 re-proves the same way (a step whose first or any later run passes is dropped at once). The kept
 reproduction is then written as a scenario file and run once more *from that file* (the very file
 reported); it is reported as re-proven only when that run fails one of the re-proven checks too.
@@ -78,7 +81,8 @@ class Finding:
     same_as: int | None = None  # the seed of an earlier finding with the same signature and checks
     status: str = NOT_REPROVEN
     failed_runs: int = 1  # k: runs of the drawn schedule that failed the re-proven checks
-    proving_runs: int = 1  # m: its runs so far (N when re-proving ran to its end)
+    proving_runs: int = 1  # m: its judged runs so far (N when re-proving ran to its end)
+    not_judged: int = 0  # its re-runs that could not be judged (harness errors): run again, never counted
     checks: list[str] = field(default_factory=list)  # the re-proven checks (failing in every run)
     shrink_note: str = ""  # "shrinking cut short by the budget" or ""
     rerun: dict | None = None  # the re-run from the written file: verdict, failing, reproduces
@@ -174,6 +178,7 @@ class Explorer:
         self.t0 = clock()
         self.tally = Tally()
         self._last_run_s = 60.0  # a guess until the first run says better
+        self.run_times: list[float] = []  # each run's seconds (the first includes the nodes' cold start)
 
     # ------------------------------------------------------------------ budget
     def left(self) -> float:
@@ -202,6 +207,7 @@ class Explorer:
         t = self.clock()
         res = self.run_one(path, self.target)
         self._last_run_s = max(5.0, self.clock() - t)
+        self.run_times.append(round(self.clock() - t, 1))
         self.tally.runs += 1
         return res
 
@@ -304,19 +310,36 @@ class Explorer:
         return f"concurrency {w.get('concurrency')}, rate {w.get('rate')}/s; {faults}"
 
     # ------------------------------------------------------------------ re-proving
+    def _copy_for_run(self, path: Path, n: int) -> Path:
+        """``path`` under its own name for its ``n``-th run (the runner keeps one journal per scenario
+        name: a second run under the same name would add to the first one's journal)."""
+        doc = yaml.safe_load(path.read_text())
+        doc["name"] = f"{str(doc['name'])[:60].rstrip('-.')}-r{n}"
+        out = path.parent / f"{doc['name']}.yaml"
+        write_scenario(doc, out)
+        return out
+
     def _prove(self, path: Path, ref: set[str], first: Any | None, stop_early: bool,
-               label: str) -> tuple[int, int, set[str], bool]:
-        """Run ``path`` until it has N runs (``first``, a run already made, is the first of them):
-        (k failing runs, m runs, the checks failing in every run among ``ref``, cut short by the
-        budget). ``stop_early``: stop at the first run that does not fail them (a shrink step)."""
+               label: str) -> tuple[int, int, set[str], bool, int]:
+        """Run ``path`` until it has N judged runs (``first``, a run already made, is the first of
+        them), each run under its own name: (k failing runs, m judged runs, the checks failing in
+        every one among ``ref``, cut short by the budget, runs not judged). A run that could not be
+        judged (error, skipped) is neither: it is run again, at most N times in all.
+        ``stop_early``: stop at the first judged run that does not fail them (a shrink step)."""
         runs = [first] if first is not None else []
-        while len(runs) < self.reprove:
+        not_judged, attempt, cut = 0, len(runs), False
+        while len(runs) < self.reprove and not_judged < self.reprove:
             if not self._room():
+                cut = True
                 break
-            res = self._run(path)
-            runs.append(res)
-            self.say(f"    {label}: run {len(runs)} of {self.reprove} -> {res.verdict}"
+            attempt += 1
+            res = self._run(self._copy_for_run(path, attempt) if attempt > 1 else path)
+            self.say(f"    {label}: run {attempt} -> {res.verdict}"
                      + (f" [{', '.join(res.failing)}]" if res.failing else ""))
+            if res.verdict in ("error", "skipped"):
+                not_judged += 1
+                continue
+            runs.append(res)
             if stop_early and not (_is_failure(res) and ref & set(res.failing)):
                 break
         common = set(ref)
@@ -325,20 +348,22 @@ class Explorer:
             if _is_failure(r) and ref & set(r.failing):
                 k += 1
             common &= set(r.failing) if _is_failure(r) else set()
-        cut = len(runs) < self.reprove and all(_is_failure(r) and ref & set(r.failing) for r in runs)
-        return k, len(runs), common, cut
+        return k, len(runs), common, cut, not_judged
 
     def _settle(self, f: Finding) -> None:
         """Re-prove ``f`` N of N, shrink it (each kept step N of N too), write it and re-run it from
         the written file; set its status."""
-        k, m, common, cut = self._prove(Path(f.drawn), set(f.failing), _Ran(f.verdict, f.failing), False,
-                                        f"re-prove seed {f.seed}")
-        f.failed_runs, f.proving_runs = k, m
+        k, m, common, cut, nj = self._prove(Path(f.drawn), set(f.failing), _Ran(f.verdict, f.failing), False,
+                                            f"re-prove seed {f.seed}")
+        f.failed_runs, f.proving_runs, f.not_judged = k, m, nj
         why = ""
-        if k < m:  # a run that did not fail it: flaky, however many runs the budget left
-            f.status, why = FLAKY, f"failed {k} of {m} runs"
-        elif cut or m < self.reprove:
-            f.status, why = NOT_REPROVEN, f"the budget ended after {m} of its {self.reprove} runs ({k} failed)"
+        also = f"; {nj} more not judged (harness errors)" if nj else ""
+        if k < m:  # a judged run that did not fail it: flaky, however many runs the budget left
+            f.status, why = FLAKY, f"failed {k} of {m} runs{also}"
+        elif m < self.reprove:
+            f.status = NOT_REPROVEN
+            why = (f"the budget ended after {m} of its {self.reprove} runs ({k} failed{also})" if cut else
+                   f"{nj} of its runs could not be judged (harness errors): {m} of {self.reprove} judged, all failed")
         elif not common:
             f.status = FLAKY
             why = f"failed {m} of {m} runs, but no check in all of them"
@@ -365,10 +390,15 @@ class Explorer:
             f.rerun = {"path": f.path, "verdict": "refused", "failing": [], "reproduces": False}
         else:
             res = self._run(Path(f.path))
+            if res.verdict in ("error", "skipped") and self._room():  # not judged: once more, from a copy
+                self.say(f"    seed {f.seed}: re-run from {f.path} -> {res.verdict} (not judged): once more")
+                res = self._run(self._copy_for_run(Path(f.path), 2))
             same = _is_failure(res) and bool(set(f.checks) & set(res.failing))
             f.rerun = {"path": f.path, "verdict": res.verdict, "failing": list(res.failing), "reproduces": same}
             if same:
                 f.status = REPROVEN
+            elif res.verdict in ("error", "skipped"):
+                f.status, f.why_not = NOT_REPROVEN, f"its re-run from the written file could not be judged ({res.verdict})"
             else:
                 f.status, f.why_not = FLAKY, f"its re-run from the written file: {res.verdict}"
         self.say(f"    seed {f.seed}: re-run from {f.path} -> {f.rerun['verdict']}"
@@ -391,7 +421,7 @@ class Explorer:
                 if path is None:
                     continue
                 before = self.tally.runs
-                k, m, common, cut = self._prove(path, ref, None, True, f"shrink seed {f.seed}: {what}")
+                k, m, common, cut, _ = self._prove(path, ref, None, True, f"shrink seed {f.seed}: {what}")
                 f.shrink_runs += self.tally.runs - before
                 keep = not cut and k == m == self.reprove and bool(common)
                 self.say(f"    shrink seed {f.seed}: {what} -> failed {k} of {m}" + (" (kept)" if keep else ""))
@@ -426,9 +456,11 @@ class Explorer:
         return {"family": self.family.name, "target": self.target, "seed": self.seed, "budget_s": self.budget_s,
                 "reprove": self.reprove, "elapsed_s": self.elapsed(), "schedules": t.schedules, "runs": t.runs,
                 "passes": t.passes, "errors": t.errors, "invalid_draws": t.invalid,
-                "reproven": len(t.reproven),
+                "reproven": len(t.reproven), "first_run_s": self.run_times[0] if self.run_times else None,
+                "median_run_s": sorted(self.run_times)[len(self.run_times) // 2] if self.run_times else None,
                 "findings": [{"seed": f.seed, "status": f.status, "verdict": f.verdict, "failing": f.failing,
                               "checks": f.checks, "rate": f"{f.failed_runs}/{f.proving_runs}",
+                              "not_judged": f.not_judged,
                               "why_not": f.why_not, "shrunk_failing": f.shrunk_failing,
                               "shrink_runs": f.shrink_runs, "shrink_note": f.shrink_note,
                               "faults": len(f.schedule["faults"]),

@@ -54,6 +54,7 @@ def row_of(summary: dict, name: str, guarantee: str, rc: int, meta: dict) -> dic
            "shrink_note": killer.get("shrink_note", "") if killer else "",
            "schedules": summary.get("schedules"), "runs": summary.get("runs"),
            "elapsed_s": summary.get("elapsed_s"), "reprove": summary.get("reprove"),
+           "first_run_s": summary.get("first_run_s"), "median_run_s": summary.get("median_run_s"),
            "unsettled": [f"seed {f['seed']}: {f['status']} ({f.get('why_not', '')})" for f in others][:3],
            **meta}
     if rc not in (0, 1):
@@ -90,7 +91,8 @@ def render(rows: list[dict], json_name: str) -> str:
         lines.append(f"| {r.get('family', '')} | {r['mutant']} | {r['guarantee']} | {result} | "
                      f"{_s(r['time_to_kill_s'])} | {_s(r['reported_at_s'])} | {rate} | {r.get('rerun') or ''} | "
                      f"{kept} | {r['budget_s']:.0f} s, {r['seed']} | {r['date']}, {r['commit']}, {r['machine']}, "
-                     f"{r['runs']} runs in {_s(r['elapsed_s'])} |")
+                     f"{r['runs']} runs in {_s(r['elapsed_s'])} (the first {_s(r.get('first_run_s'))} with the nodes' "
+                     f"cold start, median {_s(r.get('median_run_s'))}) |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,7 @@ scenario file that loads; the CLI's bad input is one clear error."""
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,17 +146,24 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, args: list, words: str) ->
 
 # ---------------------------------------------------------------- re-proving (N of N) and the written file's re-run
 
+def _base(path: Path) -> Path:
+    """The file a re-run's copy was made from (``NAME-r2.yaml`` -> ``NAME.yaml``)."""
+    return path.with_name(re.sub(r"-r\d+$", "", path.stem) + path.suffix)
+
+
 def _stand_in_runner(clock: Clock, calls: list, fails):  # noqa: ANN001
-    """A stand-in runner (no nodes): ``fails(scenario, path, nth run of that file) -> bool``; a
+    """A stand-in runner (no nodes): ``fails(scenario, path, nth run of that schedule) -> bool``,
+    ``path`` the file the explorer wrote first (a re-run's copy counts as its file's run); a
     failing run fails ``drained``; each run takes 30 s of the fake clock."""
     seen: dict[str, int] = {}
 
     def run_one(path: Path, target: str):
         sc = load_scenario(path)
-        seen[str(path)] = seen.get(str(path), 0) + 1
-        calls.append(str(path))
+        base = _base(path)
+        seen[str(base)] = seen.get(str(base), 0) + 1
+        calls.append(str(base))
         clock.t += 30.0
-        bad = fails(sc, path, seen[str(path)])
+        bad = fails(sc, base, seen[str(base)])
         return SimpleNamespace(verdict="fail" if bad else "pass", failing=["drained"] if bad else [],
                                reason="drained" if bad else "")
     return run_one
@@ -177,7 +185,7 @@ def test_a_candidate_failing_2_of_3_runs_is_flaky_at_2_of_3_and_no_finding(tmp_p
     for f in flaky:
         assert (f.failed_runs, f.proving_runs) == (2, 3) and f.why_not == "failed 2 of 3 runs"
         assert f.shrink_runs == 0 and f.shrunk is None and f.rerun is None  # not shrunk, not re-run
-        assert calls.count(f.drawn) == 3  # its own drawn file, three times
+        assert calls.count(f.drawn) == 3  # its own drawn file, three times (twice as a copy under its own name)
     row = next(r for r in ex.summary()["findings"] if r["status"] == "flaky")
     assert row["rate"] == "2/3" and row["why_not"] == "failed 2 of 3 runs"
     assert any("flaky (failed 2 of 3 runs)" in line for line in lines)
@@ -195,6 +203,8 @@ def test_a_re_proven_finding_is_re_run_from_its_written_file(tmp_path: Path) -> 
     written = Path(f.path)
     assert written.parent == tmp_path and written.is_file() and "drawn" not in written.parts
     assert calls[-1] == f.path and calls.count(f.path) == 1  # the last run: the written file itself, once
+    copies = sorted(p.name for p in (tmp_path / "drawn").glob("*-r[23].yaml"))
+    assert copies and all(load_scenario(tmp_path / "drawn" / c).model.name == c[:-5] for c in copies)
     assert f.rerun == {"path": f.path, "verdict": "fail", "failing": ["drained"], "reproduces": True}
     assert "failed 3 of 3 runs" in load_scenario(written).model.description
     assert f.proven_at_s is not None and f.found_at_s <= f.proven_at_s <= f.reported_at_s
@@ -226,7 +236,7 @@ def test_a_shrink_step_failing_1_of_3_is_not_kept(tmp_path: Path) -> None:
         if not drawn and _stops_d(sc) and sc.model.workload.concurrency >= 2:
             drawn.add(str(path))  # the first failing schedule: fails always, and so does its written file;
         written = "drawn" not in path.parts  # a shrink step fails its first run only
-        return str(path) in drawn or written or (_stops_d(sc) and nth == 1 and "k" in path.stem.rsplit("-", 1)[-1])
+        return str(path) in drawn or written or (_stops_d(sc) and nth == 1 and "-k" in path.stem)
 
     ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path,
                   run_one=_stand_in_runner(clock, calls, fails), load=_load, say=lines.append, clock=clock,
@@ -236,6 +246,33 @@ def test_a_shrink_step_failing_1_of_3_is_not_kept(tmp_path: Path) -> None:
     assert f.shrunk is None and f.shrink_runs >= 2, "\n".join(lines)
     assert not any(line.endswith("(kept)") for line in lines)
     assert any("-> failed 1 of 2" in line for line in lines)  # stopped at the step's first pass
+
+
+def test_a_re_run_that_cannot_be_judged_is_run_again_not_counted(tmp_path: Path) -> None:
+    """A harness error in a re-run is no evidence either way: run again (a copy under its own
+    name), never counted as a pass; the finding is re-proven 3 of 3 judged runs."""
+    clock, calls, lines, seen = Clock(), [], [], {}
+
+    def run_one(path: Path, target: str):
+        sc, base = load_scenario(path), _base(path)
+        seen[base] = seen.get(base, 0) + 1
+        calls.append(path)
+        clock.t += 30.0
+        if _stops_d(sc) and sc.model.workload.concurrency >= 2:
+            if seen[base] == 2:  # its second run: a harness error
+                return SimpleNamespace(verdict="error", failing=["triggers"], reason="no request crossed the window")
+            return SimpleNamespace(verdict="fail", failing=["drained"], reason="drained")
+        return SimpleNamespace(verdict="pass", failing=[], reason="")
+
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, first=True, shrink=False)
+    tally = ex.explore()
+    f = tally.reproven[0]
+    assert (f.failed_runs, f.proving_runs, f.not_judged) == (3, 3, 1), "\n".join(lines)
+    assert [p.name for p in calls if _base(p) == Path(f.drawn)][1:] == [Path(f.drawn).stem + "-r2.yaml",
+                                                                        Path(f.drawn).stem + "-r3.yaml",
+                                                                        Path(f.drawn).stem + "-r4.yaml"]
+    assert ex.summary()["findings"][0]["not_judged"] == 1
 
 
 def test_a_finding_the_budget_cuts_short_is_not_re_proven(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ CANCEL_KEY = "pdchaos_cancel"  # D -> P side channel: {"pdchaos_cancel": [transf
 CANCEL_WAIT_MS = 1000  # a cancel round waits this long for P's acknowledgement
 CANCEL_EVERY_S = 2.0  # and is repeated, first after this long, then twice as long each time, until
 CANCEL_EVERY_MAX_S = 16.0  # the pull settles (a P that connects again is asked at once)
+DROPPED_CANCEL_ROUNDS = 3  # a load dropped before its pull opened: P is told in at most this many rounds
 UNSETTLED_POLL_MS = 1000  # a failed pull waiting for P's last word wakes at least this often (250 before
 # it failed: an abort must reach it at once); each wake costs CPU while a silent P holds it (issue 30, item 14)
 
@@ -144,8 +145,9 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
         if pending is not None and any(pending[1]):
             self._loading[request.request_id] = flatten_blocks(pending[1])
 
-    # Not reached with vLLM 0.32: vLLM calls the connector's update_connector_output, and
-    # MooncakeConnector keeps the base class's empty one (see DESIGN.md, after the table).
+    # Reached through HardenedMooncakeConnector.update_connector_output (MooncakeConnector keeps the
+    # base class's empty one): a load reported in finished_recving is no longer in flight, so a
+    # request that loaded and then finished is never cancelled at P (issue 43, 7d).
     def update_connector_output(self, connector_output):
         for rid in connector_output.finished_recving or ():
             self._loading.pop(rid, None)
@@ -172,8 +174,7 @@ class HardenedMooncakeConnectorScheduler(mc.MooncakeConnectorScheduler):
             # D: finished (aborted, or failed: FINISHED_ERROR) before its load was reported in
             # finished_recving. vLLM keeps such a request's blocks until that report, which the
             # worker sends once P cannot write into them; P is asked to cancel meanwhile. (A load
-            # that ended OK is still here too, update_connector_output not being reached: the
-            # worker finds it neither tracked nor open and does nothing with it.)
+            # that ended OK left _loading at its finished_recving: update_connector_output.)
             self._to_cancel.add(rid)
             return False, None
         return self._p_request_finished(request, block_ids)
@@ -287,6 +288,18 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         finally:
             sock.close(linger=0)
 
+    async def _tell_dropped(self, addr: str, tids: dict[str, str]) -> None:
+        """Ask P's side channel ``addr`` to drop transfers D never pulled (given up while the
+        bootstrap query was out): a hardened P frees the prompt's blocks at once instead of at its
+        abort timeout. Best effort, a few rounds (0, 2, 6 s) until acknowledged; nothing waits on it."""
+        wait = CANCEL_EVERY_S
+        for attempt in range(DROPPED_CANCEL_ROUNDS):
+            if attempt:
+                await asyncio.sleep(wait)
+                wait *= 2
+            if await self._cancel_round(addr, tids):
+                return
+
     def receive_kv(self, remote_engine_id, pull_metas):
         """As upstream (the same P workers: the paired TP ranks, the matching PP ranks), and each
         load is opened in the settlements with exactly the side channels it pulls from; a load
@@ -313,9 +326,15 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 live[rid] = pull_meta
         dropped = len(pull_metas) - len(live)
         if dropped:
-            self._cancel_wanted.difference_update(set(pull_metas) - set(live))
+            gone = set(pull_metas) - set(live)
+            self._cancel_wanted.difference_update(gone)
             self._note("pull_dropped", dropped)
             self._log_due()
+            # P kept (or will keep) the prompt's blocks for this transfer until its abort timeout:
+            # nothing else would tell it that no pull comes (issue 43, 7b)
+            tids = {pull_metas[r].transfer_id: r for r in gone}
+            for addr in worker_addrs:
+                asyncio.create_task(self._tell_dropped(addr, tids))
         if not live:
             return
         for worker_addr in worker_addrs:
@@ -430,6 +449,14 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 now = time.monotonic()
                 if code is None and now >= deadline:
                     code = "timeout"
+                if code is not None and not watch.ever_connected and await self._never_connected(mon, watch):
+                    # The pull failed and P never got it (it goes out only on an established
+                    # connection, and the socket closes below with linger 0): P can never write for
+                    # it. A blackholed P (no refusal ever comes) no longer holds the blocks to the
+                    # bound (issue 43, 7f)
+                    self._note("pull_never_connected")
+                    settled = True
+                    break
                 if code in _UNSETTLED and not failed_here:
                     failed_here = unsettled = True  # fail the loads now (policy fail), settle them later
                     self._fail(pull_metas, req_ids - named, code)
@@ -439,7 +466,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                     unsettled = True  # the aborted ones are cancelled; the others go on
                 if now >= bound:
                     break  # upstream's own bound: P has given up writing by now
-                if unsettled and now >= next_cancel:
+                # a pull P never got needs no cancel (its loads settle when it fails, above); one
+                # that connects later is asked at once (EVENT_CONNECTED)
+                cancelling = unsettled and watch.ever_connected
+                if cancelling and now >= next_cancel:
                     next_cancel = now + cancel_every
                     cancel_every = min(cancel_every * 2, CANCEL_EVERY_MAX_S)
                     doomed = cancel_targets(req_ids, code is not None, self._cancel_wanted)
@@ -451,7 +481,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         settled = True
                         break
                     continue
-                until = min(deadline if code is None else bound, next_cancel if unsettled else bound)
+                until = min(deadline if code is None else bound, next_cancel if cancelling else bound)
                 cap = UNSETTLED_POLL_MS if unsettled else 250
                 ready = dict(await poller.poll(timeout=max(1, min(cap, int((until - now) * 1000)))))
                 if mon in ready:
@@ -497,6 +527,22 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 self._forget_peer(engine_id)
         self._log_due()
 
+    @staticmethod
+    async def _never_connected(mon, watch: PeerWatch) -> bool:
+        """Apply the pull socket's monitor events queued so far; whether it still never connected."""
+        while True:
+            try:
+                ev = parse_monitor_message(await mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return not watch.ever_connected
+            t_ev = time.monotonic()
+            if ev == zmq.EVENT_CONNECTED:
+                watch.on_connected(t_ev)
+            elif ev == zmq.EVENT_CONNECT_RETRIED:
+                watch.on_retried(t_ev)
+            elif ev == zmq.EVENT_DISCONNECTED:
+                watch.on_disconnected(t_ev)
+
     def _on_reply(self, raw: bytes, req_ids: set, named: set, pull_metas, addr: str = "") -> str | None:
         """Apply one reply of P. Returns None to keep reading, "" when the pull is over, or a
         failure code for the asked requests not answered yet."""
@@ -509,6 +555,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         for rid in resp.ok_reqs or ():
             if rid not in req_ids:
                 self._note("reply_names_unasked")
+                continue
+            if rid in named:  # this P rank answered it already: one answer per rank counts (issue 43, 7e)
                 continue
             named.add(rid)
             meta = pull_metas[rid]
@@ -672,6 +720,15 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         err_msg = ABORTED_MSG if err_msg is None else f"{ABORTED_MSG}; {err_msg}"
         return src, dst, lengths, err_reqs, err_msg
 
+    async def _watch_links(self, amon) -> None:
+        """Read the side channel's monitor as its events come. Read only when a pull arrived, its
+        unread events (two per connection: D's cancel rounds each use a new one) filled the monitor
+        pipe after ~1000 and blocked libzmq's I/O thread: P accepted and received nothing more, and
+        the pull that would have drained them never came (issue 43, 7c)."""
+        while self._link_mon is not None:
+            await amon.poll(flags=zmq.POLLIN)
+            self._read_links()
+
     def _read_links(self) -> None:
         """Apply the side channel's monitor events received so far (never waits)."""
         mon = self._link_mon
@@ -768,11 +825,13 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             sock.setsockopt(getattr(zmq, opt), value)
         mon_addr = f"inproc://pdchaos-side-channel-{id(self)}"
         sock.monitor(mon_addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._link_mon = zmq.Context.shadow(self.async_zmq_ctx.underlying).socket(zmq.PAIR)
-        self._link_mon.connect(mon_addr)
+        amon = self.async_zmq_ctx.socket(zmq.PAIR)
+        amon.connect(mon_addr)
+        self._link_mon = zmq.Socket.shadow(amon.underlying)  # plain reads that never wait (_read_links)
         self.side_channel_port = sock.bind_to_random_port(f"tcp://{self.hostname}")
         await self.register_worker_with_bootstrap()
         tasks = [asyncio.create_task(self._sender_worker(sock)) for _ in range(self.num_sender_tasks)]
+        tasks.append(asyncio.create_task(self._watch_links(amon)))
         ready_event.set()
         try:
             while True:
@@ -803,12 +862,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            mon, self._link_mon = self._link_mon, None
+            self._link_mon = None
             try:
                 sock.disable_monitor()
             except zmq.ZMQError:
                 pass
-            mon.close(linger=0)
+            amon.close(linger=0)
             sock.close()
 
 
@@ -844,6 +903,11 @@ class HardenedMooncakeConnector(mc.MooncakeConnector):
                                                                           kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = HardenedMooncakeConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
+
+    def update_connector_output(self, connector_output):
+        super().update_connector_output(connector_output)
+        if self.connector_scheduler is not None:
+            self.connector_scheduler.update_connector_output(connector_output)
 
     @classmethod
     def build_kv_connector_stats(cls, data=None):

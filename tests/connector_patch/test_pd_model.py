@@ -48,7 +48,6 @@ def _opened_without_close(self, req_id, pulls):
     keys = set(pulls)
     with self._lock:
         self._open.setdefault(req_id, set()).update(keys)
-        self._settled.pop(req_id, None)
         return True
 
 

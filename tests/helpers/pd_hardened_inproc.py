@@ -47,6 +47,7 @@ import json
 import os
 import queue
 import random
+import socket
 import sys
 import tempfile
 import threading
@@ -1668,6 +1669,149 @@ def case_eos_hold() -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- issue 43, item 7
+
+def REPEATED_OK(asked):
+    """One P rank says OK twice for the same requests (a CONTINUE, then the FINISH)."""
+    return [Response(status=Status.CONTINUE, ok_reqs=list(asked)), Response(status=Status.FINISH, ok_reqs=list(asked))]
+
+
+def case_repeated_ok() -> dict:
+    """(issue 43, 7e) a load pulled from 2 P ranks (pull_tasks_count 2): rank 0 says OK twice, rank 1
+    has not written yet (its prefill ends when the case opens the gate). The load must not complete
+    (reported OK: the request scheduled on blocks rank 1 has not written) before rank 1's OK."""
+    node = DNode("HardenedMooncakeConnector", "fail")
+    gate = threading.Event()
+    p = FakePrefill([REPEATED_OK, gated(gate, OK)])
+    r = rid("repeat-ok")
+    node.add(r, prompt(80), p.params("x-" + r))
+    node.step()
+    node.run_until(lambda: p.replied[0].is_set(), 5)
+    node.settle(0.5)
+    before = {"reports": list(node.reports.get(r, [])), "status": node.status(r),
+              "scheduled": r in node.first_sched_at}
+    gate.set()
+    node.run_until(lambda: node.finished(r) and r not in node.sched.requests, 10)
+    node.settle(0.3)
+    out = {"before_rank1": before, "req": node.req_facts(r), "p": p.facts(), "node": node.facts()}
+    p.close()
+    return out
+
+
+def case_ok_sibling_cancels() -> dict:
+    """(issue 43, 7d) two requests in one pull; P answers the first OK (a CONTINUE) and the second
+    only when the case opens the gate. The first runs and finishes meanwhile: D must not ask P to
+    cancel a load that succeeded (before: cancel rounds at 0, 2, 6 s ... for it, each on a new
+    connection, while the sibling waits). P here leaves a cancel unanswered, as a hardened P does
+    for a transfer it already sent while the pull that sent it goes on."""
+    node = DNode("HardenedMooncakeConnector", "fail")
+    gate = threading.Event()
+
+    def first_then_rest(asked):
+        first = [x for x in asked if x.startswith("sib-first")]
+        rest = [x for x in asked if x not in first]
+        return [Response(status=Status.CONTINUE, ok_reqs=first), gate, Response(status=Status.FINISH, ok_reqs=rest)]
+
+    p = FakePrefill([first_then_rest])
+    a, b = rid("sib-first"), rid("sib-later")
+    node.add(a, prompt(80), p.params("x-" + a))
+    node.add(b, prompt(80), p.params("x-" + b))
+    node.step()
+    a_done = node.run_until(lambda: node.finished(a) and a not in node.sched.requests, 10)
+    node.settle(2.5)  # cancel rounds at 0 and 2 s, before the fix
+    cancels_while_sibling_waits = p.cancels[0]
+    gate.set()
+    node.run_until(lambda: node.finished(b) and b not in node.sched.requests, 10)
+    node.settle(0.3)
+    out = {"a_done": a_done, "cancels_while_sibling_waits": cancels_while_sibling_waits,
+           "first": node.req_facts(a), "sibling": node.req_facts(b), "p": p.facts(), "node": node.facts()}
+    p.close()
+    return out
+
+
+class Blackhole:
+    """A TCP port that drops every new connection's SYN (a listener whose accept queue is full and
+    never accepted): a connect neither completes nor is refused, as behind a DROP rule."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.port = self.listener.getsockname()[1]
+        self.fill = []
+        for _ in range(3):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", self.port))
+            except BlockingIOError:
+                pass
+            self.fill.append(s)
+        time.sleep(0.2)
+        KEEP.append(self)
+
+    def close(self) -> None:
+        for s in self.fill + [self.listener]:
+            s.close()
+
+
+def case_never_connected() -> dict:
+    """(issue 43, 7f) P's registered side channel is blackholed: D's pull never connects (no
+    refusal ever comes either). At the load's deadline (300 ms) P provably never got the pull: D
+    must give the blocks back then, not hold them to the bound (abort timeout + 60 s)."""
+    bh = Blackhole()
+    server = MooncakeBootstrapServer("127.0.0.1", 0)
+    server.start()
+    engine = f"blackholed-p-{uuid.uuid4().hex[:8]}"
+    payload = RegisterWorkerPayload(engine_id=engine, dp_rank=0, tp_rank=0, pp_rank=0, addr=f"tcp://127.0.0.1:{bh.port}")
+    httpx.post(f"http://127.0.0.1:{server.port}/register", json=payload.model_dump(), timeout=10).raise_for_status()
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=DEADLINE_MS)
+    r = rid("blackholed")
+    node.add(r, prompt(80), {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": engine,
+                             "remote_bootstrap_addr": f"http://127.0.0.1:{server.port}", "transfer_id": "x-" + r})
+    t0 = time.monotonic()
+    node.step()
+    node.run_until(lambda: r not in node.sched.requests, 4.0)
+    out = {"deadline_s": DEADLINE_MS / 1000, "watched_s": 4.0,
+           "error_after_s": None if r not in node.finish_at else round(node.finish_at[r] - t0, 2),
+           "freed_after_s": None if r not in node.freed_at else round(node.freed_at[r] - t0, 2),
+           "req": node.req_facts(r), "failures": node.worker_failures()}
+    try:
+        server.shutdown()
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def case_monitor_backlog() -> dict:
+    """(issue 43, 7c) 1200 connections open and close on the REAL hardened P's side channel and
+    send nothing (D's cancel rounds each use a new connection; a port scan; a load balancer's
+    health check). Then D sends a cancel: P must still answer it. Its side-channel monitor (two
+    events per connection) was read only when a pull arrived: ~1000 unread events block libzmq's
+    I/O thread, P accepts and receives nothing more, and the pull that would drain them never comes."""
+    p = RealPrefill()
+    port = p.worker.side_channel_port
+    made, timeouts, in_a_row, t0 = 0, 0, 0, time.monotonic()
+    while made < 1200 and in_a_row < 5:  # a connect loop this tight sees a dropped SYN now and then
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1.0)
+            s.close()
+            made, in_a_row = made + 1, 0
+        except OSError:
+            timeouts, in_a_row = timeouts + 1, in_a_row + 1
+    ctx = zmq.Context.instance()
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.connect(f"tcp://127.0.0.1:{port}")
+    d.send(msgspec.msgpack.encode({CANCEL_KEY: ["x-nobody"]}))
+    answered = bool(d.poll(3000))
+    reply = msgspec.msgpack.decode(d.recv()) if answered else None
+    d.close(linger=0)
+    return {"connections": made, "connect_timeouts": timeouts, "connect_s": round(time.monotonic() - t0, 2),
+            "answered": answered,
+            "reply": reply}
+
+
 CASES = {
     "hma_tp2": case_hma_tp2,
     "requester_lost": case_requester_lost,
@@ -1689,6 +1833,10 @@ CASES = {
     "late_write_after_deadline": case_late_write_after_deadline,
     "cancel_as_prefill_ends": case_cancel_as_prefill_ends,
     "cancel_record_gone": case_cancel_record_gone,
+    "repeated_ok": case_repeated_ok,
+    "ok_sibling_cancels": case_ok_sibling_cancels,
+    "never_connected": case_never_connected,
+    "monitor_backlog": case_monitor_backlog,
 }
 
 

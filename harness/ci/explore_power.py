@@ -81,7 +81,8 @@ def render(rows: list[dict], json_name: str) -> str:
              "re-run from its file | shrunk reproduction | budget, seed | measured |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r.get("family", ""), r["mutant"])):
-        result = "killed" if r["killed"] else ("error: " + r["error"] if r.get("error") else "survived")
+        result = "killed" if r["killed"] else ("error: " + r["error"] if r.get("error") else
+                                                "not killed" if r.get("unsettled") else "survived")
         if not r["killed"] and r.get("unsettled"):
             result += " (" + "; ".join(r["unsettled"]) + ")"
         rate = f"{r['rate'].replace('/', ' of ')} ({', '.join(r['checks'])})" if r.get("rate") else ""

@@ -180,7 +180,10 @@ def run(args: argparse.Namespace) -> int:
         return 130
     if args.mutant is not None:
         m = summary["mutant"]
+        open_ = [f for f in summary["findings"] if f["status"] in ("flaky", "not re-proven")]
         print(f"mutant {args.mutant}: " + (f"KILLED at {m['time_to_kill_s']:.0f} s (failed {m['rate'].replace('/', ' of ')}"
                                           f" runs, re-run from {m['reproduction']})" if m["killed"] else
-                                          f"survived {args.budget:g} s"), flush=True)
+                                          f"not killed in {args.budget:g} s" + (
+                                              f" ({len(open_)} candidate(s) flaky or not re-proven: see above)"
+                                              if open_ else ": survived")), flush=True)
     return 1 if t.reproven else 0

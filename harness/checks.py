@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from faults.base import Duration
 from nodekit import journal as J
-from .triggers import GENERIC as TRIGGERS
+from .triggers import GENERIC as TRIGGERS, none_reason
 from .verdicts import RAISED, UNDECIDED
 
 
@@ -555,14 +555,25 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
 @check("triggers")
 def triggers(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """Every event the scenario's claim rests on happened (``triggers:`` of the scenario, rebuilt
-    from its file by ``pdchaos check``; harness/triggers.py): a trigger that did not fire, or that
-    no registry knows, makes the run a harness error naming it, never a verdict. Lists each
-    trigger with its evidence."""
-    entries = inp.meta.get("triggers") or []
-    if not isinstance(entries, list):
-        return undecided("the meta line's triggers are not a list")
+    from its file by ``pdchaos check``; harness/triggers.py): a trigger that did not fire, that no
+    registry knows, or a history that declares none (or says ``none`` with faults scheduled) makes
+    the run a harness error naming it, never a verdict; a scenario without faults that says
+    ``{none: REASON}`` has it not applicable, with the reason. Lists each trigger with its evidence."""
+    entries = inp.meta.get("triggers")
+    faults = inp.meta.get("faults") or []
+    reason = none_reason(entries)
+    if reason is not None:
+        if faults:  # pdchaos validate refuses this; a history that says it anyway tested nothing named
+            return _r(False, f"none declared ({reason}), yet {len(faults)} faults are scheduled: a scenario with "
+                             f"faults names the events its claim rests on, it cannot say none", seen=[])
+        # a scenario without faults that said none has this check marked not applicable (harness/runner.py):
+        # reaching it here means the meta line lost that mark, so nothing says the run may go unjudged
+        return undecided(f"none declared ({reason}), but the meta line does not mark triggers not applicable")
+    if entries is not None and not isinstance(entries, list):
+        return undecided("the meta line's triggers are neither a list nor {none: REASON}")
     if not entries:
-        return _r(True, "no trigger declared", seen=[])
+        return _r(False, "no trigger declared: a scenario names the events its claim rests on, or (without "
+                         "faults) says `triggers: {none: REASON}`; this history does neither", seen=[])
     reg = inp.triggers if inp.triggers is not None else TRIGGERS
     seen, missed = [], []
     for i, e in enumerate(entries):
@@ -699,6 +710,12 @@ def run_checks(inp: CheckInput, config: dict[str, dict], checks: dict[str, Check
     faults = (getattr(inp, "meta", None) or {}).get("faults")
     for name, fn in (CHECKS if checks is None else checks).items():
         opts = config.get(name, {})
+        said_none = none_reason((getattr(inp, "meta", None) or {}).get("triggers"))
+        if name == "triggers" and not faults and said_none is not None \
+                and na.get(name) == f"none declared: {said_none}":
+            # a scenario without faults that said its claim rests on no event, and why: shown as such
+            out.append(CheckResult(name, None, f"not applicable: {na[name]}"))
+            continue
         guard = name in ERROR_CHECKS and not (name == "fault_effect" and not faults)
         if opts.get("enabled", True) is False and not guard:
             continue

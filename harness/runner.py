@@ -32,6 +32,7 @@ from nodekit.journal import JournalWriter, read_journal
 from .outputs import Result, write_junit, write_summary  # noqa: F401 - re-exported for callers
 from .schema import LoadedScenario
 from .topology import BaseTopology
+from .triggers import none_reason
 
 GRACE_S = 1.0  # after the workload's duration, on top of deadline + tolerance
 RELEASE_MARGIN_S = 0.25  # after the last heal, on top of the time recovery's ops need (every worker's N due times)
@@ -74,6 +75,9 @@ def not_applicable(sc: LoadedScenario, target: str) -> dict[str, str]:
     if not sc.faults:
         na.setdefault("recovery", "no fault is scheduled")
         na.setdefault("fault_effect", "no fault is scheduled")
+        reason = none_reason(triggers_meta(sc.model))
+        if reason is not None:  # the scenario says its claim rests on no event, and why
+            na["triggers"] = f"none declared: {reason}"
     return na
 
 
@@ -129,7 +133,17 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
             "primary_ops": list(fam.primary_ops), "op_kinds": list(fam.op_kinds or fam.primary_ops),
             "planned_ops": m.workload.planned_ops(),
             "topology": m.topology.model_dump(), "workload": m.workload.model_dump(), "faults": faults_meta,
-            "triggers": [t.model_dump(mode="json") for t in getattr(m, "triggers", [])], "t0": None}
+            "triggers": triggers_meta(m), "t0": None}
+
+
+def triggers_meta(m: Any) -> list[dict] | dict:
+    """The meta line's ``triggers``: the declared entries, or ``{"none": REASON}``."""
+    declared = getattr(m, "triggers", None)
+    if declared is None:
+        return []
+    if isinstance(declared, list):
+        return [t.model_dump(mode="json") for t in declared]
+    return declared.model_dump(mode="json")
 
 
 class _Interrupted(Exception):

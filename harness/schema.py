@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
-                      create_model, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter,
+                      ValidationError, create_model, model_validator)
 
 from faults.base import Duration, load_registry
 
@@ -129,16 +129,40 @@ class _ScenarioBase(_Strict):
         if unknown:
             raise ValueError(f"doc: {', '.join(unknown)} is neither `fault` nor a target this scenario runs "
                              f"({', '.join(self.targets)})")
-        for i, t in enumerate(getattr(self, "triggers", [])):
-            fid = getattr(t, "fault", None)
-            if fid is not None and fid >= len(getattr(self, "faults", [])):
-                raise ValueError(f"triggers[{i}] ({t.type}): fault {fid} is not an entry of faults "
-                                 f"(0-based; the scenario has {len(getattr(self, 'faults', []))})")
+        self._check_triggers()
         validate_recovery_gaps(self, self.faults)
         validate_faults_fit(self, self.faults)
         self._check_expectations()
         get_family(self.family).validate(self)
         return self
+
+    def _check_triggers(self) -> None:
+        """Every scenario declares the events its claim rests on (harness/triggers.py): a list of
+        triggers, or ``{none: REASON}`` when it has no fault. A scenario with faults cannot say none."""
+        from .triggers import NoTriggers
+
+        declared = getattr(self, "triggers", None)
+        n_file = len(getattr(self, "faults", []))
+        n_faults = n_file + (self.random_faults.count if self.random_faults is not None else 0)
+        example = "- {type: ops_in_window, fault: 0}"
+        if isinstance(declared, NoTriggers):
+            if n_faults:
+                raise ValueError(f"triggers: a scenario with faults cannot say none ({declared.none!r}): name the "
+                                 f"events its claim rests on, e.g. `{example}` (a request in flight during fault "
+                                 f"0's window; harness/triggers.py)")
+            return
+        if not declared:
+            if n_faults:
+                raise ValueError(f"triggers: missing: a scenario with faults names the events its claim rests on, "
+                                 f"e.g. `triggers: [{example[2:]}]` (harness/triggers.py)")
+            raise ValueError("triggers: missing: name the events this scenario's claim rests on, or say "
+                             "`triggers: {none: \"<why>\"}` (a scenario without faults, e.g. a baseline)")
+        for i, t in enumerate(declared):
+            fid = getattr(t, "fault", None)
+            if fid is not None and fid >= n_faults:
+                drawn = f", {self.random_faults.count} drawn" if self.random_faults is not None else ""
+                raise ValueError(f"triggers[{i}] ({t.type}): fault {fid} is not an entry of faults "
+                                 f"(0-based, file order then drawn; the scenario has {n_file}{drawn})")
 
     def expected(self, target: str) -> str:
         """The expectation as text (harness/verdicts.py): ``pass``, ``fail[no_busy_wait]``, or
@@ -258,6 +282,22 @@ def _trigger_union(family: Family):
     return Annotated[one, BeforeValidator(_known_type)]
 
 
+# the tags of the two shapes of ``triggers:`` (a list, or {none: REASON}): never shown in an error's location
+_TRIGGER_SHAPES = ("entries", "no_triggers")
+
+
+def _triggers_field(family: Family):
+    """``triggers:`` of a scenario: a list of trigger entries, or ``{none: REASON}``; None when the
+    file declares nothing (refused by the scenario's validator)."""
+    from .triggers import NoTriggers
+
+    def shape(v: Any) -> str:
+        return "no_triggers" if isinstance(v, (dict, NoTriggers)) else "entries"
+
+    return Optional[Annotated[Union[Annotated[list[_trigger_union(family)], Tag("entries")],  # type: ignore[valid-type]
+                                    Annotated[NoTriggers, Tag("no_triggers")]], Discriminator(shape)]]
+
+
 _MODELS: dict[str, Any] = {}
 
 
@@ -277,9 +317,10 @@ def scenario_model(family: str):
             topology=(fam.Topology, Field(default_factory=fam.Topology)),
             workload=(fam.Workload, Field(default_factory=fam.Workload)),
             faults=(list[_fault_union(fam)], Field(default_factory=list)),
-            triggers=(list[_trigger_union(fam)], Field(  # type: ignore[valid-type]
-                default_factory=list, description="the events this scenario's claim rests on (harness/triggers.py): "
-                "one that did not happen makes the run a harness error, never a verdict")),
+            triggers=(_triggers_field(fam), Field(  # type: ignore[valid-type]
+                None, description="the events this scenario's claim rests on (harness/triggers.py): one that "
+                "did not happen makes the run a harness error, never a verdict; `{none: REASON}` when the claim "
+                "rests on no event (only a scenario without faults, e.g. a baseline); required")),
             checks=(table, Field(default_factory=table)),
             expect=(dict[targets, Annotated[Union[one, list[one]], BeforeValidator(_no_bare_failure)]], Field(
                 default_factory=dict,
@@ -414,6 +455,8 @@ def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
         if isinstance(prev, int) and part in fault_names:
             prev = part
             continue  # the discriminator tag pydantic inserts after a list index: not a YAML key
+        if prev == "triggers" and part in _TRIGGER_SHAPES:
+            continue  # the tag of triggers' shape (a list, or {none: REASON}): not a YAML key
         prev = part
         if isinstance(node, yaml.MappingNode):
             nxt = None
@@ -440,6 +483,8 @@ def _fmt_loc(loc: tuple, fault_names: set[str]) -> str:
             out += f"[{part}]"
         elif isinstance(prev, int) and (part in fault_names or str(part).startswith("function-")):
             pass  # the discriminator tag pydantic inserts after a list index
+        elif prev == "triggers" and part in _TRIGGER_SHAPES:
+            continue  # the tag of triggers' shape (a list, or {none: REASON}); prev stays "triggers"
         else:
             out += ("." if out else "") + ("for" if part == "for_" else str(part))
         prev = part

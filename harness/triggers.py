@@ -14,6 +14,17 @@ ones here, a family's own on ``Family.triggers``), with a pydantic model of its 
 generic check ``triggers`` (harness/checks.py) evaluates every trigger of the run; one that did not
 fire makes the run a harness error naming it (it is one of ``verdicts.ERROR_CHECKS``): the
 scenario's point never happened, so no verdict about it is honest.
+
+Every scenario declares its triggers; there is no default. A scenario whose claim rests on no event
+beyond its workload running (a baseline without faults) says so, with the reason::
+
+    triggers: {none: "baseline without faults: every request is the claim"}
+
+A scenario with faults (``faults:`` or ``random_faults:``) cannot say ``none``: a fault is there to
+be met by something, and that meeting is what its claim rests on (``pdchaos validate`` refuses it, and
+the check fails such a history). For a scenario without faults that says ``none`` the check is not
+applicable and the report shows the reason; a history that declares neither (a journal written before
+declarations were required) fails the check: "no trigger declared" is never a pass.
 """
 
 from __future__ import annotations
@@ -21,7 +32,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class NoTriggers(BaseModel):
+    """``triggers: {none: REASON}``: the claim rests on no event beyond the workload running."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    none: str = Field(min_length=1, description="why no event is named (e.g. a baseline without faults); "
+                                                "only a scenario without faults may say it")
+
+    @field_validator("none")
+    @classmethod
+    def _reason(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("a reason is required: say why the claim rests on no event")
+        return v.strip()
+
+
+def none_reason(declared: Any) -> str | None:
+    """The reason of a ``{none: REASON}`` declaration as the meta line holds it, else None."""
+    if isinstance(declared, dict) and set(declared) == {"none"} and isinstance(declared["none"], str) \
+            and declared["none"].strip():
+        return declared["none"].strip()
+    return None
 
 
 class TriggerParams(BaseModel):
@@ -107,14 +141,21 @@ def ops_in_window(inp: Any, params: dict) -> Fired:
     not completed before the fault had acted (its ``fault_started`` event; an op still open at the
     end counts as in flight to the end). ``at_start``: in flight at that instant; ``at_once``:
     ``min`` of them in flight together."""
-    fid, need, kind = params["fault"], params.get("min", 1), params.get("f")
+    kind = params.get("f")
+    ops = [o for o in (inp.all_ops if kind else inp.ops) if kind is None or o.get("f") == kind]
+    return in_flight(inp, params, ops, f"{kind} ops" if kind else "ops")
+
+
+def in_flight(inp: Any, params: dict, ops: list[dict], what: str) -> Fired:
+    """``ops_in_window`` over the given ``ops`` (a family's trigger narrows them, e.g. to one node's):
+    ``params`` holds ``fault``, ``min``, ``at_start`` and ``at_once``; ``what`` names the ops in the evidence."""
+    fid, need = params["fault"], params.get("min", 1)
     w = next((w for w in inp.windows if w.get("id") == fid), None)
     if w is None or not _finite(w.get("start")) or not _finite(w.get("stop")):
         return Fired(False, f"fault {fid} never opened a window")
     acted = _acted_at(inp, fid)
     if acted is None or not w["start"] <= acted <= w["stop"]:
         return Fired(False, f"fault {fid} ({w.get('name')}) has no one record of when it acted inside its window")
-    ops = [o for o in (inp.all_ops if kind else inp.ops) if kind is None or o.get("f") == kind]
     lo = acted
     hi = acted if params.get("at_start") else w["stop"]
     spans = []
@@ -125,7 +166,6 @@ def ops_in_window(inp: Any, params: dict) -> Fired:
         if a <= hi and (b is None or b > lo):
             spans.append((max(a, lo), hi if b is None else min(b, hi)))
     n = len(spans)
-    what = f"{kind} ops" if kind else "ops"
     how = " at the instant it acted" if params.get("at_start") else ""
     if params.get("at_once"):
         edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], -e[1]))
@@ -136,3 +176,22 @@ def ops_in_window(inp: Any, params: dict) -> Fired:
         return Fired(peak >= need, f"at most {peak} {what} in flight together during {w.get('name')}{how} "
                                    f"(fault {fid}; {need} needed)")
     return Fired(n >= need, f"{n} {what} in flight during {w.get('name')}{how} (fault {fid}; {need} needed)")
+
+
+class OpsCompleted(TriggerParams):
+    f: str | None = Field(None, description="only ops of this kind (e.g. `reset`; default: the workload's main "
+                                            "operation)")
+    min: int = Field(1, ge=1, le=100000, description="at least this many such ops completed")
+
+
+@GENERIC.trigger("ops_completed", OpsCompleted)
+def ops_completed(inp: Any, params: dict) -> Fired:
+    """At least ``min`` ops of kind ``f`` were sent and came back with an answer, whatever it said
+    (a completion record, ``ok`` or ``fail``; one that never returned or whose end is unknown does
+    not count): a claim about an operation of the workload's own (e.g. the admin reset a scenario
+    without faults is about) rests on it having happened."""
+    kind, need = params.get("f"), params.get("min", 1)
+    ops = [o for o in (inp.all_ops if kind else inp.ops) if kind is None or o.get("f") == kind]
+    done = [o for o in ops if o.get("phase") in ("ok", "fail") and _finite(o.get("t_complete"))]
+    what = f"{kind} ops" if kind else "ops"
+    return Fired(len(done) >= need, f"{len(done)} of {len(ops)} {what} sent came back answered ({need} needed)")

@@ -21,8 +21,11 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from harness.checks import (CheckInput, CheckResult, _first, _r, history_end, in_window, op_span, undecided,
                             window_tail_s)
+from harness.triggers import Fired, TriggerParams, in_flight
 
 from .family import FAMILY
 from .spec import decode_roles
@@ -336,3 +339,43 @@ def failed_where_faulted(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: A
                          f"{aimed_failed} requests of its own D failed")
     return _r(True, f"{judged} failed requests in fault windows, each on the D its fault was aimed at "
                     f"({spared_seen} ops of the spared D ran meanwhile)", **det)
+
+
+# --------------------------------------------------------------------------- triggers (harness/triggers.py)
+
+class RequestsOnDecode(TriggerParams):
+    fault: int = Field(ge=0, description="the fault entry (0-based, in file order) whose window is meant")
+    decode: str = Field(pattern=r"^decode[0-9]*$", description="the D the requests ran on (`decode`, `decode2`)")
+    min: int = Field(1, ge=1, le=1000, description="at least this many of its requests in flight in the window")
+
+
+@FAMILY.triggers.trigger("requests_on_decode", RequestsOnDecode)
+def requests_on_decode(inp: CheckInput, params: dict) -> Fired:
+    """At least ``min`` requests that ran on D ``decode`` were in flight while fault ``fault``
+    acted (as ``ops_in_window``, counting only that D's requests): a claim about what a fault aimed
+    at one D does to the other (``failed_where_faulted``) rests on requests of each D meeting it."""
+    roles = _decodes(inp)
+    d = params["decode"]
+    if d not in roles:
+        return Fired(False, f"the topology has no D {d!r} (its Ds: {', '.join(roles) or 'none'})")
+    return in_flight(inp, params, [o for o in inp.ops if _op_decode(o, roles) == d], f"requests on {d}")
+
+
+class ListenerProbed(TriggerParams):
+    fault: int = Field(ge=0, description="the listener_garbage fault entry (0-based, in file order)")
+    min: int = Field(1, ge=1, le=1000, description="at least this many messages sent to D's listener in its window")
+
+
+@FAMILY.triggers.trigger("listener_probed", ListenerProbed)
+def listener_probed(inp: CheckInput, params: dict) -> Fired:
+    """At least ``min`` malformed or unexpected messages reached D's listener during fault
+    ``fault``'s window (its ``listener_probe`` events, answered or not: whether they were answered
+    is ``listener_answers``' to judge): the claim about D's listener rests on it having been sent them."""
+    fid, need = params["fault"], params.get("min", 1)
+    w = next((w for w in inp.windows if w.get("id") == fid), None)
+    if w is None or not isinstance(w.get("start"), (int, float)) or not isinstance(w.get("stop"), (int, float)):
+        return Fired(False, f"fault {fid} never opened a window")
+    sent = [e for e in inp.events if e.get("what") == "listener_probe" and isinstance(e.get("t"), (int, float))
+            and w["start"] <= e["t"] <= w["stop"]]
+    return Fired(len(sent) >= need, f"{len(sent)} messages sent to D's listener during {w.get('name')} "
+                                    f"(fault {fid}; {need} needed)")

@@ -335,7 +335,8 @@ def test_recovery_schedule_without_room_is_a_validation_error(tmp_path) -> None:
 
     f = tmp_path / "late.yaml"
     f.write_text("name: late\nfamily: lookup\nworkload: {duration: 2s, concurrency: 2, rate: 20}\n"
-                 "faults:\n  - {type: server_kill, at: 1s, for: 950ms}\nexpect: {hardened: pass, legacy: pass}\n")
+                 "faults:\n  - {type: server_kill, at: 1s, for: 950ms}\ntriggers: [{type: ops_in_window, fault: 0}]\n"
+                 "expect: {hardened: pass, legacy: pass}\n")
     with pytest.raises(UsageError) as e:
         load_scenario(f)
     assert "recovery" in str(e.value) and f"{f}:1" in str(e.value)
@@ -435,3 +436,63 @@ def test_reset_done_needs_the_scheduled_reset_its_count_and_misses_after_it() ->
     # a server that keeps no counters (upstream's): the count is not asked for, the rest still is
     assert run("reset_done", [m, *op(2, 1.0, value=True, expected=True, f="reset"), *op(3, 1.5, value=0, expected=0),
                               probe("server", "final")]).ok is True
+
+
+# --------------------------------------------------------------------------- triggers (issue 43, item 6)
+
+def _started(fid: int = 0, t: float = 1.001) -> dict:
+    return {"type": "event", "what": "fault_started", "id": fid, "t": T0 + t}
+
+
+KILL = {"id": 0, "type": "server_kill"}
+
+
+def test_triggers_no_longer_pass_a_history_that_declares_none():
+    hist = [*op(1, 0.5), *op(2, 1.5)]
+    for declared in (None, []):  # a journal written before declarations were required
+        r = run("triggers", [meta(triggers=declared), *hist])
+        assert r.ok is False and "no trigger declared" in r.message, r.message
+    r = run("triggers", [meta(triggers=[], faults=[KILL]), *hist, *fault(0, "server_kill", 1.0, 2.0), _started()])
+    assert r.ok is False and "no trigger declared" in r.message
+    r = run("triggers", [meta(triggers={"bogus": 1}), *hist])
+    assert r.ok is False and r.message.startswith(C.UNDECIDED), r.message
+
+
+def test_none_is_not_applicable_without_faults_and_an_error_with_them():
+    hist = [*op(1, 0.5), *op(2, 1.5)]
+    said = {"none": "baseline without faults"}
+    na = {"triggers": "none declared: baseline without faults"}
+    r = next(x for x in C.run_checks(C.CheckInput([meta(triggers=said), *hist]), {}, CHECKS, na) if x.name == "triggers")
+    assert r.ok is None and r.message == "not applicable: none declared: baseline without faults"
+    # the mark alone is not enough: the meta line must say none, with that reason
+    for other in ([], {"none": " "}, {"none": "another reason"}):
+        r = next(x for x in C.run_checks(C.CheckInput([meta(triggers=other), *hist]), {}, CHECKS, na)
+                 if x.name == "triggers")
+        assert r.ok is False, (other, r.message)
+    # called without the mark (the runner always gives it): not judged, so not a pass
+    assert run("triggers", [meta(triggers=said), *hist]).ok is False
+    # a fault scheduled: none is refused, with or without the mark, and the run is an error
+    faulted = [meta(triggers=said, faults=[KILL]), *hist, *fault(0, "server_kill", 1.0, 2.0), _started()]
+    results = C.run_checks(C.CheckInput(faulted), {}, CHECKS, na)
+    r = next(x for x in results if x.name == "triggers")
+    assert r.ok is False and "cannot say none" in r.message, r.message
+    assert C.verdict(results) == "error"
+
+
+def test_ops_in_window_and_ops_completed_fire_on_their_events_only():
+    from harness.triggers import GENERIC
+
+    hist = [meta(faults=[KILL], primary_ops=["lookup"]), *fault(0, "server_kill", 1.0, 2.0), _started(),
+            *op(1, 0.5), *op(2, 1.5), *op(3, 1.6, f="reset", value=True, expected=True, elapsed_ms=50.0)]
+    inp = C.CheckInput(hist)
+    win, done = GENERIC.predicates["ops_in_window"], GENERIC.predicates["ops_completed"]
+    assert win(inp, {"fault": 0, "min": 1}).fired and not win(inp, {"fault": 0, "min": 2}).fired
+    assert win(inp, {"fault": 0, "f": "reset"}).fired
+    got = done(inp, {"f": "reset", "min": 1})
+    assert got.fired and "1 of 1 reset ops" in got.evidence, got.evidence
+    assert done(inp, {"min": 2}).fired and not done(inp, {"min": 3}).fired  # the two lookups
+    # a reset that never came back, or never went out, is no reset the claim can rest on
+    stalled = [r for r in hist if not (r.get("id") == 3 and r.get("phase") != "invoke")]
+    got = done(C.CheckInput(stalled), {"f": "reset", "min": 1})
+    assert not got.fired and "0 of 1 reset ops" in got.evidence, got.evidence
+    assert not done(C.CheckInput([r for r in hist if r.get("id") != 3]), {"f": "reset"}).fired

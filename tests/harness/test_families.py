@@ -118,6 +118,7 @@ cap: 4s
 topology: {start_delay: 3.5}
 workload: {duration: 2s, concurrency: 1, rate: 20}
 targets: [plain]
+triggers: {none: "no fault: a slow start is the topology's"}
 expect: {plain: pass}
 """
 

@@ -530,8 +530,9 @@ LAYERWISE_MUTANTS = [
     M("layerwise_listener_answered_on_second_try", "layerwise",
       lambda r: r.events("listener_probe")[0].update(tries=2, elapsed_ms=1102.0), "deviation",
       ("listener_answers",)),
+    # the probes are the event the scenario's claim rests on (its trigger listener_probed): an error now
     M("layerwise_no_listener_probe_recorded", "layerwise",
-      lambda r: r.remove(lambda x: x.get("what") == "listener_probe"), "deviation", ("listener_answers",)),
+      lambda r: r.remove(lambda x: x.get("what") == "listener_probe"), "error", ("listener_answers", "triggers")),
     M("layerwise_prefill_partial_send", "layerwise",
       lambda r: final(r, "prefill")["counters"].update(partial_sends=1), "deviation", ("layers_complete",)),
     M("layerwise_decode_blocks_leaked", "layerwise",
@@ -613,7 +614,71 @@ GOLDEN_PD_MUTANTS = [
         ("node_alive",)) for b in GOLDEN_PD],
 ]
 
-MUTANTS = PD_MUTANTS + GOLDEN_PD_MUTANTS + LOOKUP_MUTANTS + LAYERWISE_MUTANTS
+
+# --------------------------------------------------------------------------- triggers, per family
+
+# Issue 43, item 6: each base declares the events its claim rests on (its scenario's ``triggers:``);
+# removing that event from the saved history turns the run into a harness error (``triggers``), and
+# so does a history that declares nothing, or says ``none`` while faults are scheduled.
+
+
+def drop_ops_in_first_window(keep: int = 0) -> Callable[[Run], None]:
+    """Remove every primary op in flight during the first fault window (from its start record to its
+    stop record), but the first ``keep`` of them: the workload sent nothing the fault could meet."""
+    def f(run: Run) -> None:
+        w = _first_window(run)
+        primary = run.meta.get("primary_ops") or []
+        hit = [o for o in run.ops() if (not primary or o.get("f") in primary) and o["t_invoke"] <= w["stop"]
+               and (o.get("t_complete") is None or o["t_complete"] > w["start"])]
+        ids = {o["id"] for o in hit[keep:]}
+        assert ids, "the mutant drops nothing"
+        run.remove(lambda r: r.get("type") == "op" and r.get("id") in ids)
+    return f
+
+
+def declare(triggers) -> Callable[[Run], None]:  # noqa: ANN001 - a list of entries, or {"none": ...}
+    def f(run: Run) -> None:
+        run.meta["triggers"] = triggers
+    return f
+
+
+def drop_fault_started(run: Run) -> None:
+    run.remove(lambda r: r.get("what") == "fault_started")
+
+
+TRIGGER_MUTANTS = [
+    # pd (the synthetic base's are above: pd_no_request_in_flight_while_p_frozen, ...): the real run
+    M("golden_pd_abort_no_request_in_flight_while_the_hook_was_armed", "golden_pd_abort", drop_ops_in_first_window(),
+      "error", ("triggers",)),
+    M("pd_no_record_of_when_the_stop_acted", "pd", drop_fault_started, "error", ("triggers",)),
+    # lookup: the synthetic kill and the real one
+    M("lookup_no_lookup_in_flight_while_the_server_was_killed", "lookup", drop_ops_in_first_window(), "error",
+      ("triggers",)),
+    M("lookup_one_lookup_in_flight_of_two_needed", "lookup", drop_ops_in_first_window(keep=1), "error",
+      ("triggers",)),
+    M("golden_server_kill_no_lookup_in_flight_while_the_server_was_killed", "golden_server_kill",
+      drop_ops_in_first_window(), "error", ("triggers",)),
+    M("golden_server_kill_no_record_of_when_the_kill_acted", "golden_server_kill", drop_fault_started, "error",
+      ("triggers",)),
+    # layerwise: no request met the garbage (listener_probe removed: layerwise_no_listener_probe_recorded)
+    M("layerwise_no_request_in_flight_during_the_garbage", "layerwise", drop_ops_in_first_window(), "error",
+      ("triggers",)),
+    M("layerwise_four_messages_to_the_listener_of_five_needed", "layerwise",
+      lambda r: r.remove(lambda x: x.get("what") == "listener_probe" and x.get("probe") == "two_payloads"),
+      "error", ("triggers",)),
+    # every family: a history that declares nothing, or says none while a fault is scheduled, is no verdict
+    *[M(f"{b}_no_trigger_declared", b, declare([]), "error", ("triggers",))
+      for b in ("pd", "golden_pd_abort", "lookup", "golden_server_kill", "layerwise")],
+    *[M(f"{b}_none_declared_with_a_fault_scheduled", b, declare({"none": "baseline without faults"}), "error",
+        ("triggers",)) for b in ("pd", "lookup", "layerwise")],
+    # a baseline whose none lost its reason, or whose meta line lost the mark the runner gives it
+    M("golden_pd_baseline_none_without_a_reason", "golden_pd_baseline", declare({"none": " "}), "error",
+      ("triggers",)),
+    M("golden_pd_baseline_none_not_marked_not_applicable", "golden_pd_baseline",
+      lambda r: r.meta["not_applicable"].pop("triggers"), "error", ("triggers",)),
+]
+
+MUTANTS = PD_MUTANTS + GOLDEN_PD_MUTANTS + LOOKUP_MUTANTS + LAYERWISE_MUTANTS + TRIGGER_MUTANTS
 
 
 @pytest.mark.parametrize("m", MUTANTS, ids=lambda m: m.id)
@@ -687,6 +752,24 @@ def test_a_checker_that_raises_is_an_error(family: str, check: str, base_name: s
     assert check in j.failing and j.checks[check]["message"].startswith(V.RAISED)
     k = judge_inline(base(base_name))
     assert (k.verdict, k.outcome) == ("error", "error")
+
+
+def test_a_baseline_that_says_none_shows_the_reason_never_a_pass(tmp_path) -> None:
+    """The real baseline run declares ``triggers: {none: ...}`` (no fault): the check is not
+    applicable, with the reason, in the re-check from files and in the direct chain alike."""
+    for j in (judge(base("golden_pd_baseline"), tmp_path), judge_inline(base("golden_pd_baseline"))):
+        c = j.checks["triggers"]
+        assert c["ok"] is None and c["message"] == "not applicable: none declared: baseline without faults", j.why()
+        assert "triggers" not in j.failing
+
+
+@pytest.mark.parametrize("name", ["pd", "golden_pd_abort", "lookup", "golden_server_kill", "layerwise"])
+def test_every_fault_base_fires_its_triggers(name: str, tmp_path) -> None:
+    """The unmutated bases with faults hold ``triggers`` because their events happened, not because
+    nothing was declared: each names at least one trigger and each fired."""
+    j = judge(base(name), tmp_path)
+    c = j.checks["triggers"]
+    assert c["ok"] is True and c["details"]["seen"] and "fired" in c["message"], j.why()
 
 
 def test_golden_journals_are_small_real_runs() -> None:

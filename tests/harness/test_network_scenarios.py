@@ -79,6 +79,7 @@ topology: {{transport: tcp, link: toxiproxy, preload_blocks: 32}}
 workload: {{duration: 1500ms, concurrency: 2, rate: 40}}
 faults:
   - {{type: latency, at: 500ms, for: 600ms, latency: {LATENCY_MS}ms, stream: downstream}}
+triggers: [{{type: ops_in_window, fault: 0}}]
 expect: {{hardened: pass}}
 """
 
@@ -139,6 +140,7 @@ topology: {transport: tcp, link: netns, preload_blocks: 32}
 workload: {duration: 2s, concurrency: 2, rate: 40}
 faults:
   - {type: partition, at: 500ms, for: 800ms, direction: both}
+triggers: [{type: ops_in_window, fault: 0}]
 expect: {hardened: pass}
 """
 
@@ -231,6 +233,7 @@ def test_no_floor_without_toxiproxy_scenarios(tmp_path: Path) -> None:
         family: lookup
         topology: {transport: tcp}
         workload: {duration: 1s}
+        triggers: {none: "baseline without faults"}
         expect: {hardened: pass, legacy: pass}
         """))])
     with ExitStack() as stack:

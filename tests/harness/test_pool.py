@@ -56,7 +56,8 @@ def scenario(tmp_path: Path, name: str = "echo-plain") -> Any:
 
     p = tmp_path / f"{name}.yaml"
     p.write_text(f"name: {name}\nfamily: echo_family\ndeadline: 200ms\ncap: 20s\n"
-                 "targets: [plain]\nworkload: {duration: 500ms, concurrency: 1, rate: 20}\nexpect: {plain: pass}\n")
+                 "targets: [plain]\nworkload: {duration: 500ms, concurrency: 1, rate: 20}\nexpect: {plain: pass}\n"
+                 "triggers: {none: \"baseline without faults\"}\n")
     return load_scenario(p)
 
 

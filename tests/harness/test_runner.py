@@ -70,6 +70,7 @@ seed: 3
 deadline: 200ms
 topology: {transport: TRANSPORT, groups: 2, preload_blocks: 32}
 workload: {duration: 1s, concurrency: 2, rate: 80}
+triggers: {none: "baseline without faults"}
 expect: {hardened: pass, legacy: pass}
 """
 
@@ -115,6 +116,7 @@ topology: {transport: ipc}
 workload: {duration: 1500ms, concurrency: 1, rate: 20}
 faults:
   - {type: silent_peer, at: 300ms, for: 500ms}
+triggers: [{type: ops_in_window, fault: 0}]
 expect:
   hardened: pass
   # its one worker waits forever: the op never returns (no_stall, bounded_return), no op follows
@@ -164,6 +166,7 @@ seed: 9
 deadline: 200ms
 cap: 60s
 workload: {duration: 30s, concurrency: 1, rate: 20}
+triggers: {none: "no fault: a long run to interrupt"}
 expect: {hardened: pass, legacy: pass}
 """
 
@@ -206,9 +209,20 @@ def test_sigint_to_runner_tears_everything_down(tmp_path: Path) -> None:
     ("name: x\nworkload: {duration: 2s}\n", "family: missing: every scenario names its system under test"),
     ("name: x\nfamily: lookup\ntopology: {link: toxiproxy}\n", "needs transport: tcp"),
     ("name: x\nfamily: lookup\ntriggers:\n  - {type: no_such_trigger}\n",
-     "unknown trigger type 'no_such_trigger'; known: ops_in_window"),
+     "unknown trigger type 'no_such_trigger'; known: ops_completed, ops_in_window"),
     ("name: x\nfamily: lookup\nfaults:\n  - {type: server_kill, at: 1s, for: 1s}\ntriggers:\n"
      "  - {type: ops_in_window, fault: 1}\n", "triggers[0] (ops_in_window): fault 1 is not an entry of faults"),
+    # issue 43, item 6: every scenario declares its triggers; a scenario with faults cannot say none
+    ("name: x\nfamily: lookup\nfaults:\n  - {type: server_kill, at: 1s, for: 1s}\n",
+     "triggers: missing: a scenario with faults names the events its claim rests on"),
+    ("name: x\nfamily: lookup\nfaults:\n  - {type: server_kill, at: 1s, for: 1s}\ntriggers: []\n",
+     "triggers: missing: a scenario with faults names the events its claim rests on"),
+    ("name: x\nfamily: lookup\nfaults:\n  - {type: server_kill, at: 1s, for: 1s}\ntriggers: {none: baseline}\n",
+     "triggers: a scenario with faults cannot say none ('baseline')"),
+    ("name: x\nfamily: lookup\n", "triggers: missing: name the events this scenario's claim rests on, or say"),
+    ("name: x\nfamily: lookup\ntriggers: {none: \"  \"}\n", "triggers.none: a reason is required: say why the claim rests on no event"),
+    ("name: x\nfamily: lookup\ntriggers: {none: \"\"}\n", "triggers.none: String should have at least 1 character"),
+    ("name: x\nfamily: lookup\ntriggers: {none: a, why: b}\n", "triggers.why: unknown field"),
     ("name: x\nfamily: pd\nworkload: {duration: 4s, rate: 1, lead_prompts: [7]}\n",
      "lead_prompts[0] = 7: not a prompt of this run"),
 ])

@@ -89,6 +89,7 @@ targets: [hardened, legacy]
 workload: {{duration: 3s, concurrency: 1, rate: 20}}
 faults:
   - {{type: slow_peer, at: 1s, for: 0.5s, delay: 500ms}}
+triggers: [{{type: ops_in_window, fault: 0}}]
 {checks}
 expect:
 {expect}
@@ -224,7 +225,7 @@ def test_each_check_has_its_own_options_and_a_familys_defaults_obey_them(monkeyp
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nfamily: pd\nworkload: {duration: 2s}\nchecks:\n  no_leaks: {max_cpu: 1}\n"
-                   "expect: {upstream: pass, hardened: pass}\n")
+                   "expect: {upstream: pass, hardened: pass}\ntriggers: {none: baseline}\n")
     with pytest.raises(UsageError, match=r"bad.yaml:5: checks.no_leaks.max_cpu: unknown field"):
         schema.load_scenario(bad)
     bad.write_text(bad.read_text().replace("no_leaks: {max_cpu: 1}", "no_busy_wait: {max_cpu: 0.2}"))

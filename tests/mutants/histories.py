@@ -390,6 +390,7 @@ targets: [hardened]
 workload: {{duration: 3s, concurrency: 2, rate: 20}}
 faults:
   - {{type: server_kill, at: 800ms, for: 700ms}}
+triggers: [{{type: ops_in_window, fault: 0, min: 2}}]
 {checks}expect: {{hardened: pass}}
 """
 
@@ -466,6 +467,11 @@ def lookup_kill_run(recovery: bool = True) -> Run:
 # investigation, not what these mutants probe): they are judged against what they showed, or pass.
 GOLDEN_EXPECT = {"pd-baseline-upstream.jsonl": "fail[no_leaks]|pass",
                  "pd-abort-while-decode-waits-hardened.jsonl": "fail[no_leaks]|pass"}
+# Their runs came before scenarios had to declare triggers: what their scenario files declare today
+# (scenarios/pd/baseline.yaml, pd/abort-while-decode-waits.yaml, lookup/server-kill.yaml)
+GOLDEN_TRIGGERS = {"pd-baseline-upstream.jsonl": {"none": "baseline without faults"},
+                   "pd-abort-while-decode-waits-hardened.jsonl": [{"type": "ops_in_window", "fault": 0}],
+                   "lookup-server-kill.jsonl": [{"type": "ops_in_window", "fault": 0}]}
 
 
 def prompts_of(records: list[dict]) -> list[dict]:
@@ -489,6 +495,10 @@ def golden_run(name: str) -> Run:
     m["scenario"] = f"golden-{m.get('scenario')}"  # no scenario of that name: judged by the saved line
     if name in GOLDEN_EXPECT:
         m["expect"] = GOLDEN_EXPECT[name]
+    if not m.get("triggers") and name in GOLDEN_TRIGGERS:
+        m["triggers"] = GOLDEN_TRIGGERS[name]
+        if isinstance(m["triggers"], dict):  # as harness.runner.not_applicable says it for such a scenario
+            m.setdefault("not_applicable", {})["triggers"] = f"none declared: {m['triggers']['none']}"
     if m.get("family") == "pd" and not (m.get("workload") or {}).get("resets"):
         # reset_truth came after these runs: what the family says today for a workload without resets
         m.setdefault("not_applicable", {})["reset_truth"] = "the workload resets nothing"
@@ -519,6 +529,9 @@ targets: [hardened]
 workload: {duration: 6s, concurrency: 2, rate: 2}
 faults:
   - {type: listener_garbage, at: 1s, for: 3.5s}
+triggers:
+  - {type: listener_probed, fault: 0, min: 5}
+  - {type: ops_in_window, fault: 0}
 expect: {hardened: pass}
 """
 

@@ -76,6 +76,7 @@ def _run_for(tmp_path, checks: str):
     p.write_text("name: t-horizon\nfamily: lookup\nseed: 1\ntargets: [hardened, legacy]\n"
                  "workload: {duration: 3s, concurrency: 2, rate: 4}\n"
                  "faults:\n  - {type: slow_peer, at: 1s, for: 0.5s, delay: 500ms}\n"
+                 "triggers: [{type: ops_in_window, fault: 0}]\n"
                  f"{checks}expect: {{hardened: pass, legacy: pass}}\n")
     run = object.__new__(_ScenarioRun)
     run.sc, run.topo = load_scenario(p), _Topo(tmp_path)

@@ -438,3 +438,42 @@ def test_the_d_checks_read_every_d_and_refuse_what_they_cannot_judge():
     recs = failed + probes("decode", ok_c, dict(ok_c, content_checked=2)) + probes("decode2", ok_c, ok_c)
     r = judge("no_write_after_free", recs)
     assert r.message.startswith(C.UNDECIDED) and "watched 0 of them" in r.message, r.message
+
+
+# --------------------------------------------------------------------------- the family's triggers (issue 43, item 6)
+
+def _acted(fid: int = 0, t: float = 1.001) -> dict:
+    return {"type": "event", "what": "fault_started", "id": fid, "t": T0 + t}
+
+
+def test_requests_on_decode_counts_only_that_ds_requests_while_the_fault_acted():
+    from harness.triggers import registry_for
+
+    fire = registry_for(FAM).predicates["requests_on_decode"]
+    recs = _aimed() + [_acted()] + _on(op(1, 1.2), "decode2") + _on(op(2, 0.2), "decode") + _on(op(3, 5.0), "decode")
+    inp = C.CheckInput(recs)
+    got = fire(inp, {"fault": 0, "decode": "decode2", "min": 1})
+    assert got.fired and "1 requests on decode2 in flight" in got.evidence, got.evidence
+    # decode's requests ended before the fault acted, or began after its heal: none met it
+    got = fire(inp, {"fault": 0, "decode": "decode", "min": 1})
+    assert not got.fired and "0 requests on decode in flight" in got.evidence, got.evidence
+    assert not fire(inp, {"fault": 0, "decode": "decode2", "min": 2}).fired
+    got = fire(inp, {"fault": 0, "decode": "decode3", "min": 1})
+    assert not got.fired and "no D 'decode3'" in got.evidence
+    # no record of when the fault acted: it cannot be said that anything met it
+    assert not fire(C.CheckInput(_aimed() + _on(op(1, 1.2), "decode2")), {"fault": 0, "decode": "decode2"}).fired
+
+
+def test_listener_probed_counts_the_messages_sent_in_the_window():
+    from harness.triggers import registry_for
+
+    fire = registry_for(FAM).predicates["listener_probed"]
+    window = [{"type": "fault", "id": 0, "name": "listener_garbage", "phase": "start", "t": T0 + 1.0},
+              {"type": "fault", "id": 0, "name": "listener_garbage", "phase": "stop", "t": T0 + 4.0}]
+    sent = [dict(probe("not_msgpack", True, 1), t=T0 + 1.01), dict(probe("unknown_type", False, 3), t=T0 + 1.02)]
+    got = fire(C.CheckInput([meta(), *window, *sent]), {"fault": 0, "min": 2})
+    assert got.fired and "2 messages sent" in got.evidence, got.evidence  # answered or not: listener_answers judges
+    assert not fire(C.CheckInput([meta(), *window, *sent]), {"fault": 0, "min": 3}).fired
+    outside = [dict(e, t=T0 + 5.0) for e in sent]
+    assert not fire(C.CheckInput([meta(), *window, *outside]), {"fault": 0, "min": 1}).fired
+    assert not fire(C.CheckInput([meta(), *sent]), {"fault": 0, "min": 1}).fired  # the fault never ran

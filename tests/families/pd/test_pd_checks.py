@@ -223,15 +223,17 @@ def test_no_busy_wait_is_not_applicable_without_faults(tmp_path) -> None:
     from harness.schema import load_scenario
 
     f = tmp_path / "b.yaml"
-    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n")
+    f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n"
+                 "triggers: {none: baseline}\n")
     sc = load_scenario(f)
     assert "no_busy_wait" in FAM.not_applicable(sc, "upstream")
     f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s}\nexpect: {upstream: pass, hardened: pass}\n"
-                 "faults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n")
+                 "faults:\n  - {type: stop, node: 'prefill:0', at: 1s, for: 1s}\n"
+                 "triggers: [{type: ops_in_window, fault: 0}]\n")
     na = FAM.not_applicable(load_scenario(f), "upstream")
     assert "no_busy_wait" not in na and "reset_truth" in na  # reset_truth: only where the workload resets
     f.write_text("name: b\nfamily: pd\nworkload: {duration: 5s, resets: [{at: 2s}]}\n"
-                 "expect: {upstream: pass, hardened: pass}\n")
+                 "expect: {upstream: pass, hardened: pass}\ntriggers: [{type: ops_completed, f: reset}]\n")
     assert "reset_truth" not in FAM.not_applicable(load_scenario(f), "upstream")
 
 

@@ -772,6 +772,7 @@ def test_schedule_leaves_time_for_the_fakes_heal(tmp_path: Path) -> None:
     assert FakePrefillPeer.heal_allowance_s >= 1.0
     body = ("name: t\nfamily: pd\nworkload: {{duration: {d}s, concurrency: 1, rate: 1}}\n"
             "faults:\n  - {{type: fake_prefill_peer, at: 1s, for: 5s, mode: error}}\n"
+            "triggers: [{{type: ops_in_window, fault: 0}}]\n"
             "expect: {{upstream: pass, hardened: pass}}\n")
     tight = tmp_path / "tight.yaml"
     tight.write_text(body.format(d=8))
@@ -791,6 +792,7 @@ def test_an_earlier_ending_fault_with_a_longer_heal_counts(tmp_path: Path) -> No
     body = ("name: t\nfamily: pd\nworkload: {{duration: {d}s, concurrency: 1, rate: 1}}\nfaults:\n"
             "  - {{type: fake_prefill_peer, at: 2s, for: 4s, mode: error}}\n"
             "  - {{type: stop, at: 3s, for: 3.5s, node: 'prefill:0'}}\n"
+            "triggers: [{{type: ops_in_window, fault: 0}}]\n"
             "expect: {{upstream: pass, hardened: pass}}\n")
     f = tmp_path / "s.yaml"
     f.write_text(body.format(d=8.5))

@@ -335,6 +335,7 @@ def test_random_faults_are_judged_as_drawn(tmp_path: Path) -> None:
     f.write_text("name: t-rf\nfamily: pd\nseed: 3\nworkload: {duration: 20s, concurrency: 1, rate: 1}\n"
                  "random_faults:\n  count: 1\n  window: [1s, 6s]\n  length: [1s, 2s]\n  choices:\n"
                  "    - {type: fake_prefill_peer, mode: error, count: 1}\n"
+                 "triggers: [{type: ops_in_window, fault: 0}]\n"  # fault 0: the first drawn one
                  "expect: {upstream: pass, hardened: pass}\n")  # never run: only the plan is judged
     sc = load_scenario(f)
     assert sc.model.faults == [] and [x.type for x in sc.faults] == ["fake_prefill_peer"]

@@ -104,7 +104,9 @@ class NodeHandle(abc.ABC):
 
     def proc_counts(self) -> dict | None:
         """The node's processes as its host sees them: ``threads``, ``fds``, ``processes`` and
-        ``cpu_s`` (user + system seconds), summed; None where the runtime cannot count them. Used
+        ``cpu_s`` (user + system seconds), summed, and ``started`` (when the node's first process
+        started, in the runtime's own unit: another value is another start); None where the
+        runtime cannot count them. Used
         for nodes the harness did not start and so has no control channel of its own in
         (attach mode): a node the harness started reports these on its control channel."""
         return None

@@ -494,7 +494,11 @@ class BaseTopology:
         if stats is None:
             self.event("probe_silent", role=node.role, kind=node.kind, pid=node.handle.instance, when=when)
             return None
-        probe = {"type": "probe", "node": node.role, "kind": node.kind, "when": when, "t": time.monotonic(),
+        # a node's counts read earlier than now (attach mode's stand-in reads a pod's /proc every
+        # few seconds) carry their own time: a rate over two probes is over the time between readings
+        t = stats.get("t_sampled")
+        t = t if isinstance(t, (int, float)) and not isinstance(t, bool) and t <= time.monotonic() else time.monotonic()
+        probe = {"type": "probe", "node": node.role, "kind": node.kind, "when": when, "t": t,
                  "pid": self._pid(node, stats), "threads": stats.get("threads"), "fds": stats.get("fds"),
                  "counters": stats.get("counters", {}), "alive": bool(stats.get("alive", True))}
         self._record(probe)

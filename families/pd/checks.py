@@ -204,10 +204,10 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     if not inp.windows:
         return _r(False, "no fault window: nothing was waited on")
     by_node: dict = {}
-    for p in samples:
-        by_node.setdefault((p.get("node"), p.get("pid")), []).append(p)
+    for p in samples:  # one series per process: a pod's container started again counts its CPU anew
+        by_node.setdefault((p.get("node"), p.get("pid"), (p.get("counters") or {}).get("started")), []).append(p)
     worst, judged, quiet_s = None, 0, 0.0
-    for (node, _), ps in by_node.items():
+    for (node, _, _), ps in by_node.items():
         for a, b in zip(ps, ps[1:]):
             in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
             running = max(_gauge(x.get("counters") or {}, "num_requests_running") or 0 for x in (a, b))

@@ -126,11 +126,23 @@ class PDTopology(BaseTopology):
             if role in CORES and "bootstrap" in ports:
                 self.bootstrap[role] = ports["bootstrap"]
             if role in CORES:
+                conn = self.connector_profile(role)
                 ctl = AttachedControl(self.control_endpoint(role), role,
                                       lambda r=role: self.placement.reach(r, self.url(r)),
-                                      lambda r=role: getattr(self.nodes.get(r), "handle", None)).start()
+                                      lambda r=role: getattr(self.nodes.get(r), "handle", None),
+                                      conn.name, conn.extra_config).start()
                 self._standins.append(ctl)
             self.event("node_existing", role=role, ports=dict(ports))
+
+    def warm_up_existing(self) -> None:
+        """The started nodes' warm-up, for each existing vLLM server (attached.py), before its
+        baseline probe: the counts its floors and the leak checks start from."""
+        from harness.errors import HarnessError
+
+        for ctl in self._standins:
+            why = ctl.warm_up(self.topo.startup_timeout)
+            if why:
+                raise HarnessError(f"attach: {why}")
 
     def close(self) -> None:
         try:
@@ -308,6 +320,7 @@ class PDTopology(BaseTopology):
                     continue
                 self.ports[role], self.bootstrap[role] = free_tcp_port(), free_tcp_port()
             fresh.append(role)
+        self.warm_up_existing()
         self.start_nodes(fresh)
         self.bootstrap_hostport = f"{self.host('prefill:0')}:{self.bootstrap['prefill:0']}"
         if self.topo.link == "toxiproxy":  # the proxy, and D (the proxy hands D this address), via Toxiproxy

@@ -21,6 +21,7 @@ from faults.base import Fault
 
 INJECT_TIMEOUT_S = 30.0
 RECOVER_TIMEOUT_S = 60.0
+RESTART_READY_TIMEOUT_S = 600.0  # a vLLM server loading its model again on a loaded machine
 
 
 def condition(obj: dict | None, name: str) -> bool:
@@ -101,6 +102,7 @@ class ChaosMeshFault(Fault):
         if self.kube is None:
             self.kube = self._kube()
         api, kind, name, ns = self._ref()
+        before = self._restarts(ns) if kind == "PodChaos" else {}
         self._created = True
         self.kube.apply(self.manifest)
         self.ctx.event("chaos_created", kind=kind, name=name)
@@ -109,6 +111,7 @@ class ChaosMeshFault(Fault):
                        INJECT_TIMEOUT_S, f"{kind} {name} injected")
         self._counts["injected"] = 1
         self.ctx.event("chaos_injected", kind=kind, name=name, t_wall=time.time())
+        self._before = before
         if kind == "NetworkChaos" and self.manifest["spec"].get("action") == "partition" \
                 and (self.probe_port or self.probe_port_for):
             self._counts["cut"] = self._probe_cut()
@@ -124,6 +127,11 @@ class ChaosMeshFault(Fault):
         self.kube.wait(api, kind, ns, lambda items: not any(i["metadata"]["name"] == name and not condition(i, "AllRecovered")
                                                             for i in items),
                        RECOVER_TIMEOUT_S, f"{kind} {name} recovered")
+        if kind == "PodChaos" and self.manifest["spec"].get("action") == "container-kill":
+            # a restart: the kill acted at the injection; the heal ends once the node serves again
+            # (the kubelet starts the container in its pod, its readiness says when it serves), so
+            # the requests it failed meanwhile fall in the fault's window
+            self._wait_restarted(ns, getattr(self, "_before", {}))
         self._created = False
         self._counts["recovered"] = 1
         self.ctx.event("chaos_recovered", kind=kind, name=name, t_wall=time.time())
@@ -150,6 +158,37 @@ class ChaosMeshFault(Fault):
         except Exception:  # noqa: BLE001 - could not try: the effect stays unproven (fault_effect fails)
             return -1
         return 1 if out.strip() == "cut" else 0
+
+    def _restarts(self, ns: str) -> dict[str, int]:
+        """Pod uid -> its containers' restart count, for the pods the object selects."""
+        try:
+            pods = self._pods(ns, self.manifest["spec"]["selector"])
+        except Exception:  # noqa: BLE001 - unknown: the wait after the kill then waits for readiness only
+            return {}
+        return {p["metadata"]["uid"]: sum(int(c.get("restartCount") or 0)
+                                          for c in (p.get("status") or {}).get("containerStatuses") or [])
+                for p in pods}
+
+    def _wait_restarted(self, ns: str, before: dict[str, int]) -> None:
+        from .pods import pod_ready
+
+        def back(items: list[dict]) -> bool:
+            picked = [p for p in items if p["metadata"]["uid"] in before] if before else items
+            if not picked:
+                return False
+            for p in picked:
+                now = sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
+                if not pod_ready(p) or (before and now <= before[p["metadata"]["uid"]]):
+                    return False
+            return True
+
+        t0 = time.monotonic()
+        sel = self.manifest["spec"]["selector"]
+        names = (sel.get("pods") or {}).get(ns)
+        self.kube.wait("v1", "Pod", ns, lambda items: back([p for p in items if not names or p["metadata"]["name"] in names]),
+                       RESTART_READY_TIMEOUT_S, "the killed container started again and ready",
+                       selector=None if names else label_selector(sel))
+        self.ctx.event("chaos_restarted", kind="PodChaos", seconds=round(time.monotonic() - t0, 2))
 
     def _pods(self, ns: str, sel: dict) -> list[dict]:
         """The pods a Chaos Mesh selector picks: by name (``pods``, attach mode) or by labels."""

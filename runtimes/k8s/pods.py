@@ -195,23 +195,27 @@ class PodHandle(NodeHandle):
     def proc_counts(self) -> dict | None:
         """Threads, open fds, processes and CPU seconds of every process in the container but the
         counting one, read from /proc through exec (python3 in the container: a serving image has
-        it); None when the exec fails (no python3, the pod gone)."""
+        it), and ``started``: when the container's first process started (clock ticks since boot: a
+        container the kubelet started again has another); None when the exec fails (no python3,
+        the pod gone)."""
         try:
             out = exec_in(self.kube, self.namespace, self.pod_name, self.container, ["python3", "-c", PROC_COUNTS],
                           f"{self.name}: process counts in pod {self.pod_name}", 15.0)
             vals = [float(x) for x in out.split()]
         except (HarnessError, ValueError):
             return None
-        if len(vals) != 4:
+        if len(vals) != 5:
             return None
-        return {"threads": int(vals[0]), "fds": int(vals[1]), "processes": int(vals[2]), "cpu_s": round(vals[3], 3)}
+        return {"threads": int(vals[0]), "fds": int(vals[1]), "processes": int(vals[2]), "cpu_s": round(vals[3], 3),
+                "started": int(vals[4])}
 
     def log_tail(self, n_bytes: int = 2000) -> str:
         return self._read_log(limit_bytes=n_bytes) or ""
 
 
 # every process of the container's pid namespace but this one: threads (stat field 20), fds,
-# processes, utime + stime (fields 14, 15) in seconds; one line "T F N CPU"
+# processes, utime + stime (fields 14, 15) in seconds, and the start time of its first process
+# (field 22); one line "T F N CPU START"
 PROC_COUNTS = (
     "import os\nt = f = n = 0\nc = 0.0\nhz = os.sysconf('SC_CLK_TCK')\nme = str(os.getpid())\n"
     "for p in os.listdir('/proc'):\n"
@@ -221,7 +225,7 @@ PROC_COUNTS = (
     "        k = len(os.listdir('/proc/' + p + '/fd'))\n"
     "    except OSError:\n        continue\n"
     "    t += int(st[17]); f += k; n += 1; c += (int(st[11]) + int(st[12])) / hz\n"
-    "print(t, f, n, c)\n")
+    "print(t, f, n, c, open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19])\n")
 
 
 def exec_in(kube: Kube, namespace: str, pod: str, container: str, argv: list[str], what: str,

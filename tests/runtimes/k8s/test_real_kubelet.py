@@ -337,6 +337,74 @@ def Path_rbac():
     return Path(__file__).resolve().parents[3] / "runtimes" / "k8s" / "rbac.yaml"
 
 
+ATTACH_NS = "tiny-pd"  # the namespace families/pd/profiles/k8s-attach-local.yaml names
+
+
+def test_attach_mode_drives_three_scenarios_against_a_plain_deployment(real, tmp_path):
+    """A P/D deployment made first with plain manifests (tests/runtimes/k8s/plain_pd.py: vLLM's own
+    MooncakeConnector, llm-d's role labels, a router; no pd-chaos label anywhere), then
+    ``pdchaos run scenarios/pd-attach/ --attach``: a container kill (restart), a freeze and a
+    partition, carried out by Chaos Mesh and exec, requests through the user's router. Every
+    scenario gives its expected verdict; the user's objects are the same ones after (same
+    Deployments and generations, same pods: only P's container restarted, once); nothing of the
+    harness's is left; the servers' logs are in the run folder. Long (two vLLM servers start, one
+    restarts): run where the real-kubelet tests are demanded (the nightly), not in .ci/run."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kubernetes import client
+
+    if os.environ.get(REQUIRE_ENV, "").strip() in ("", "0"):
+        pytest.skip(f"not applicable: the attach-mode run takes ~6 min: it runs where {REQUIRE_ENV}=1 "
+                    "demands the real-kubelet tests (the CPU nightly's real-kubelet job)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plain_pd
+
+    c, api = real["cluster"], real["api"]
+    core = client.CoreV1Api(api)
+    root = Path(__file__).resolve().parents[3]
+    t0 = time.monotonic()
+    pods = plain_pd.deploy(api, c, ATTACH_NS)
+    print(f"\nthe user's deployment ready in {time.monotonic() - t0:.1f} s")
+    try:
+        before = plain_pd.inventory(api, ATTACH_NS)
+        runs = tmp_path / "runs"
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd-attach/", "--profile",
+                              "families/pd/profiles/k8s-attach-local.yaml", "--attach", "--target", "upstream",
+                              "--strict", "--plain", "--runs-dir", str(runs)],
+                             cwd=root, capture_output=True, text=True, timeout=1500,
+                             env={**os.environ, "PDCHAOS_KUBECONFIG": c.kubeconfig})
+        print(f"attach run: {time.monotonic() - t0:.1f} s\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        results = summary["results"]
+        assert len(results) == 3 and all(r["as_expected"] for r in results), results
+        after = plain_pd.inventory(api, ATTACH_NS)
+        assert after["Deployment"] == before["Deployment"], "the user's Deployments are untouched"
+        assert set(after["Pod"]) == set(before["Pod"]), "no pod of the user's was deleted or added"
+        for name, (uid, restarts) in after["Pod"].items():
+            assert uid == before["Pod"][name][0]
+            grew = restarts[0] - before["Pod"][name][1][0]
+            assert grew == (1 if name == pods["prefill"].metadata.name else 0), (name, grew)
+        for kind in ("Service", "ConfigMap", "ServiceAccount"):
+            assert after[kind] == before[kind], f"no {kind} made or left"
+        custom = client.CustomObjectsApi(api)
+        for plural in ("podchaos", "networkchaos", "stresschaos"):
+            left = custom.list_namespaced_custom_object("chaos-mesh.org", "v1alpha1", ATTACH_NS, plural,
+                                                        _request_timeout=10)["items"]
+            assert not left, f"{plural} left: {[o['metadata']['name'] for o in left]}"
+        logs = list(run_dir.rglob("*.log"))
+        served = [p for p in logs if "Starting vLLM" in p.read_text(errors="replace")
+                  or "vLLM API server" in p.read_text(errors="replace")]
+        assert served, f"the servers' logs are in the run folder ({len(logs)} logs)"
+    finally:
+        core.delete_namespace(ATTACH_NS, _request_timeout=30)
+
+
 def test_stop_leaves_the_host_as_found(real):
     c, before = real["cluster"], real["before"]
     folder = str(c.dir)

@@ -179,6 +179,7 @@ class Explorer:
         self.tally = Tally()
         self._last_run_s = 60.0  # a guess until the first run says better
         self.run_times: list[float] = []  # each run's seconds (the first includes the nodes' cold start)
+        self._ran: set[str] = set()  # the scenario names run so far (the runner keeps one journal per name)
 
     # ------------------------------------------------------------------ budget
     def left(self) -> float:
@@ -208,6 +209,7 @@ class Explorer:
         res = self.run_one(path, self.target)
         self._last_run_s = max(5.0, self.clock() - t)
         self.run_times.append(round(self.clock() - t, 1))
+        self._ran.add(path.stem)
         self.tally.runs += 1
         return res
 
@@ -245,7 +247,7 @@ class Explorer:
     def explore(self) -> Tally:
         rng = random.Random(self.seed)
         covering = self._covering(random.Random(rng.randrange(1, 1 << 30)))
-        seen: dict[tuple, int] = {}
+        seen: dict[tuple, Finding] = {}  # (signature, verdict, failing) -> the latest finding with them
         pending: list[Finding] = []  # found while covering: settled once every kind was tried
         while self._room() and not self._done():
             first = next(covering, None) if covering is not None else None
@@ -281,14 +283,16 @@ class Explorer:
                 self.tally.findings.append(f)
                 sig = self._signature(schedule)
                 key = (sig, res.verdict, tuple(sorted(res.failing)))
-                if sig is not None and key in seen:
-                    f.same_as, f.status = seen[key], SAME
-                    self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks): "
+                earlier = seen.get(key) if sig is not None else None
+                if earlier is not None and (earlier.status == REPROVEN or earlier in pending):
+                    f.same_as, f.status = earlier.seed, SAME
+                    self.say(f"    the same as seed {f.same_as} (faults {sig}, the same failing checks, "
+                             f"{'re-proven' if earlier.status == REPROVEN else 'not yet settled'}): "
                              "not re-proven or shrunk again")
                     self._write_finding(f)
                     f.reported_at_s = self.elapsed()
-                else:
-                    seen[key] = seed
+                else:  # new, or the earlier one was flaky or not re-proven: this one is evidence too
+                    seen[key] = f
                     if covering is not None and not self.first:
                         pending.append(f)
                         continue
@@ -376,13 +380,27 @@ class Explorer:
         f.checks = sorted(common)
         f.proven_at_s = self.elapsed()
         self.say(f"    seed {f.seed}: failed {k} of {m} runs, re-proven checks {', '.join(f.checks)}")
+        drawn_checks = list(f.checks)
         if self.shrink:
             self._shrink(f)
+        self._rerun_written(f)
+        if f.status != REPROVEN and f.shrunk is not None and f.rerun and f.rerun["verdict"] not in ("refused",):
+            # the shrunk schedule failed N of N but not from its file: back to the drawn one (also N of N)
+            was = f"the shrunk reproduction's re-run from its file: {f.rerun['verdict']}"
+            self.say(f"    seed {f.seed}: {was}; back to the drawn schedule")
+            f.shrink_note = (f.shrink_note + "; " if f.shrink_note else "") + was + ", so the drawn schedule is kept"
+            f.shrunk, f.shrunk_verdict, f.shrunk_failing, f.checks = None, None, [], drawn_checks
+            f.status, f.why_not, f.rerun = NOT_REPROVEN, "", None
+            self._rerun_written(f)
+        f.reported_at_s = self.elapsed()
+
+    def _rerun_written(self, f: Finding) -> None:
+        """Write ``f``'s reproduction and run it once from that file (once more from a copy when
+        the run cannot be judged): its status from that run."""
         self._write_finding(f)
         if not self._room():
             f.status, f.why_not = NOT_REPROVEN, "the budget ended before its re-run from the written file"
             self.say(f"    seed {f.seed}: {f.status} ({f.why_not})")
-            f.reported_at_s = self.elapsed()
             return
         got = self.load(Path(f.path))
         if isinstance(got, str):  # the written file is the reproduction: it must load as written
@@ -403,7 +421,6 @@ class Explorer:
                 f.status, f.why_not = FLAKY, f"its re-run from the written file: {res.verdict}"
         self.say(f"    seed {f.seed}: re-run from {f.path} -> {f.rerun['verdict']}"
                  + (f" [{', '.join(f.rerun['failing'])}]" if f.rerun["failing"] else "") + f": {f.status}")
-        f.reported_at_s = self.elapsed()
 
     # ------------------------------------------------------------------ shrinking
     def _shrink(self, f: Finding) -> None:
@@ -438,7 +455,11 @@ class Explorer:
         description."""
         schedule = f.shrunk or f.schedule
         failing = f.checks or (f.shrunk_failing if f.shrunk else f.failing)
-        name = f"explore-{self.family.name}-{self.target}-{f.seed}"[:64].rstrip("-.")
+        name = f"explore-{self.family.name}-{self.target}-{f.seed}"[:60].rstrip("-.")
+        n = 1
+        while name in self._ran:  # written again (back to the drawn schedule): its own name
+            n += 1
+            name = f"explore-{self.family.name}-{self.target}-{f.seed}"[:60].rstrip("-.") + f"-w{n}"
         doc = self.mod.render(schedule, name, self.target, f.seed)
         proof = (f"failed {f.failed_runs} of {f.proving_runs} runs" if f.status != SAME
                  else f"the same as seed {f.same_as}")

@@ -376,3 +376,51 @@ def test_power_driver_bad_mutant_is_one_clear_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--mutant 'Nope': no such system mutant of family pd (valid: " in r.stderr
     assert "Traceback" not in r.stderr and not any(tmp_path.iterdir())
+
+
+def test_a_shrunk_reproduction_that_does_not_reproduce_from_its_file_falls_back_to_the_drawn_one(tmp_path: Path) -> None:
+    """The shrunk schedule fails 3 of 3 as drawn files, but its written file passes: the drawn
+    schedule (3 of 3 too) is written under its own name and re-run from that file instead."""
+    clock, calls, lines = Clock(), [], []
+
+    def fails(sc, path, nth):  # noqa: ANN001
+        if not (_stops_d(sc) and sc.model.workload.concurrency >= 2):
+            return False
+        return "drawn" in path.parts or "and shrunk" not in sc.model.description
+
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path,
+                  run_one=_stand_in_runner(clock, calls, fails), load=_load, say=lines.append, clock=clock,
+                  reprove=3, first=True)
+    tally = ex.explore()
+    f = tally.reproven[0]
+    assert f.shrunk is None and "so the drawn schedule is kept" in f.shrink_note, "\n".join(lines)
+    assert f.rerun["reproduces"] and f.path.endswith("-w2.yaml") and calls[-1] == f.path
+    assert any("back to the drawn schedule" in line for line in lines)
+    assert "and shrunk" not in load_scenario(Path(f.path)).model.description
+
+
+def test_a_repeat_of_a_flaky_finding_is_settled_again(tmp_path: Path) -> None:
+    """Only a re-proven (or still pending) earlier finding makes a later one "the same": after a
+    flaky one, the next with the same kinds and checks is re-proven on its own."""
+    clock, calls, lines = Clock(), [], []
+    first_seen: list[str] = []
+
+    def fails(sc, path, nth):  # noqa: ANN001
+        if not _stops_d(sc):
+            return False
+        if not first_seen:
+            first_seen.append(str(path))
+        return nth != 3 if str(path) == first_seen[0] else True  # the first one flaky, later ones always
+
+    from families.pd import explore as E
+
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=2 * 3600, out_dir=tmp_path,
+                  run_one=_stand_in_runner(clock, calls, fails), load=_load, say=lines.append, clock=clock,
+                  reprove=3, shrink=False)
+    tally = ex.explore()
+    flaky = tally.findings[0]
+    assert flaky.status == "flaky", "\n".join(lines)
+    alike = [f for f in tally.findings[1:] if E.signature(f.schedule) == E.signature(flaky.schedule)
+             and f.failing == flaky.failing]
+    assert alike and alike[0].same_as is None and alike[0].status == "re-proven", [(f.seed, f.status) for f in alike]
+    assert all(f.same_as == alike[0].seed and f.status == "same" for f in alike[1:])

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import upstream_gates as gates
 from .errors import HarnessError
 from .nodeenv.overlay import _link_tree, own_copy, publish, series_overlay
 from .nodeenv.venv import cache_root
@@ -66,23 +67,50 @@ class UpstreamProject:
     root_files: tuple[str, ...] = ("pyproject.toml",)
     test_timeout_s: float = 120.0  # per test (pytest-timeout, in the tools lock): code that hangs fails its test
     package_in_tree: bool = False  # the tests find the package beside tests/ (vllm-ascend's _mock_deps.py does)
+    # upstream's own gates (harness/upstream_gates.py): more of the sdist kept beside tests/ (its pre-commit
+    # config, CI test areas, hooks), ruff pinned at the version that config names, and the release's
+    # test-tethering hook (a path in the sdist; None where the project has none)
+    gate_files: tuple[str, ...] = (".pre-commit-config.yaml",)
+    lint_lock: Path | None = None
+    tethering: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.project} {self.version}"
 
     def sdist_dir(self) -> Path:
-        return cache_root() / "upstream" / f"{self.project}-{self.version}-{self.sdist_sha256[:12]}"
+        kept = hashlib.sha256("\0".join((*self.root_files, *self.gate_files)).encode()).hexdigest()[:6]
+        return cache_root() / "upstream" / f"{self.project}-{self.version}-{self.sdist_sha256[:12]}-{kept}"
 
     def test_tools(self) -> Path:
         key = hashlib.sha256(self.tools_lock.read_bytes()).hexdigest()[:12]
         return cache_root() / "upstream" / f"tools-{self.tools_lock.stem}-{key}"
 
+    def lint_tools(self) -> Path | None:
+        if self.lint_lock is None:
+            return None
+        key = hashlib.sha256(self.lint_lock.read_bytes()).hexdigest()[:12]
+        return cache_root() / "upstream" / f"lint-{self.lint_lock.stem}-{key}"
 
-def install_tools(p: UpstreamProject, timeout_s: float = 600.0) -> Path:
-    """The test tools of ``p.tools_lock`` in their own folder (uv, --require-hashes, no dependencies
-    resolved: the lock lists every one), for the node env's Python."""
-    final = p.test_tools()
+    def ruff(self) -> Path | None:
+        tools = self.lint_tools()
+        return tools / "bin" / "ruff" if tools is not None and (tools / ".complete").is_file() else None
+
+    def ready(self) -> bool:
+        """The sdist's tree, the test tools and the lint tools are all in the cache."""
+        lint = self.lint_tools()
+        return ((self.sdist_dir() / ".complete").is_file() and (self.test_tools() / ".complete").is_file()
+                and (lint is None or (lint / ".complete").is_file()))
+
+
+def install_tools(p: UpstreamProject, timeout_s: float = 600.0, lint: bool = False) -> Path:
+    """The test tools of ``p.tools_lock`` (``lint``: the lint tools of ``p.lint_lock``) in their own
+    folder (uv, --require-hashes, no dependencies resolved: the lock lists every one), for the node
+    env's Python. Idempotent: an installed folder is kept."""
+    final = p.lint_tools() if lint else p.test_tools()
+    lock = p.lint_lock if lint else p.tools_lock
+    if final is None or lock is None:
+        raise HarnessError(f"{p.label}: no lint lock")
     if (final / ".complete").is_file():
         return final
     from .nodeenv.lock import uv_bin
@@ -91,15 +119,15 @@ def install_tools(p: UpstreamProject, timeout_s: float = 600.0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".tools-", dir=final.parent))
     try:
         cmd = [uv_bin(), "pip", "install", "--target", str(tmp / "t"), "--no-deps", "--require-hashes",
-               "--python", str(p.python()), "-r", str(p.tools_lock), "-q"]
+               "--python", str(p.python()), "-r", str(lock), "-q"]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise HarnessError(f"{p.label}: installing the test tools took longer than {timeout_s:g} s") from None
+            raise HarnessError(f"{p.label}: installing the tools of {lock.name} took longer than {timeout_s:g} s") from None
         if res.returncode != 0:
             last = [ln for ln in res.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
-            raise HarnessError(f"{p.label}: installing the test tools ({p.tools_lock.name}) failed: {last[0][:200]}")
-        return publish(tmp / "t", final, p.tools_lock.name)
+            raise HarnessError(f"{p.label}: installing the tools ({lock.name}) failed: {last[0][:200]}")
+        return publish(tmp / "t", final, lock.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -119,12 +147,15 @@ class UpstreamTestsStep:
         p = self.project
         if self._needs() is not None or not p.tools_lock.is_file():
             return None
-        if (p.sdist_dir() / ".complete").is_file() and (p.test_tools() / ".complete").is_file():
-            return f"{p.label}'s tests in {p.sdist_dir()}, pytest in {p.test_tools()}"
+        if p.ready():
+            return (f"{p.label}'s tests in {p.sdist_dir()}, pytest in {p.test_tools()}"
+                    + (f", ruff in {p.lint_tools()}" if p.lint_lock is not None else ""))
         return None
 
     def plan(self) -> str:
-        return f"download {self.project.sdist_url} (sha256 checked), install {self.project.tools_lock.name}"
+        p = self.project
+        return (f"download {p.sdist_url} (sha256 checked), install {p.tools_lock.name}"
+                + (f" and {p.lint_lock.name}" if p.lint_lock is not None else ""))
 
     def install(self) -> None:
         from .setup import StepFailed
@@ -136,6 +167,8 @@ class UpstreamTestsStep:
         try:
             fetch_sdist(self.project)
             install_tools(self.project)
+            if self.project.lint_lock is not None:
+                install_tools(self.project, lint=True)
         except (HarnessError, OSError) as e:
             raise StepFailed(str(e), f"pdchaos setup --only {self.name}") from None
 
@@ -167,8 +200,10 @@ def fetch_sdist(p: UpstreamProject, timeout_s: float = 600.0) -> Path:
         tree = tmp / "tree"
         with tarfile.open(archive) as tf:
             top = tf.getnames()[0].split("/", 1)[0]
+            keep = tuple(f"{top}/{n}" for n in p.gate_files)
             wanted = [m for m in tf.getmembers()
-                      if m.name.startswith(f"{top}/tests/") or m.name in {f"{top}/{n}" for n in p.root_files}]
+                      if m.name.startswith(f"{top}/tests/") or m.name in {f"{top}/{n}" for n in p.root_files}
+                      or m.name in keep or m.name.startswith(tuple(k for k in keep if k.endswith("/")))]
             tf.extractall(tree, members=wanted, filter="data")
         shutil.move(str(tree / top), str(tmp / "src"))
         return publish(tmp / "src", final, f"{p.sdist_url}\n{p.sdist_sha256}")
@@ -191,12 +226,14 @@ def _apply(root: Path, text: str, what: str) -> None:
 
 
 def test_tree(p: UpstreamProject, diffs: list, with_tests_of: list, into: Path) -> Path:
-    """A copy of the sdist's test tree with the test part of ``with_tests_of`` applied."""
+    """A copy of the sdist's test tree with the test part of ``with_tests_of`` applied (and what they
+    change beside the package and tests/, e.g. vLLM's .buildkite/ test areas)."""
     src = fetch_sdist(p)
     _link_tree(src, into)
     (into / ".complete").unlink(missing_ok=True)
     for d in with_tests_of:
-        _apply(into, "".join(f.text for f in d.test_files()), f"{p.label} {d.name} (tests)")
+        _apply(into, "".join(f.text for f in [*d.test_files(), *d.other_files(p.package)]),
+               f"{p.label} {d.name} (tests)")
     return into
 
 
@@ -296,6 +333,12 @@ class DiffResult:
     before: Outcome | None = None
     after: Outcome | None = None
     problem: str | None = None
+    gates: list = field(default_factory=list)  # harness.upstream_gates.Gate: depends, ruff, tethering
+    base: str = "the diffs before it"  # what before/after ran on: its Depends, or the series up to it
+
+    @property
+    def gates_ok(self) -> bool:
+        return bool(self.gates) and all(g.ok for g in self.gates)
 
     @property
     def unrun(self) -> list[str]:
@@ -317,7 +360,7 @@ class DiffResult:
 
     @property
     def ok(self) -> bool:
-        return (self.problem is None and self.before is not None and self.after is not None
+        return (self.problem is None and self.gates_ok and self.before is not None and self.after is not None
                 and not self.before.error and not self.after.error
                 and not self.before.passed and not self.before.skipped and bool(self.shown_before)
                 and not self.after.failed and not self.after.skipped and bool(self.after.passed)
@@ -413,6 +456,14 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                     continue
                 r = DiffResult(d.name, named_tests(d))
                 results.append(r)
+                # before and after run on what the diff's Depends: names (a maintainer applies it with
+                # those PRs only); where that is missing or does not apply, on the series up to it
+                needed, why = gates.closure(d, diffs)
+                dep = gates.depends_gate(p, d, needed, why, scratch / f"{i}-depends")
+                r.gates.append(dep)
+                base = needed if dep.ok and needed is not None else diffs[:i]
+                if dep.ok:
+                    r.base = gates.depends_label(d, needed)
                 if not d.package_files(p.package):  # before and after would run the same code
                     r.problem = f"it changes nothing in {p.package}/: its tests cannot show a fix"
                     continue
@@ -420,17 +471,27 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                     r.problem = "its Tests: field names no test (tests/...py or tests/...py::name)"
                     continue
                 try:
-                    tree = test_tree(p, diffs[:i + 1], diffs[:i + 1], scratch / f"{i}-tests")
-                    before, after = package_copy(p, diffs[:i]), package_copy(p, diffs[:i + 1])
+                    tree = test_tree(p, [*base, d], [*base, d], scratch / f"{i}-tests")
+                    before, after = package_copy(p, base), package_copy(p, [*base, d])
                 except HarnessError as e:
                     r.problem = str(e)
                     continue
+                if p.lint_lock is not None:  # the project's linter, as its release configures it
+                    texts = gates.diff_texts(p, d, after, tree, scratch / f"{i}-texts")
+                    r.gates.append(gates.Gate("ruff", False, texts) if isinstance(texts, str) else
+                                   gates.ruff_gate(p, d, *texts, p.ruff(),
+                                                   gates.lint_root(p, after, tree, scratch / f"{i}-lint")))
+                teth = gates.tethering_gate(p, d, tree)
+                if teth is not None:
+                    r.gates.append(teth)
                 jobs_of.append((r, pool.submit(run_pytest, p, tree, before, r.tests, scratch=scratch / f"{i}-b"),
                                 pool.submit(run_pytest, p, tree, after, r.tests, scratch=scratch / f"{i}-a")))
             for r, b, a in jobs_of:
                 r.before, r.after = b.result(), a.result()
         for r in results:
             out("  " + line_for(r))
+            for g in r.gates:
+                out("      " + g.line())
         problems += _on_the_whole_series(p, diffs, results, scratch, out)
         own_out = None
         if own:
@@ -444,7 +505,8 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                 problems += probs
     for r in results:
         if not r.ok:
-            problems.append(f"{p.label} {r.name}: {line_for(r)}")
+            problems.append(f"{p.label} {r.name}: {line_for(r)}"
+                            + "".join(f"\n    {g.line()}" for g in r.gates if not g.ok))
     return results, own_out, problems
 
 
@@ -474,10 +536,12 @@ def _on_the_whole_series(p: UpstreamProject, diffs: list, results: list[DiffResu
 
 
 def line_for(r: DiffResult) -> str:
+    failing = [g.name for g in r.gates if not g.ok]
+    gate_note = f"; GATES FAILED: {', '.join(failing)}" if failing else ""
     if r.problem:
-        return f"{r.name}: {r.problem}"
+        return f"{r.name}: {r.problem}{gate_note}"
     b, a = r.before, r.after
-    parts = [f"{r.name}: {len(r.tests)} named test(s)"]
+    parts = [f"{r.name}: {len(r.tests)} named test(s) on {r.base}"]
     if b is not None:
         parts.append(f"before: {b.counts()}" + (f" ({b.error})" if b.error else "")
                      + (f", {len(b.not_reached)} of them before reaching an assertion (a collection error or a "
@@ -492,4 +556,4 @@ def line_for(r: DiffResult) -> str:
         parts.append(f"NOT RUN WITH THE FIX: {', '.join(a.skipped[:3])}")
     if r.unrun:
         parts.append(f"NEVER RAN: {', '.join(r.unrun[:3])}")
-    return "; ".join(parts) + ("" if r.ok else "  <- not proven")
+    return "; ".join(parts) + gate_note + ("" if r.ok else "  <- not proven")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FIELDS = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests", "Tests-changed", "Related", "Notes")
+FIELDS = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests", "Tests-changed", "Depends", "Related", "Notes")
 REQUIRED = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests")
 _NAME = re.compile(r"^(\d\d)-[a-z0-9][a-z0-9-]*\.diff$")
 
@@ -48,6 +48,29 @@ class Diff:
 
     def new_tests(self) -> list[str]:
         return [f.path for f in self.files if f.path.startswith("tests/") and f.new_file]
+
+    def other_files(self, package: str) -> list[FileDiff]:
+        """The parts outside the package and ``tests/`` (e.g. ``.buildkite/`` test areas)."""
+        return [f for f in self.files if f.path.split("/", 1)[0] != package and not f.path.startswith("tests/")]
+
+    def depends(self) -> list[int] | None:
+        """The diff numbers its ``Depends:`` field names (``none``: an empty list); None without the field.
+        Raises SeriesError for a field that is neither ``none`` nor diff numbers (``01``, ``01-slug.diff``)."""
+        raw = self.header.get("Depends")
+        if raw is None:
+            return None
+        words = [w for w in re.split(r"[,\s]+", raw.split("(", 1)[0].strip()) if w]
+        if [w.lower() for w in words] == ["none"]:
+            return []
+        nums = []
+        for w in words:
+            m = re.fullmatch(r"(\d\d)(?:-[a-z0-9-]+(?:\.diff)?)?", w)
+            if not m:
+                raise SeriesError(f"{self.path}: Depends: {w!r} is neither 'none' nor a diff number (e.g. 01)")
+            nums.append(int(m.group(1)))
+        if not nums:
+            raise SeriesError(f"{self.path}: Depends: is empty (write 'none' for a diff that applies alone)")
+        return sorted(set(nums))
 
 
 def series_dir(project: str, version: str) -> Path:

@@ -41,7 +41,9 @@ def vllm_ascend_project() -> UpstreamProject:
         tools_lock=REPO / "stacks" / "upstream_tests" / f"vllm-ascend-py{sys.version_info[0]}{sys.version_info[1]}.txt",
         env={"VLLM_PLUGINS": "", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
              "HF_HUB_OFFLINE": "1"},
-        root_files=("pyproject.toml", "setup.cfg"), package_in_tree=True)
+        root_files=("pyproject.toml", "setup.cfg"), package_in_tree=True,
+        gate_files=(".pre-commit-config.yaml", ".github/PULL_REQUEST_TEMPLATE.md"),
+        lint_lock=REPO / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt")
 
 
 def upstream_tests_step() -> UpstreamTestsStep:

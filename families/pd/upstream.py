@@ -61,4 +61,7 @@ def vllm_project() -> UpstreamProject:
         python=lambda: env.path / "bin" / "python", site_packages=env.site_packages,
         series=lambda: read_series("vllm", VLLM_VERSION), own_tests=OWN_TESTS,
         tools_lock=REPO / "stacks" / "upstream_tests" / f"vllm-py{sys.version_info[0]}{sys.version_info[1]}.txt",
-        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}, prepare=_prepare)
+        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}, prepare=_prepare,
+        gate_files=(".pre-commit-config.yaml", ".buildkite/", "tools/pre_commit/"),
+        lint_lock=REPO / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt",
+        tethering="tools/pre_commit/check_test_tethering.py")

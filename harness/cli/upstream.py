@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"      files: {', '.join(f.path for f in d.files)}")
         return 0
     for p in chosen:
-        if not (p.sdist_dir() / ".complete").is_file() or not (p.test_tools() / ".complete").is_file():
+        if not p.ready():
             raise UsageError(f"{p.label}: upstream's tests are not set up: run `pdchaos setup --only "
                              f"upstream-tests-{p.project}`")
     problems: list[str] = []

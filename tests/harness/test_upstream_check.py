@@ -21,7 +21,7 @@ from harness.upstream import UpstreamProject, check, line_for
 
 pytestmark = pytest.mark.timeout(120)
 
-HEADER = "Subject: {s}\nDefect: d\nGuarantee: g\nScenarios: none\nTests: {t}\n\n"
+HEADER = "Subject: {s}\nDefect: d\nGuarantee: g\nScenarios: none\nTests: {t}\nDepends: {dep}\n\n"
 
 
 def _file_diff(path: str, old: str | None, new: str) -> str:
@@ -32,14 +32,17 @@ def _file_diff(path: str, old: str | None, new: str) -> str:
     return head + hunk + "".join(f"-{ln}\n" for ln in olines) + "".join(f"+{ln}\n" for ln in nlines)
 
 
-def _project(tmp_path: Path, monkeypatch, series: list[tuple[str, str, str]], own_test: str) -> UpstreamProject:
+def _project(tmp_path: Path, monkeypatch, series: list[tuple], own_test: str, **gates) -> UpstreamProject:
+    """``series``: (name, Tests: field, diff body[, Depends: field, default none; None: no such field]);
+    ``gates``: more UpstreamProject fields (lint_lock, tethering) and ``sdist_files`` (path -> text)."""
+    sdist_files = gates.pop("sdist_files", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     lock = tmp_path / "tools.txt"
     lock.write_text("# nothing: the test's own Python has pytest\n")
     p = UpstreamProject(project="toy", version="1.0", package="toy", sdist_url="file:///nowhere",
                         sdist_sha256="0" * 64, python=lambda: Path(sys.executable),
                         site_packages=lambda: p.test_tools(), series=lambda: diffs,
-                        own_tests={"toy/": ["tests/test_own.py"]}, tools_lock=lock)
+                        own_tests={"toy/": ["tests/test_own.py"]}, tools_lock=lock, **gates)
     site = p.test_tools()  # the "installed" package sits in the tools folder, which is on PYTHONPATH
     (site / "toy").mkdir(parents=True)
     (site / "toy" / "__init__.py").write_text("")
@@ -47,12 +50,18 @@ def _project(tmp_path: Path, monkeypatch, series: list[tuple[str, str, str]], ow
     sdist = p.sdist_dir()
     (sdist / "tests").mkdir(parents=True)
     (sdist / "tests" / "test_own.py").write_text(own_test)
+    for rel, text in sdist_files.items():
+        (sdist / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sdist / rel).write_text(text)
     (sdist / ".complete").write_text("made by the test\n")
     diffs = []
-    for name, tests, body in series:
+    for name, tests, body, *dep in series:
         f = tmp_path / "series" / name
         f.parent.mkdir(exist_ok=True)
-        f.write_text(HEADER.format(s=name, t=tests) + body)
+        header = HEADER.format(s=name, t=tests, dep=dep[0] if dep else "none")
+        if dep and dep[0] is None:
+            header = header.replace("Depends: None\n", "")
+        f.write_text(header + body)
         diffs.append(read_diff(f))
     return p
 
@@ -250,7 +259,7 @@ def test_a_later_diff_that_breaks_an_earlier_diffs_test_is_a_problem(tmp_path, m
                             "from toy.mod import f\n\n\ndef test_f_is_five():\n    assert f() == 5\n")
     p = _project(tmp_path, monkeypatch, [
         ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
-        ("02-refix.diff", "tests/test_refix.py::test_f_is_five", refix + refix_test),
+        ("02-refix.diff", "tests/test_refix.py::test_f_is_five", refix + refix_test, "01"),
     ], own_test="def test_nothing():\n    assert True\n")
     lines: list[str] = []
     results, _, problems = check(p, out=lines.append, own=False, jobs=2)
@@ -267,3 +276,151 @@ def test_diffs_whose_tests_pass_on_the_whole_series_are_no_problem(tmp_path, mon
     results, _, problems = check(p, out=lines.append, own=False, jobs=2)
     assert results[0].ok and problems == [], problems
     assert any("the diffs' tests on the whole series: 1 passed, 0 failed, 0 not run" in ln for ln in lines), lines
+
+
+# ---------------------------------------------------------------------------------------- upstream's own gates
+def test_a_diff_whose_depends_is_missing_incomplete_or_forward_is_refused(tmp_path, monkeypatch):
+    """Each diff must apply on the pinned release with only what its Depends: names: 02 changes what 01
+    wrote but says it needs nothing; 03 has no Depends: field at all; 04 names a later diff. 05 names 01
+    and is proven on 01 alone, without 02-04 under it."""
+    refix = _file_diff("toy/mod.py", "def f():\n    return 2\n", "def f():\n    return 5\n")
+    refix_test = _file_diff("tests/test_refix.py", None, "from toy.mod import f\n\n\ndef test_f_is_five():\n"
+                            "    assert f() == 5\n")
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-refix.diff", "tests/test_refix.py::test_f_is_five", refix + refix_test, "none"),
+        ("03-no-field.diff", "tests/test_g.py::test_g", ADD_G + G_TEST, None),
+        ("04-forward.diff", "tests/test_k.py::test_k", _file_diff("toy/k.py", None, "K = 1\n") + _file_diff(
+            "tests/test_k.py", None, "import toy.mod as m\n\n\ndef test_k():\n    from toy.k import K\n"
+            "    assert K == 1 and m.f() == 2\n"), "05"),
+        ("05-on-01.diff", "tests/test_refix5.py::test_f_is_five", refix + refix_test.replace("test_refix", "test_refix5"),
+         "01"),
+    ], own_test="def test_x():\n    pass\n")
+    lines: list[str] = []
+    results, _, problems = check(p, out=lines.append, own=False, jobs=2)
+    by = {r.name: r for r in results}
+    gate = {n: {g.name: g for g in r.gates} for n, r in by.items()}
+    assert by["01-fix.diff"].ok and gate["01-fix.diff"]["depends"].ok, line_for(by["01-fix.diff"])
+    assert not by["02-refix.diff"].ok and "does not apply" in gate["02-refix.diff"]["depends"].detail
+    assert not by["03-no-field.diff"].ok and "no Depends: field" in gate["03-no-field.diff"]["depends"].detail
+    assert not by["04-forward.diff"].ok and "not an earlier diff" in gate["04-forward.diff"]["depends"].detail
+    assert by["05-on-01.diff"].ok and by["05-on-01.diff"].base == "Depends: 01", line_for(by["05-on-01.diff"])
+    assert any("depends: FAILS" in ln for ln in lines) and any("depends: ok (Depends: 01" in ln for ln in lines)
+    # (05 and 02 both change what 01 wrote: the whole series, in order, does not apply; a problem too)
+    assert sorted(pr.split(": ", 1)[0] for pr in problems if pr.startswith("toy 1.0 0")) == [
+        "toy 1.0 02-refix.diff", "toy 1.0 03-no-field.diff", "toy 1.0 04-forward.diff"]
+
+
+RUFF_LOCK = Path(__file__).resolve().parents[2] / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt"
+PRE_COMMIT = "repos:\n- repo: https://github.com/astral-sh/ruff-pre-commit\n  rev: v0.14.0\n  hooks:\n  - id: ruff-check\n"
+PYPROJECT = '[tool.ruff]\nline-length = 88\n\n[tool.ruff.lint]\nselect = ["E", "F", "I"]\n'
+
+
+def _with_ruff(tmp_path: Path, monkeypatch) -> dict:
+    """The gate's ruff: the folder `pdchaos setup --only upstream-tests-vllm` installed from RUFF_LOCK,
+    seen from the test's own cache (its key is the lock's hash)."""
+    import hashlib
+
+    from harness.nodeenv.venv import cache_root
+
+    key = hashlib.sha256(RUFF_LOCK.read_bytes()).hexdigest()[:12]
+    real = cache_root() / "upstream" / f"lint-{RUFF_LOCK.stem}-{key}"
+    if not (real / ".complete").is_file():
+        pytest.skip(f"ruff is not installed: run `pdchaos setup --only upstream-tests-vllm` ({real})")
+    mine = tmp_path / "cache" / "pdchaos" / "upstream" / real.name
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.symlink_to(real, target_is_directory=True)
+    return {"lint_lock": RUFF_LOCK, "sdist_files": {".pre-commit-config.yaml": PRE_COMMIT, "pyproject.toml": PYPROJECT}}
+
+
+def test_a_diff_whose_new_test_imports_a_name_unused_is_refused_by_ruff(tmp_path, monkeypatch):
+    """The release's ruff (the version its pre-commit config names, its pyproject's rules) on the files a
+    diff adds or changes: 02's new test imports `os` unused (F401) and is refused; 01 is clean; 03 only
+    touches a file whose untouched lines already break a rule (judged on the diff's lines: not its)."""
+    gates = _with_ruff(tmp_path, monkeypatch)
+    gates["sdist_files"]["tests/test_old.py"] = "import sys\n\n\ndef test_old():\n    pass\n"
+    unused = _file_diff("tests/test_unused.py", None, "import os\n\nfrom toy.g import g\n\n\ndef test_g():\n"
+                        "    assert g() == 3\n")
+    old_touched = _file_diff("tests/test_old.py", "import sys\n\n\ndef test_old():\n    pass\n",
+                             "import sys\n\n\ndef test_old():\n    assert True\n")
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-unused.diff", "tests/test_unused.py::test_g", ADD_G + unused),
+        ("03-old.diff", "tests/test_fix3.py::test_h", _file_diff("toy/h.py", None, "H = 1\n") + old_touched
+         + _file_diff("tests/test_fix3.py", None, "def test_h():\n    from toy.h import H\n\n    assert H == 1\n")),
+    ], own_test="def test_x():\n    pass\n", **gates)
+    lines: list[str] = []
+    results, _, problems = check(p, out=lines.append, own=False, jobs=2)
+    ruff = {r.name: next(g for g in r.gates if g.name == "ruff") for r in results}
+    assert ruff["01-fix.diff"].ok, ruff["01-fix.diff"].detail
+    assert not ruff["02-unused.diff"].ok and "tests/test_unused.py:1: F401" in ruff["02-unused.diff"].detail
+    assert ruff["03-old.diff"].ok, ruff["03-old.diff"].detail  # `import sys` unused, but not the diff's line
+    assert any(pr.startswith("toy 1.0 02-unused.diff") for pr in problems)
+    assert any("ruff: FAILS (ruff 0.14.0: 1 finding(s)" in ln for ln in lines), lines
+
+
+def test_ruff_pinned_at_another_version_than_the_release_names_cannot_judge(tmp_path, monkeypatch):
+    gates = _with_ruff(tmp_path, monkeypatch)
+    gates["sdist_files"][".pre-commit-config.yaml"] = PRE_COMMIT.replace("v0.14.0", "v0.15.2")
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST)],
+                 own_test="def test_x():\n    pass\n", **gates)
+    results, _, problems = check(p, out=lambda _: None, own=False)
+    ruff = next(g for g in results[0].gates if g.name == "ruff")
+    assert not ruff.ok and "names ruff 0.15.2, the lint lock pins 0.14.0" in ruff.detail and problems
+
+
+# a stand-in for vLLM's tethering hook, with its interface: the changed test files as arguments, exit 1
+# and one "error: <file> is not run by any Buildkite job" line each for a file no job's pytest names
+TOY_HOOK = '''import pathlib, re, sys
+root = pathlib.Path(__file__).resolve().parents[1]
+if any(a == "--crash" for a in sys.argv):
+    raise SystemExit("hook: cannot read its pipeline")
+ran = set()
+for y in (root / ".buildkite").glob("*.yaml"):
+    ran |= set(re.findall(r"pytest (\\S+)", y.read_text()))
+bad = [a for a in sys.argv[1:] if a.startswith("tests/") and pathlib.Path(a).name.startswith("test_")
+       and a[len("tests/"):] not in ran]
+for a in bad:
+    print(f"error: {a} is not run by any Buildkite job")
+sys.exit(1 if bad else 0)
+'''
+
+
+def test_a_new_test_file_no_ci_job_runs_is_refused_by_the_tethering_hook(tmp_path, monkeypatch):
+    """The release's own tethering hook, run in the sdist's tree with the diff applied: 01's new test is
+    listed in the sdist's CI file; 02's is not (refused); 03 lists its new test in the CI file in the
+    same diff (tethered)."""
+    ci = "steps:\n- commands:\n  - pytest test_fix.py\n"
+    g3 = _file_diff(".buildkite/area.yaml", ci, ci + "  - pytest test_g3.py\n")
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-untethered.diff", "tests/test_g.py::test_g", ADD_G + G_TEST),
+        ("03-tethered.diff", "tests/test_g3.py::test_g3", _file_diff("toy/g3.py", None, "G3 = 3\n") + _file_diff(
+            "tests/test_g3.py", None, "import importlib.util\n\n\ndef test_g3():\n"
+            "    assert importlib.util.find_spec('toy.g3') is not None\n") + g3),
+    ], own_test="def test_x():\n    pass\n", tethering="tools/hook.py",
+        sdist_files={"tools/hook.py": TOY_HOOK, ".buildkite/area.yaml": ci})
+    results, _, problems = check(p, out=lambda _: None, own=False, jobs=2)
+    teth = {r.name: next(g for g in r.gates if g.name == "tethering") for r in results}
+    assert teth["01-fix.diff"].ok, teth["01-fix.diff"].detail
+    assert not teth["02-untethered.diff"].ok
+    assert teth["02-untethered.diff"].detail == "tests/test_g.py is not run by any Buildkite job"
+    assert teth["03-tethered.diff"].ok, teth["03-tethered.diff"].detail
+    assert [pr.split(": ", 1)[0] for pr in problems] == ["toy 1.0 02-untethered.diff"]
+
+
+def test_a_tethering_hook_that_crashes_cannot_judge(tmp_path, monkeypatch):
+    p = _project(tmp_path, monkeypatch, [("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST)],
+                 own_test="def test_x():\n    pass\n", tethering="tools/hook.py",
+                 sdist_files={"tools/hook.py": "raise SystemExit(3)\n"})
+    results, _, problems = check(p, out=lambda _: None, own=False)
+    teth = next(g for g in results[0].gates if g.name == "tethering")
+    assert not teth.ok and "the hook exited 3" in teth.detail and problems
+
+
+def test_the_lint_lock_is_hashed_and_pins_the_ruff_the_releases_name() -> None:
+    from harness.upstream_gates import ruff_version_locked
+
+    text = RUFF_LOCK.read_text()
+    assert ruff_version_locked(RUFF_LOCK) == "0.14.0"
+    assert text.count("--hash=sha256:") >= 2 and "ruff==0.14.0 \\" in text

@@ -1812,6 +1812,117 @@ def case_monitor_backlog() -> dict:
             "reply": reply}
 
 
+WRITE_S = 3.0  # how long the real P's write of the write_in_flight case takes
+
+
+def case_write_in_flight() -> dict:
+    """(issue 43, 7a) The REAL hardened P has X's KV ready; D's pull reaches it through a link on the
+    side channel only (toxiproxy; the transfer engine's own connection is direct), P checks the
+    link and starts its write, which takes WRITE_S (the transfer engine's call is slowed: the bytes
+    land at its end). Right after the write started the side-channel link goes down as under a
+    REJECT rule on that port only: D reads P as gone (the connection lost, refused, for its
+    heartbeat timeout), fails X and frees its blocks; Y runs on them. P's write, already in the
+    executor, goes on and lands. Y's blocks must not be overwritten."""
+    p = RealPrefill()
+    link = Toxiproxy(p.worker.side_channel_port)
+    try:
+        gate = threading.Event()
+        gate.set()
+        boot = SlowBootstrap(f"http://127.0.0.1:{p.bootstrap.port}", gate,
+                             rewrite={f":{p.worker.side_channel_port}": f":{link.port}"})
+        node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
+        node.kv_marker = 1.0
+        x, y = rid("inflight-x"), rid("inflight-y")
+        tid = "x-" + x
+        real = p.worker.engine
+        started, ended = threading.Event(), threading.Event()
+
+        class SlowEngine:  # the transfer engine, its batch write taking WRITE_S
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def batch_transfer_sync_write(self, *args):
+                started.set()
+                time.sleep(WRITE_S)
+                try:
+                    return real.batch_transfer_sync_write(*args)
+                finally:
+                    ended.set()
+
+        p.worker.engine = SlowEngine()
+        p.metadata("p-" + x, tid, [])  # P computes X's prompt
+        p.metadata("p-" + x, tid, [[1, 2, 3]])  # and its prefill ended: the blocks are the worker's
+        node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
+        node.step()
+        write_started = node.run_until(started.is_set, 10)
+        t_cut = time.monotonic()
+        link.enabled(False)
+        node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
+        x_done_after_s = round(time.monotonic() - t_cut, 2)
+        x_blocks = sorted(node.blocks.get(x, ()))
+        x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
+        node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
+        node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+        y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+        y_before = _intact(node, y_blocks, 1.0)
+        write_ended = ended.wait(WRITE_S + 5)
+        time.sleep(0.3)
+        intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
+        link.enabled(True)
+        node.run_until(lambda: node.finished(y), 10)
+        return {"write_started": write_started, "write_ended": write_ended, "write_s": WRITE_S,
+                "x_done_after_s": x_done_after_s, "x_freed_before_write_ended": x_freed,
+                "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
+                "y_blocks_intact_before": y_before, "y_blocks_intact": intact,
+                "y_blocks_overwritten_by_p": overwritten, "x": node.req_facts(x),
+                "p_failures": dict(p.worker.failures.totals)}
+    finally:
+        link.close()
+
+
+def _threads_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by thread id."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def case_held_pulls_cpu() -> dict:
+    """(issue 43, 7h, measured) 60 pulls to a silent peer (it takes them and never answers, nor a
+    cancel), one request a step (a pull each), each failing at its 1 s deadline; then, nothing stepping (an idle
+    engine sleeps), the CPU of this process's threads but the main one (D's receiver loop with its
+    held pulls, ZMQ's I/O threads, the transfer engine) over 8 s, and the cancel rounds P got."""
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=1000, num_blocks=256)
+    p = FakePrefill([SILENT])
+    ids = []
+    for i in range(60):
+        r = rid(f"held-{i}")
+        ids.append(r)
+        node.add(r, prompt(40), p.params("x-" + r))
+        node.step()  # a pull each
+    node.run_until(lambda: all(node.finished(r) for r in ids), 20)
+    failed = sum(node.finished(r) for r in ids)
+    node.settle(0.5)
+    main = threading.get_native_id()
+    c0, t0, k0 = _threads_cpu(), time.monotonic(), sum(p.cancels)
+    time.sleep(8.0)
+    c1, t1, k1 = _threads_cpu(), time.monotonic(), sum(p.cancels)
+    busy = {tid: c1[tid] - c0.get(tid, 0.0) for tid in c1 if tid != main}
+    out = {"pulls": sum(p.pulls), "failed": failed, "held_blocks": node.free0 - node.free_blocks(),
+           "window_s": round(t1 - t0, 2), "cores": round(sum(busy.values()) / (t1 - t0), 3),
+           "busiest_threads": sorted((round(v / (t1 - t0), 3) for v in busy.values()), reverse=True)[:4],
+           "cancel_rounds_in_window": k1 - k0}
+    p.close()
+    return out
+
+
 CASES = {
     "hma_tp2": case_hma_tp2,
     "requester_lost": case_requester_lost,
@@ -1837,6 +1948,8 @@ CASES = {
     "ok_sibling_cancels": case_ok_sibling_cancels,
     "never_connected": case_never_connected,
     "monitor_backlog": case_monitor_backlog,
+    "write_in_flight": case_write_in_flight,
+    "held_pulls_cpu": case_held_pulls_cpu,
 }
 
 

@@ -126,6 +126,9 @@ class OpsInWindow(TriggerParams):
                                               "the request a kill or a cut caught), not ones sent later in its window")
     at_once: bool = Field(False, description="``min`` ops in flight together at one instant of the window, not "
                                              "one after another")
+    since_start: bool = Field(False, description="count from the window's start record, not from when the fault "
+                                                 "had acted: for a fault whose start is the whole action (a restart, "
+                                                 "whose start returns once the new server is up)")
 
 
 def _acted_at(inp: Any, fid: int) -> float | None:
@@ -140,7 +143,8 @@ def ops_in_window(inp: Any, params: dict) -> Fired:
     """At least ``min`` ops were in flight while fault ``fault`` acted: invoked before its heal and
     not completed before the fault had acted (its ``fault_started`` event; an op still open at the
     end counts as in flight to the end). ``at_start``: in flight at that instant; ``at_once``:
-    ``min`` of them in flight together."""
+    ``min`` of them in flight together; ``since_start``: from the window's start instead (a fault
+    whose start is its whole action, e.g. a restart)."""
     kind = params.get("f")
     ops = [o for o in (inp.all_ops if kind else inp.ops) if kind is None or o.get("f") == kind]
     return in_flight(inp, params, ops, f"{kind} ops" if kind else "ops")
@@ -156,7 +160,7 @@ def in_flight(inp: Any, params: dict, ops: list[dict], what: str) -> Fired:
     acted = _acted_at(inp, fid)
     if acted is None or not w["start"] <= acted <= w["stop"]:
         return Fired(False, f"fault {fid} ({w.get('name')}) has no one record of when it acted inside its window")
-    lo = acted
+    lo = w["start"] if params.get("since_start") else acted
     hi = acted if params.get("at_start") else w["stop"]
     spans = []
     for o in ops:
@@ -166,7 +170,8 @@ def in_flight(inp: Any, params: dict, ops: list[dict], what: str) -> Fired:
         if a <= hi and (b is None or b > lo):
             spans.append((max(a, lo), hi if b is None else min(b, hi)))
     n = len(spans)
-    how = " at the instant it acted" if params.get("at_start") else ""
+    how = (" at the instant it acted" if params.get("at_start") else "") + \
+        (" from its start" if params.get("since_start") else "")
     if params.get("at_once"):
         edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], -e[1]))
         cur = peak = 0

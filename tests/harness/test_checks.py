@@ -491,6 +491,13 @@ def test_ops_in_window_and_ops_completed_fire_on_their_events_only():
     got = done(inp, {"f": "reset", "min": 1})
     assert got.fired and "1 of 1 reset ops" in got.evidence, got.evidence
     assert done(inp, {"min": 2}).fired and not done(inp, {"min": 3}).fired  # the two lookups
+    # a restart is its start: the lookup in flight while it ran (before it returned) met it
+    restart = [meta(faults=[KILL], primary_ops=["lookup"]), *fault(0, "server_restart", 1.0, 1.3),
+               _started(t=1.3), *op(1, 1.1, elapsed_ms=100.0), *op(2, 2.0)]
+    got = win(C.CheckInput(restart), {"fault": 0})
+    assert not got.fired, got.evidence  # ended before the restart returned
+    got = win(C.CheckInput(restart), {"fault": 0, "since_start": True})
+    assert got.fired and "from its start" in got.evidence, got.evidence
     # a reset that never came back, or never went out, is no reset the claim can rest on
     stalled = [r for r in hist if not (r.get("id") == 3 and r.get("phase") != "invoke")]
     got = done(C.CheckInput(stalled), {"f": "reset", "min": 1})

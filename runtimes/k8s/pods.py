@@ -18,6 +18,10 @@ from harness.runtime import NodeHandle
 from .client import Kube, KubeError
 
 STOP_TIMEOUT_S = 60.0
+FREEZE_EXEC_S = 30.0  # one exec of freeze or thaw (a loaded machine's kubelet takes seconds)
+# how many processes of the container are stopped (state T), from /proc
+STOPPED_COUNT = ("n=0; for f in /proc/[0-9]*/stat; do s=$(cut -d')' -f2 \"$f\" 2>/dev/null | cut -d' ' -f2); "
+                 "[ \"$s\" = T ] && n=$((n+1)); done; echo \"$n\"")
 
 
 def pod_ready(pod: dict) -> bool:
@@ -178,10 +182,13 @@ class PodHandle(NodeHandle):
                        f"{self.name}: exec in pod {self.pod_name}", timeout_s)
 
     def freeze(self) -> bool | None:
-        # state T seen in /proc (no ps needed in a slim image); "?" when /proc cannot be read
-        out = self._exec("kill -STOP -1; sleep 0.2; n=0; for f in /proc/[0-9]*/stat; do "
-                         "s=$(cut -d')' -f2 \"$f\" 2>/dev/null | cut -d' ' -f2); [ \"$s\" = T ] && n=$((n+1)); done; "
-                         "echo \"$n\"")
+        # state T seen in /proc (no ps needed in a slim image); "?" when /proc cannot be read. An
+        # exec whose status the kubelet did not pass on (seen on a loaded machine: "no exit status
+        # from the kubelet") may still have stopped them: a second exec only counts, and says
+        try:
+            out = self._exec("kill -STOP -1; sleep 0.2; " + STOPPED_COUNT, FREEZE_EXEC_S)
+        except HarnessError:
+            out = self._exec(STOPPED_COUNT, FREEZE_EXEC_S)
         try:
             return int(out.strip().splitlines()[-1]) > 0
         except (ValueError, IndexError):
@@ -190,7 +197,10 @@ class PodHandle(NodeHandle):
     def thaw(self) -> None:
         if not self.alive:  # nothing left to thaw (the pod is gone)
             return
-        self._exec("kill -CONT -1")
+        try:
+            self._exec("kill -CONT -1", FREEZE_EXEC_S)
+        except HarnessError:  # as for freeze: the status may be what was lost; SIGCONT twice is harmless
+            self._exec("kill -CONT -1", FREEZE_EXEC_S)
 
     def proc_counts(self) -> dict | None:
         """Threads, open fds, processes and CPU seconds of every process in the container but the

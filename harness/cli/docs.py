@@ -45,6 +45,20 @@ def _fault_summary(sc) -> str:
     return "; ".join(parts) or "none"
 
 
+def _triggers_summary(sc) -> str:
+    """The scenario's ``triggers:`` in a few words: each trigger with its parameters, or ``none:`` and why."""
+    declared = sc.model.triggers
+    if declared is None:
+        return "undeclared"
+    if not isinstance(declared, list):
+        return f"none: {declared.none}"
+    parts = []
+    for t in declared:
+        params = t.model_dump(exclude={"type"}, exclude_defaults=True)
+        parts.append(f"`{t.type}`" + (" " + ", ".join(f"{k} {v}" for k, v in params.items()) if params else ""))
+    return "; ".join(parts)
+
+
 def _last(runs: dict, name: str, target: str) -> str:
     r = runs.get(f"{name}/{target}")
     if not r:
@@ -65,14 +79,16 @@ def render_folder(folder: str, scenarios: list, runs: dict) -> str:
            f"{len(scenarios)} scenarios, {n_runs} runs: `pdchaos run scenarios/{folder}/`. For each target, what "
            f"it does (measured, the scenario's `doc:`), what the scenario expects (`expect:`; `?` marks a check "
            f"that may fail) and the verdict of the last recorded run"
-           + (f" ({', '.join(recorded)})." if recorded else " (none recorded yet)."), ""]
-    head = ["scenario", "fault"]
+           + (f" ({', '.join(recorded)})." if recorded else " (none recorded yet).")
+           + " Beside its faults, the events its claim rests on (`triggers:`, [verdicts.md](../verdicts.md)).", ""]
+    head = ["scenario", "fault", "rests on (triggers)"]
     for t in targets:
         head += [f"{t}: what it does", f"{t}: expected", f"{t}: last run"]
     out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for sc in scenarios:
         m = sc.model
-        row = [f"[{m.name}](../../scenarios/{folder}/{Path(sc.path).name})", _cell(m.doc.get("fault") or _fault_summary(sc))]
+        row = [f"[{m.name}](../../scenarios/{folder}/{Path(sc.path).name})", _cell(m.doc.get("fault") or _fault_summary(sc)),
+               _cell(_triggers_summary(sc))]
         for t in targets:
             if t not in m.targets:
                 row += ["(not run)", "", ""]
@@ -169,7 +185,9 @@ def render_reference() -> str:
             for n in GENERIC.checks]
     out += ["", "## Generic triggers (every family)", "",
             "Events a scenario's claim rests on, named under `triggers:` (harness/triggers.py): one that did "
-            "not happen makes the run a harness error naming it, never a verdict.", "",
+            "not happen makes the run a harness error naming it, never a verdict. Every scenario declares them; "
+            "one without faults may say `triggers: {none: REASON}` instead (the check is then not applicable, "
+            "with the reason); one with faults cannot.", "",
             "| trigger | fires when | parameters |", "|---|---|---|"]
     out += _trigger_rows(TRIGGERS)
     out += ["", "## Generic faults (every family whose topology has what they need)", "",

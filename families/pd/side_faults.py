@@ -2,7 +2,9 @@
 
 ``side_channel_garbage {frames}`` asks P's bootstrap server for its side-channel address (the
 ``/query`` D uses), connects a ZMQ DEALER there and sends one message of ``frames`` frames as P's
-ROUTER receives them (the identity frame included), then waits up to 1 s for an answer. vLLM
+ROUTER receives them (the identity frame included), once the ZMTP handshake with P's ROUTER
+succeeded (a socket monitor sees it: the message then went over a session P took part in; without
+it nothing is sent and the fault shows no effect), then waits up to 1 s for an answer. vLLM
 0.32.0's listener (``MooncakeConnectorWorker._mooncake_sender_listener``) unpacks exactly two
 frames: any other count raises, and the listener thread exits for good, closing the side channel
 (every later pull then waits D's receive timeout). The event ``side_channel_garbage`` records
@@ -23,6 +25,8 @@ from pydantic import Field
 from faults.base import LASTING, FaultParams, OnceFault, register
 
 ANSWER_WAIT_MS = 1000
+HANDSHAKE_WAIT_MS = 5000  # the ZMTP handshake with P's ROUTER (through a runtime's forward: seconds)
+LINGER_MS = 1000  # the message leaves the socket before it closes
 ANSWERED_TAIL_S = 1.0  # a listener that answered: the default tail of a fault with no heal to wait for
 
 
@@ -49,7 +53,7 @@ class SideChannelGarbage(OnceFault):
         from .metrics import http_get
 
         ctx = self.ctx
-        answered, size = False, 0
+        answered, size, shaken = False, 0, False
         placement = getattr(ctx, "placement", None)  # the harness reaches P as its runtime lets it (a pod: a forward)
 
         def reach(url: str) -> str:
@@ -63,23 +67,36 @@ class SideChannelGarbage(OnceFault):
             zc = zmq.Context()
             try:
                 s = zc.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.LINGER, LINGER_MS)
                 s.setsockopt(zmq.RCVTIMEO, ANSWER_WAIT_MS)
-                s.connect(reach(entry))
-                s.send_multipart([b"pdchaos-garbage"] * (self.params.frames - 1))
+                # sent only over a ZMTP session P's ROUTER took part in: a DEALER queues a message for a
+                # peer it never reached (a runtime's forward that found no pod) and says nothing
+                mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
                 try:
-                    reply = s.recv_multipart()
-                    answered, size = True, sum(len(f) for f in reply)
-                except zmq.Again:
-                    pass
-                s.close(0)
+                    s.connect(reach(entry))
+                    if mon.poll(HANDSHAKE_WAIT_MS, zmq.POLLIN):
+                        from zmq.utils.monitor import recv_monitor_message
+
+                        shaken = recv_monitor_message(mon)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                finally:
+                    s.disable_monitor()
+                    mon.close(0)
+                if shaken:
+                    s.send_multipart([b"pdchaos-garbage"] * (self.params.frames - 1))
+                    try:
+                        reply = s.recv_multipart()
+                        answered, size = True, sum(len(f) for f in reply)
+                    except zmq.Again:
+                        pass
+                s.close()
             finally:
                 zc.term()
         finally:
             if not answered:  # no answer (or the send never happened): its listener may be gone
                 ctx.taint("prefill:0", "a side_channel_garbage fault may have killed its listener")
-        ctx.event("side_channel_garbage", frames=self.params.frames, answered=answered, reply_bytes=size)
-        self._effect = {"sent": 1, "answered": int(answered)}
+        ctx.event("side_channel_garbage", frames=self.params.frames, session=int(shaken), answered=answered,
+                  reply_bytes=size)
+        self._effect = {"sent": int(shaken), "answered": int(answered)}
 
     def effect(self) -> dict | None:
         return getattr(self, "_effect", None)

@@ -98,3 +98,40 @@ def test_a_bootstrap_that_fails_taints_p() -> None:
 def test_frames_must_be_at_least_two() -> None:
     with pytest.raises(ValueError):
         SideGarbageParams(frames=1)
+
+
+def test_no_session_with_p_means_nothing_sent_and_no_effect(monkeypatch):
+    """The side channel /query names is not served (a runtime's forward that found no pod, a P gone):
+    the DEALER would queue the message and say nothing, so the fault sends nothing and its effect
+    says so (``sent`` 0: fault_effect then fails the window), and P is tainted (its state unknown)."""
+    import socket
+
+    import families.pd.side_faults as sf
+
+    monkeypatch.setattr(sf, "HANDSHAKE_WAIT_MS", 500)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    entry = {"0": {"engine_id": "e", "worker_addr": {"0": {"0": f"tcp://127.0.0.1:{dead}"}}}}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(entry).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        ctx = Ctx(f"http://127.0.0.1:{http.server_address[1]}")
+        f = SideChannelGarbage(SideGarbageParams(frames=3), ctx)
+        f.inject()
+        assert f.effect() == {"sent": 0, "answered": 0}
+        assert ctx.events[-1][1]["session"] == 0 and ctx.tainted == ["prefill:0"]
+    finally:
+        http.shutdown()

@@ -340,6 +340,7 @@ def Path_rbac():
 ATTACH_NS = "tiny-pd"  # the namespace families/pd/profiles/k8s-attach-local.yaml names
 
 
+@pytest.mark.timeout(2700)  # two vLLM servers start and one restarts: minutes, more on a loaded machine
 def test_attach_mode_drives_three_scenarios_against_a_plain_deployment(real, tmp_path):
     """A P/D deployment made first with plain manifests (tests/runtimes/k8s/plain_pd.py: vLLM's own
     MooncakeConnector, llm-d's role labels, a router; no pd-chaos label anywhere), then
@@ -366,7 +367,7 @@ def test_attach_mode_drives_three_scenarios_against_a_plain_deployment(real, tmp
     core = client.CoreV1Api(api)
     root = Path(__file__).resolve().parents[3]
     t0 = time.monotonic()
-    pods = plain_pd.deploy(api, c, ATTACH_NS)
+    pods = plain_pd.deploy(api, c, ATTACH_NS, timeout_s=900.0)
     print(f"\nthe user's deployment ready in {time.monotonic() - t0:.1f} s")
     try:
         before = plain_pd.inventory(api, ATTACH_NS)
@@ -375,7 +376,7 @@ def test_attach_mode_drives_three_scenarios_against_a_plain_deployment(real, tmp
         out = subprocess.run([sys.executable, "-m", "harness.cli", "run", "scenarios/pd-attach/", "--profile",
                               "families/pd/profiles/k8s-attach-local.yaml", "--attach", "--target", "upstream",
                               "--strict", "--plain", "--runs-dir", str(runs)],
-                             cwd=root, capture_output=True, text=True, timeout=1500,
+                             cwd=root, capture_output=True, text=True, timeout=1700,
                              env={**os.environ, "PDCHAOS_KUBECONFIG": c.kubeconfig})
         print(f"attach run: {time.monotonic() - t0:.1f} s\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}")
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

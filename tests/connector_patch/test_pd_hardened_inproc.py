@@ -678,3 +678,20 @@ def test_sixty_pulls_held_open_to_a_silent_peer_cost_little_cpu(inproc) -> None:
     assert c["pulls"] == 60 and c["failed"] == 60 and c["held_blocks"] == 120, c
     assert c["cancel_rounds_in_window"] > 0, c  # the pulls were held open, asking P to cancel
     assert c["cores"] < 0.15, c
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_write_after_free_watcher_sees_a_write_into_blocks_reassigned_at_once(inproc) -> None:
+    """7a's watcher half: in the same interleaving, the P/D write-after-free watcher (the real
+    pdchaos_waf.Watcher, stepped as the decode worker steps it) sees P's write although X's 3 blocks
+    went to Y at once (no poison can stay there): it compares them between steps, when nothing of
+    vLLM writes KV. Before, those blocks counted freed_handed_out_at_once and nothing watched them."""
+    from faults.toxiproxy import find_binary
+
+    if find_binary() is None:
+        pytest.skip("toxiproxy-server is not installed here: run `pdchaos setup`")
+    c = _case(inproc, "write_in_flight")
+    waf = c["waf"]
+    assert waf["errors"] == 0 and waf["tensors"] == 2, waf
+    assert waf["freed_handed_out_at_once"] == waf["reassigned_watched"] == c["y_blocks"] == 3, waf
+    assert waf["late_writes_reassigned"] == c["y_blocks_overwritten_by_p"] == waf["late_writes"], (waf, c)

@@ -55,6 +55,7 @@ import time
 import traceback
 import uuid
 from collections import defaultdict
+from types import SimpleNamespace
 
 REPO = sys.argv[1]
 sys.path.insert(0, REPO)
@@ -443,6 +444,7 @@ class DNode:
         self.error: str | None = None
         self.steps = 0
         self.kv_marker: float | None = None  # the stand-in forward writes it into a prefilled request's blocks
+        self.watcher = None  # the P/D write-after-free watcher (pdchaos_waf.Watcher), stepped as the worker steps it
         KEEP.append(self)  # never collected mid-run: a worker's __del__ joins its threads (see main)
 
     # ----------------------------------------------------------------- requests
@@ -472,6 +474,8 @@ class DNode:
             return
         try:
             so = self.sched.schedule()
+            if self.watcher is not None:  # where the worker's _update_states hook calls it
+                self.watcher.step_start(so)
             for rid, req in self.reqs.items():
                 if rid in self.sched.requests:
                     self.trace[rid].append((req.status.name, so.num_scheduled_tokens.get(rid, 0),
@@ -490,6 +494,9 @@ class DNode:
                     with KVConnectorModelRunnerMixin._get_kv_connector_output(so) as kvo:
                         mro = self._stand_in_forward(so)
                     mro.kv_connector_output = kvo
+            if self.watcher is not None:  # where the worker's _get_kv_connector_output hook calls it
+                self.watcher.step_end(mro.kv_connector_output or SimpleNamespace(
+                    finished_recving=None, invalid_block_ids=None, failed_recving=None))
             if self.aggregator is not None:
                 mro = self._aggregated(mro)
             pending = self._record(mro)
@@ -1832,6 +1839,12 @@ def case_write_in_flight() -> dict:
                              rewrite={f":{p.worker.side_channel_port}": f":{link.port}"})
         node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
         node.kv_marker = 1.0
+        sys.path.insert(0, os.path.join(REPO, "families", "pd", "node_instruments"))
+        from pdchaos_waf import Watcher  # the real node's watcher, on this D's KV tensors
+
+        waf_file = tempfile.mktemp(prefix="pdc-waf-", suffix=".json")
+        node.watcher = Watcher(waf_file)
+        node.watcher.set_caches(node.kv_caches, 4)
         x, y = rid("inflight-x"), rid("inflight-y")
         tid = "x-" + x
         real = p.worker.engine
@@ -1868,13 +1881,16 @@ def case_write_in_flight() -> dict:
         write_ended = ended.wait(WRITE_S + 5)
         time.sleep(0.3)
         intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
+        time.sleep(0.6)  # the watcher's poll (4 a second) and its file (every 0.5 s)
+        with open(waf_file) as f:
+            waf = json.load(f)
         link.enabled(True)
         node.run_until(lambda: node.finished(y), 10)
         return {"write_started": write_started, "write_ended": write_ended, "write_s": WRITE_S,
                 "x_done_after_s": x_done_after_s, "x_freed_before_write_ended": x_freed,
                 "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
                 "y_blocks_intact_before": y_before, "y_blocks_intact": intact,
-                "y_blocks_overwritten_by_p": overwritten, "x": node.req_facts(x),
+                "y_blocks_overwritten_by_p": overwritten, "x": node.req_facts(x), "waf": waf,
                 "p_failures": dict(p.worker.failures.totals)}
     finally:
         link.close()

@@ -44,6 +44,18 @@ def test_a_completed_load_and_a_recomputing_one_are_never_watched() -> None:
     assert "ok" not in t.loads and "re" in t.loads
 
 
+def test_a_freed_block_handed_out_at_once_is_reassigned_unless_its_new_owner_loads() -> None:
+    """Issue 43, item 7a: most freed blocks go to a new request in the very next step, where the
+    poison cannot stay; the watcher compares those between steps instead. A block whose new owner
+    loads from P is left out (P writes it between steps, rightly)."""
+    t = FreedLoads()
+    t.step_start({"a": [1, 2, 3, 4]}, {1, 2, 3, 4}, ())
+    t.step_end({"a"}, {1}, ())  # failed and reported in one output
+    watch, out = t.step_start({"z": [4]}, {2, 3, 4}, {"a"})  # freed; 2, 3 to a request, 4 to a load
+    assert (watch, t.reassigned) == ({1}, {2, 3}) and t.counters["freed_handed_out_at_once"] == 3
+    assert t.step_start({}, set(), ())[0] == set() and t.reassigned == set()  # this step's only
+
+
 def decode(when, t, pid=7, **kw) -> dict:
     base = {"waf_watching": 1, "waf_ok": 1, "waf_tensors": 4, "waf_late_writes": 0, "waf_poisoned": 0,
             "waf_errors": 0}

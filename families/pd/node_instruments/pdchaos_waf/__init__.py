@@ -12,10 +12,14 @@ failed or was aborted gave back; the watcher fills them with a NaN pattern no KV
 (the "poison") and a thread looks at them 4 times a second: a watched block whose bytes changed before
 vLLM handed it out again was written after it was freed (P's late write: Mooncake is push, only
 D's memory shows it). Blocks handed out again are looked at one last time and dropped before the
-step that may write them runs.
+step that may write them runs. A freed block handed out again at once (most are: vLLM reuses an
+unhashed freed block first) cannot be poisoned; it is copied at the end of each step for
+``REASSIGNED_S`` and compared between steps, when nothing of vLLM writes KV: a change then is
+P's late write into another request's KV (a block whose new owner loads from P is left out).
 
 Counts only, in the file (JSON, replaced atomically every 0.5 s): loads, loads_freed,
-blocks_freed, watched (now), poisoned, late_writes, checks. Never block ids, request ids or data.
+blocks_freed, watched (now), poisoned, late_writes (late_writes_reassigned of them into reassigned
+blocks), reassigned_watched, checks. Never block ids, request ids or data.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from .tracker import FreedLoads
 ENV = "PDCHAOS_WAF_FILE"
 POLL_S = 0.25  # a late write stays in the block until vLLM hands it out: looked at 4 times a second
 WRITE_S = 0.5
+REASSIGNED_S = 30.0  # a reassigned block is compared between steps this long (P's write in flight: seconds)
+MAX_REASSIGNED = 256  # at most this many at once (a copy each, refreshed every step)
 _installed = False
 
 
@@ -41,7 +47,10 @@ class Watcher:
         self.tracker = FreedLoads()
         self.views: list = []  # (int view of a KV tensor, block dim, poison value)
         self.watched: set[int] = set()
-        self.counters = {"poisoned": 0, "late_writes": 0, "checks": 0, "errors": 0}
+        self.reassigned: dict[int, list] = {}  # block -> [watch until, its copies at the last step's end]
+        self.in_step = False  # between a step's start and end vLLM writes KV: reassigned blocks not compared
+        self.counters = {"poisoned": 0, "late_writes": 0, "late_writes_reassigned": 0, "reassigned_watched": 0,
+                         "checks": 0, "errors": 0}
         self._written = 0.0
         threading.Thread(target=self._run, name="pdchaos-waf", daemon=True).start()
 
@@ -69,6 +78,27 @@ class Watcher:
     def _intact(self, b: int) -> bool:
         return all(bool((iv.select(dim, b) == value).all()) for iv, dim, value in self.views)
 
+    def _copy(self, b: int) -> list:
+        return [iv.select(dim, b).clone() for iv, dim, _ in self.views]
+
+    def _same(self, b: int, copies: list) -> bool:
+        return all(bool(iv.select(dim, b).equal(c)) for (iv, dim, _), c in zip(self.views, copies))
+
+    def _compare_reassigned(self) -> None:
+        """Between steps (the lock held): a reassigned block that changed since the last step's end
+        was written by someone other than vLLM."""
+        now = time.monotonic()
+        for b, (until, copies) in list(self.reassigned.items()):
+            if copies is not None:
+                self.counters["checks"] += 1
+                if not self._same(b, copies):
+                    self.counters["late_writes"] += 1
+                    self.counters["late_writes_reassigned"] += 1
+                    del self.reassigned[b]
+                    continue
+            if now > until:
+                del self.reassigned[b]
+
     # -- the step hooks
     def step_start(self, so) -> None:  # noqa: ANN001 - vLLM's SchedulerOutput
         try:
@@ -87,7 +117,21 @@ class Watcher:
                 handed.update(blocks)
             handed.update(getattr(so, "new_block_ids_to_zero", None) or ())
             with self.lock:
+                if not self.in_step:
+                    self._compare_reassigned()  # a last look before this step may write them
+                else:  # the last step's end was not seen: its copies are no baseline
+                    for entry in self.reassigned.values():
+                        entry[1] = None
+                self.in_step = True
+                for blocks in loads.values():  # a new owner that loads from P: P writes it between steps
+                    for b in blocks:
+                        self.reassigned.pop(b, None)
                 watch, out = self.tracker.step_start(loads, handed, so.finished_req_ids)
+                until = time.monotonic() + REASSIGNED_S
+                for b in sorted(self.tracker.reassigned):
+                    if len(self.reassigned) < MAX_REASSIGNED and self.views:
+                        self.reassigned[b] = [until, None]  # copied at this step's end
+                        self.counters["reassigned_watched"] += 1
                 for b in self.watched & out:  # a last look before the step may write it
                     self._look(b)
                 self.watched -= out
@@ -105,6 +149,14 @@ class Watcher:
                                       out.failed_recving or ())
         except Exception:  # noqa: BLE001
             self.counters["errors"] += 1
+        finally:
+            try:
+                with self.lock:
+                    for entry_b, entry in self.reassigned.items():  # what this step wrote is vLLM's
+                        entry[1] = self._copy(entry_b)
+                    self.in_step = False
+            except Exception:  # noqa: BLE001
+                self.counters["errors"] += 1
 
     # -- the watch
     def _look(self, b: int) -> None:
@@ -120,6 +172,8 @@ class Watcher:
                 with self.lock:
                     for b in list(self.watched):
                         self._look(b)
+                    if not self.in_step:
+                        self._compare_reassigned()
                 self.write()
             except Exception:  # noqa: BLE001
                 self.counters["errors"] += 1

@@ -15,6 +15,11 @@ still be in use: blocks of a load that completed are forgotten (they may be pref
 reused without being handed out again); a request that recomputes after a failed load
 (``kv_load_failure_policy: recompute``) never finishes for that reason, so its blocks are never
 named; a block handed out again is dropped before anything can write it.
+
+A freed block handed out again in the very step that follows (vLLM reuses a freed block with no
+prefix-cache hash first) cannot be poisoned: its new owner's KV goes into it. Such a block is
+*reassigned* (:attr:`FreedLoads.reassigned`, this step's): the watcher compares it between steps,
+when nothing of vLLM writes KV, unless the new owner is itself a remote load (its P writes it then).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class FreedLoads:
         self.reported: set[str] = set()  # the worker reported the load (finished_recving)
         self.finished: set[str] = set()  # the scheduler finished the request
         self.freed: set[int] = set()  # blocks given back since the last step's start, to watch
+        self.reassigned: set[int] = set()  # this step's: freed and handed out again at once, not to a load
         self.counters = {"loads": 0, "loads_freed": 0, "blocks_freed": 0, "freed_handed_out_at_once": 0}
 
     def step_start(self, new_loads: dict[str, Iterable[int]], handed_out: Iterable[int],
@@ -39,8 +45,10 @@ class FreedLoads:
             if rid in self.loads:
                 self.finished.add(rid)
                 self._maybe_free(rid)
+        load_blocks: set[int] = set()
         for rid, blocks in new_loads.items():
             b = frozenset(blocks)
+            load_blocks |= b
             if b:
                 self.loads[rid] = b
                 self.counters["loads"] += 1
@@ -49,6 +57,7 @@ class FreedLoads:
                 self.finished.discard(rid)
         out = set(handed_out)
         watch = self.freed - out
+        self.reassigned = (self.freed & out) - load_blocks
         self.counters["freed_handed_out_at_once"] += len(self.freed & out)
         self.freed = set()
         return watch, out

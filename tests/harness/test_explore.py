@@ -222,7 +222,7 @@ def test_a_re_proven_finding_is_re_run_from_its_written_file(tmp_path: Path) -> 
 def test_a_finding_whose_written_file_does_not_reproduce_is_flaky_not_a_finding(tmp_path: Path) -> None:
     clock, calls, lines = Clock(), [], []
     run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: _stops_d(sc) and "drawn" in path.parts)
-    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path, run_one=run_one, load=_load,
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=1500, out_dir=tmp_path, run_one=run_one, load=_load,
                   say=lines.append, clock=clock, reprove=3, first=True, shrink=False)
     tally = ex.explore()
     settled = [f for f in tally.findings if f.rerun is not None]

@@ -73,6 +73,10 @@ class UpstreamProject:
     gate_files: tuple[str, ...] = (".pre-commit-config.yaml",)
     lint_lock: Path | None = None
     tethering: str | None = None
+    # the release's pull-request template: (heading, what goes in it) in order, and what ends every body
+    # (harness/upstream_pr.py: what, change, tests, details, user-facing)
+    pr_sections: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    pr_footer: str = ""
 
     @property
     def label(self) -> str:

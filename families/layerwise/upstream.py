@@ -27,6 +27,12 @@ OWN_TESTS = {
         f"{UT}/kv_offload/test_mooncake_layerwise_connector.py"],
 }
 
+# vllm-ascend 0.23.0.post1's .github/PULL_REQUEST_TEMPLATE.md, and the DCO sign-off its contributing guide asks
+PR_SECTIONS = (("### What this PR does / why we need it?", ("what", "change", "details")),
+               ("### Does this PR introduce _any_ user-facing change?", ("user-facing",)),
+               ("### How was this patch tested?", ("tests",)))
+PR_FOOTER = "Signed-off-by: NAME <EMAIL>"
+
 
 def vllm_ascend_project() -> UpstreamProject:
     from connector_patch.upstream import read_series
@@ -43,7 +49,8 @@ def vllm_ascend_project() -> UpstreamProject:
              "HF_HUB_OFFLINE": "1"},
         root_files=("pyproject.toml", "setup.cfg"), package_in_tree=True,
         gate_files=(".pre-commit-config.yaml", ".github/PULL_REQUEST_TEMPLATE.md"),
-        lint_lock=REPO / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt")
+        lint_lock=REPO / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt",
+        pr_sections=PR_SECTIONS, pr_footer=PR_FOOTER)
 
 
 def upstream_tests_step() -> UpstreamTestsStep:

@@ -26,6 +26,12 @@ OWN_TESTS = {
     "vllm/distributed/kv_transfer/kv_connector/utils.py": [f"{UNIT}/test_output_aggregator.py"],
     "vllm/distributed/device_communicators/shm_broadcast.py": ["tests/distributed/test_shm_broadcast.py"],
 }
+# vLLM 0.32.0's .github/PULL_REQUEST_TEMPLATE.md: its four sections and its checklist (AI assistance: yes)
+PR_SECTIONS = (("## Overview", ("what",)), ("## Claims", ("change",)), ("## Validation", ("tests",)),
+               ("## Details", ("details",)))
+PR_FOOTER = ("<details>\n<summary> Pull Request Checklist </summary>\n\n"
+             "- [ ] I used vLLM's `/pr-checklist` skill. (Mandatory for agents, optional for humans).\n"
+             "- [x] AI assistance was used during the creation of this PR.\n</details>")
 # OPT-125m's config.json (its published fields), for the P2P tests that build a VllmConfig for
 # facebook/opt-125m: written into a test-only HF cache, never downloaded
 OPT_125M = {
@@ -64,4 +70,4 @@ def vllm_project() -> UpstreamProject:
         env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}, prepare=_prepare,
         gate_files=(".pre-commit-config.yaml", ".buildkite/", "tools/pre_commit/"),
         lint_lock=REPO / "stacks" / "upstream_tests" / "lint" / "ruff-0.14.0.txt",
-        tethering="tools/pre_commit/check_test_tethering.py")
+        tethering="tools/pre_commit/check_test_tethering.py", pr_sections=PR_SECTIONS, pr_footer=PR_FOOTER)

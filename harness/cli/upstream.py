@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--no-own", action="store_true", help="leave out upstream's own tests (only the diffs' tests)")
     c.add_argument("--list", action="store_true", help="list the diffs and their headers, run nothing")
     c.add_argument("--jobs", type=int, default=2, metavar="N", help="pytest runs side by side (default 2)")
+    c.add_argument("--pr-bodies", action="store_true",
+                   help="write each proven diff's PR body beside it (NN-slug.pr.md), from its header and this run")
 
 
 def projects() -> list:
@@ -74,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
         results, own, probs = check(p, out=lambda s: print(s, flush=True), only=args.diff or None,
                                     own=not args.no_own, jobs=args.jobs)
         problems += probs
+        if args.pr_bodies:
+            from ..upstream_pr import write_pr_bodies
+
+            written = write_pr_bodies(p, results)
+            print(f"{p.label}: {len(written)} PR bodies written beside the diffs", flush=True)
     print(f"upstream check: {len(problems)} problem(s) in {time.monotonic() - t0:.0f} s")
     for line in problems:
         print(f"  {line}")

@@ -424,3 +424,24 @@ def test_the_lint_lock_is_hashed_and_pins_the_ruff_the_releases_name() -> None:
     text = RUFF_LOCK.read_text()
     assert ruff_version_locked(RUFF_LOCK) == "0.14.0"
     assert text.count("--hash=sha256:") >= 2 and "ruff==0.14.0 \\" in text
+
+
+def test_a_proven_diff_gets_a_pr_body_in_its_projects_template(tmp_path, monkeypatch):
+    """`--pr-bodies`: the template's headings in order, the header's subject and defect, the named tests'
+    command and what this run saw before and after the diff, the footer; a diff not proven gets none."""
+    from harness.upstream_pr import write_pr_bodies
+
+    p = _project(tmp_path, monkeypatch, [
+        ("01-fix.diff", "tests/test_fix.py::test_f_is_two", FIX + FIX_TEST),
+        ("02-weak.diff", "tests/test_weak.py::test_nothing_of_the_fix", ADD_G + WEAK_TEST),
+    ], own_test="def test_x():\n    pass\n",
+        pr_sections=(("## Purpose", ("what", "change")), ("## Test Plan", ("tests",)), ("## Notes", ("details",))),
+        pr_footer="Signed-off-by: NAME <EMAIL>")
+    results, _, _ = check(p, out=lambda _: None, own=False, jobs=2)
+    written = write_pr_bodies(p, results)
+    assert [w.name for w in written] == ["01-fix.pr.md"]
+    body = written[0].read_text()
+    assert body.index("## Purpose") < body.index("## Test Plan") < body.index("## Notes")
+    assert "**01-fix.diff**" in body and "pytest -v tests/test_fix.py" in body
+    assert "without this change (the pinned release): 1 failed, 0 passed. With it: 1 passed" in body
+    assert "Applies on its own on toy 1.0." in body and body.rstrip().endswith("Signed-off-by: NAME <EMAIL>")

@@ -531,7 +531,7 @@ faults:
   - {type: listener_garbage, at: 1s, for: 3.5s}
 triggers:
   - {type: listener_probed, fault: 0, min: 5}
-  - {type: ops_in_window, fault: 0}
+  - {type: ops_in_window, fault: 0, since_start: true}
 expect: {hardened: pass}
 """
 

@@ -59,7 +59,8 @@ _PULL_LINK: contextvars.ContextVar = contextvars.ContextVar("pdchaos_pull_link",
 Status = mc.MooncakeXferResponseStatus
 Response = mc.MooncakeXferResponse
 
-_MON_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+_MON_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+               | zmq.EVENT_MONITOR_STOPPED)  # the last: every event of a closed socket was delivered
 _REFUSED_LIMIT = 2  # connection refused this many times in a row: nobody listens there (connector_patch/pd/pull.py)
 _PEER_CODES = frozenset({"timeout", "unreachable", "peer_gone"})  # D forgets P's cached address after these
 BOUND_MARGIN_S = 60.0  # upstream D's receive timeout is abort timeout + 60 s: P never writes later
@@ -431,6 +432,8 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         unsettled = False  # P may still write: listen on, cancel
         failed_here = False  # this pull's own failure (code) was reported
         settled = False
+        unreached = False  # failed before it ever connected: closed first, then the monitor is asked
+        reached = False  # ... and it connected as it was closed after all
         next_cancel = 0.0
         cancel_every = CANCEL_EVERY_S
         sock = self.async_zmq_ctx.socket(zmq.DEALER)
@@ -450,12 +453,12 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 if code is None and now >= deadline:
                     code = "timeout"
                 if code is not None and not watch.ever_connected and await self._never_connected(mon, watch):
-                    # The pull failed and P never got it (it goes out only on an established
-                    # connection, and the socket closes below with linger 0): P can never write for
-                    # it. A blackholed P (no refusal ever comes) no longer holds the blocks to the
-                    # bound (issue 43, 7f)
-                    self._note("pull_never_connected")
-                    settled = True
+                    # The pull failed and has not connected: closed below with linger 0, it never
+                    # will, and it goes out only on an established connection. Once the monitor
+                    # confirms that no connection came before the close, P never got it and can
+                    # never write for it: a blackholed P (no refusal ever comes) no longer holds
+                    # the blocks to the bound (issue 43, 7f)
+                    unreached = settled = True
                     break
                 if code in _UNSETTLED and not failed_here:
                     failed_here = unsettled = True  # fail the loads now (policy fail), settle them later
@@ -512,13 +515,23 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         except Exception:  # noqa: BLE001 - a transfer error fails this pull, never the thread
             code = code or "transfer_error"
         finally:
-            if mon is not None:
-                try:
-                    sock.disable_monitor()
-                except zmq.ZMQError:
-                    pass
+            if unreached:
+                sock.close(linger=0)  # first: nothing it holds leaves after this
+                reached = await self._connected_before_close(mon)
                 mon.close(linger=0)
-            sock.close(linger=0)
+            else:
+                if mon is not None:
+                    try:
+                        sock.disable_monitor()
+                    except zmq.ZMQError:
+                        pass
+                    mon.close(linger=0)
+                sock.close(linger=0)
+        if unreached and not reached:
+            self._note("pull_never_connected")
+        elif reached:  # connected as it was given up: P may have the pull; it settles on P's word
+            self._note("pull_connected_at_close")
+            await self._cancel_until_acknowledged(worker_addr, pull_metas, req_ids, bound)
         self._cancel_wanted.difference_update(req_ids)
         self._settled(req_ids, worker_addr)  # first: a failure reported below then frees at once
         if code:
@@ -526,6 +539,36 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             if code in _PEER_CODES:
                 self._forget_peer(engine_id)
         self._log_due()
+
+    @staticmethod
+    async def _connected_before_close(mon, wait_s: float = 2.0) -> bool:
+        """After the pull socket closed: whether its monitor reported a connection before it
+        stopped (libzmq delivers a closed socket's events, then MONITOR_STOPPED). No word within
+        ``wait_s``: it may have connected."""
+        connected, end = False, time.monotonic() + wait_s
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not await mon.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                return True
+            ev = parse_monitor_message(await mon.recv_multipart())["event"]
+            if ev == zmq.EVENT_CONNECTED:
+                connected = True
+            elif ev == zmq.EVENT_MONITOR_STOPPED:
+                return connected
+
+    async def _cancel_until_acknowledged(self, addr: str, pull_metas, req_ids: set, bound: float) -> None:
+        """A pull that may have reached P although its socket is closed: ask P to cancel it (2, 4,
+        8, 16 s apart) until P acknowledged every request or the bound passed."""
+        wait = CANCEL_EVERY_S
+        while time.monotonic() < bound:
+            open_ids = {pull_metas[r].transfer_id: r for r in req_ids if self.settlements.is_open(r, addr)}
+            if not open_ids:
+                return
+            self._settled(await self._cancel_round(addr, open_ids), addr)
+            if not any(self.settlements.is_open(r, addr) for r in req_ids):
+                return
+            await asyncio.sleep(min(wait, max(0.0, bound - time.monotonic())))
+            wait = min(wait * 2, CANCEL_EVERY_MAX_S)
 
     @staticmethod
     async def _never_connected(mon, watch: PeerWatch) -> bool:

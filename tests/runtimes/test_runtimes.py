@@ -79,18 +79,20 @@ def test_the_cluster_runtime_refuses_what_it_cannot_do_before_anything_starts() 
     assert [sc.name for sc, _ in keep] == ["pd-stop-decode"] and "Toxiproxy" in left[0][2]
 
 
-def test_attach_mode_refuses_to_restart_a_user_pod(tmp_path: Path) -> None:
+def test_attach_mode_deletes_no_user_pod_and_restarts_a_container_only(tmp_path: Path) -> None:
     from harness.runtime import load_runtime as rt
 
     fam = _pd("pd-baseline").family
     prof = fam.load_profile("k8s", ["cluster.mode=attach", "cluster.attach.namespace=serving",
                                     "cluster.attach.selectors.prefill:0=role=prefill"])
     assert prof.cluster.mode == "attach"
-    needs = {"topology": (), "restart": ("restart",)}
-    assert "touches nothing it did not create" in rt("k8s").refuses(["restart"], needs, prof)
+    # a kill, even as Chaos Mesh's pod-kill, deletes the user's pod; node_down deletes its workload
+    assert "deletes nothing it did not create" in rt("k8s").refuses(["kill"], {"topology": (), "kill": ("kill",)}, prof)
+    assert "deletes nothing it did not create" in rt("k8s").refuses(["node_down"], {"topology": (), "node_down": ("stop",)},
+                                                                       prof)
+    # restart (a container-kill: the kubelet starts the container again in its pod) and freeze act inside it
+    assert rt("k8s").refuses(["restart"], {"topology": (), "restart": ("restart",)}, prof) is None
     assert rt("k8s").refuses(["stop"], {"topology": (), "stop": ("freeze",)}, prof) is None
-    # a kill, even as Chaos Mesh's pod-kill, deletes the user's pod: refused too
-    assert "touches nothing it did not create" in rt("k8s").refuses(["kill"], {"topology": (), "kill": ("kill",)}, prof)
 
 
 @pytest.mark.parametrize("sets, msg", [

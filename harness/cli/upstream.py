@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             for d in p.series():
                 print(f"  {d.name}: {d.header.get('Subject', '')}")
                 print(f"      guarantee: {d.header.get('Guarantee', '')}")
+                print(f"      depends: {d.header.get('Depends', '- (missing)')}")
                 print(f"      files: {', '.join(f.path for f in d.files)}")
         return 0
     for p in chosen:

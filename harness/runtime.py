@@ -229,7 +229,7 @@ class Runtime(abc.ABC):
         return None
 
     #: the requirement names this runtime judges (others, e.g. "root", stay the machine's to judge)
-    knows: frozenset[str] = frozenset(NODE_OPS + ("netns", "toxiproxy", "interposer"))
+    knows: frozenset[str] = frozenset(NODE_OPS + ("netns", "toxiproxy", "interposer", "node_address"))
 
     def settings(self, data: Any) -> Any:
         """This runtime's block of a launch profile (its ``cluster`` field), checked: raises

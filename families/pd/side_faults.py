@@ -41,6 +41,10 @@ class SideChannelGarbage(OnceFault):
 
     name = "side_channel_garbage"
     proxy_protocols = ("bootstrap",)  # vLLM's side channel, found through P's bootstrap server
+    # the side channel is where P's bootstrap answer says, and vLLM binds it there only (VLLM_HOST_IP):
+    # a runtime that reaches a node only at its given endpoints (a pod: a port-forward to its
+    # loopback) cannot deliver it (measured on k8s-local: no ZMTP session, sent 0)
+    requires = ("node_address",)
     family = "pd"
     Params = SideGarbageParams
     # upstream P's listener thread dies of it for good: every later request may stall or fail

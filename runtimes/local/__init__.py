@@ -16,7 +16,9 @@ from harness.runtime import NODE_OPS, Launch, NodeHandle, Placement, Runtime
 
 class LocalRuntime(Runtime):
     name = "local"
-    provides = frozenset(NODE_OPS + ("netns", "toxiproxy", "interposer"))
+    # node_address: the harness reaches a node at an address the node itself announces (a side
+    # channel in a bootstrap answer), not only at the endpoints the topology gave it
+    provides = frozenset(NODE_OPS + ("netns", "toxiproxy", "interposer", "node_address"))
     setup_default = True
 
     def open(self, run_id: str, profile: Any = None, target: str | None = None) -> Placement:

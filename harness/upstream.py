@@ -463,7 +463,8 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                 # before and after run on what the diff's Depends: names (a maintainer applies it with
                 # those PRs only); where that is missing or does not apply, on the series up to it
                 needed, why = gates.closure(d, diffs)
-                dep = gates.depends_gate(p, d, needed, why, scratch / f"{i}-depends")
+                dep = gates.depends_gate(p, d, needed, why, scratch / f"{i}-depends", apply=_apply,
+                                         fetch_sdist=fetch_sdist)
                 r.gates.append(dep)
                 base = needed if dep.ok and needed is not None else diffs[:i]
                 if dep.ok:

@@ -79,9 +79,10 @@ def depends_label(diff: Any, needed: list | None) -> str:
     return f"Depends: {names}"
 
 
-def depends_gate(p: Any, diff: Any, needed: list | None, why: str, into: Path) -> Gate:
-    """Apply ``needed`` then ``diff`` (every file part) on the pristine release's files."""
-    from .upstream import _apply, fetch_sdist
+def depends_gate(p: Any, diff: Any, needed: list | None, why: str, into: Path, *,
+                 apply: Any, fetch_sdist: Any) -> Gate:
+    """Apply ``needed`` then ``diff`` (every file part) on the pristine release's files. ``apply`` and
+    ``fetch_sdist`` are harness.upstream's own (given by it: this module imports nothing of it)."""
     from .errors import HarnessError
 
     if needed is None:
@@ -96,7 +97,7 @@ def depends_gate(p: Any, diff: Any, needed: list | None, why: str, into: Path) -
             shutil.copyfile(origin, into / rel)
     for d in [*needed, diff]:
         try:
-            _apply(into, "".join(f.text for f in d.files), d.name)
+            apply(into, "".join(f.text for f in d.files), d.name)
         except HarnessError as e:
             what = "it" if d is diff else f"{d.name} (a diff it needs)"
             return Gate("depends", False, f"{label}: on the pinned release with only those, {what} does not apply: "

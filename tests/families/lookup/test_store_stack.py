@@ -144,6 +144,8 @@ def _scenario(tmp_path: Path, **changes) -> Path:
     data = yaml.safe_load((STORE_DIR / "baseline.yaml").read_text())
     for key, value in changes.items():
         data[key] = value
+    if data.get("faults"):  # a fault scenario names what its claim rests on (the baseline says none)
+        data["triggers"] = [{"type": "ops_in_window", "fault": i} for i in range(len(data["faults"]))]
     data.pop("doc", None)
     data["expect"] = {t: "pass" for t in data["targets"]}
     p = tmp_path / "s.yaml"

@@ -29,7 +29,7 @@ def test_the_k8s_dry_run_matches_its_golden_file_and_asks_no_cluster(tmp_path: P
     assert proc.stdout == GOLDEN.read_text(), "differs from tests/golden/dry_run_k8s.txt"
     out = proc.stdout
     runs = out.count("\n== ") + out.startswith("== ")
-    assert out.count("runtime objects:") == runs and runs >= 40
+    assert out.count("runtime objects:") == runs and runs >= 38  # 45 less what k8s lists as not run
     assert out.count("kind: Namespace") == runs and out.count("kind: LeaderWorkerSet") == 2 * runs
     # every fault is said: a Chaos Mesh object, exec, or pd-chaos's own peers and hooks
     assert out.count("# fault ") == out.count("# fault ") and "Chaos Mesh PodChaos kill-1" in out

@@ -34,13 +34,9 @@ class Ctx:
         self.events.append((what, fields))
 
 
-@pytest.fixture
-def peer():
-    zc = zmq.Context()
-    router = zc.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    entry = {"0": {"engine_id": "e", "worker_addr": {"0": {"0": f"tcp://127.0.0.1:{port}"}}}}
+def _bootstrap(side_channel: str) -> ThreadingHTTPServer:
+    """A bootstrap server whose /query names ``side_channel`` as P's (rank 0), serving in a thread."""
+    entry = {"0": {"engine_id": "e", "worker_addr": {"0": {"0": side_channel}}}}
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -55,6 +51,16 @@ def peer():
 
     http = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=http.serve_forever, daemon=True).start()
+    return http
+
+
+@pytest.fixture
+def peer():
+    zc = zmq.Context()
+    router = zc.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    http = _bootstrap(f"tcp://127.0.0.1:{port}")
     yield router, f"http://127.0.0.1:{http.server_address[1]}"
     http.shutdown()
     router.close(0)
@@ -112,21 +118,7 @@ def test_no_session_with_p_means_nothing_sent_and_no_effect(monkeypatch):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    entry = {"0": {"engine_id": "e", "worker_addr": {"0": {"0": f"tcp://127.0.0.1:{dead}"}}}}
-
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            body = json.dumps(entry).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    http = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
+    http = _bootstrap(f"tcp://127.0.0.1:{dead}")
     try:
         ctx = Ctx(f"http://127.0.0.1:{http.server_address[1]}")
         f = SideChannelGarbage(SideGarbageParams(frames=3), ctx)

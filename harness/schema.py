@@ -222,6 +222,20 @@ def validate_faults_fit(scenario: Any, faults: list) -> None:
                              f"(roles: {', '.join(roles)})")
 
 
+def merge_windows(spans: Any) -> list[list[float]]:
+    """Fault windows ``(start, stop, heal allowance)`` merged where they overlap, in time order, as
+    ``[start, stop, healed]``: healed = the latest time a fault of the window may still be healing
+    (an earlier-ending fault with a longer heal may outlast the last one to end)."""
+    merged: list[list[float]] = []
+    for a, b, heal in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+            merged[-1][2] = max(merged[-1][2], b + heal)
+        else:
+            merged.append([a, b, b + heal])
+    return merged
+
+
 def validate_recovery_gaps(scenario: Any, faults: list) -> None:
     """A schedule must leave the ``recovery`` check something to look at: after every (merged)
     fault window, time for each worker's first N ops before the next window or the end."""
@@ -231,16 +245,7 @@ def validate_recovery_gaps(scenario: Any, faults: list) -> None:
     within = opts.within if opts is not None else 1
     ops_need = scenario.workload.recovery_gap(within)
     registry = load_registry(scenario.family)
-    spans = sorted((f.at, f.at + f.for_, _heal_allowance(registry, f)) for f in faults)
-    # [start, stop, healed]: healed = the latest time a fault of the window may still be healing
-    # (an earlier-ending fault with a longer heal may outlast the last one to end)
-    merged: list[list[float]] = []
-    for a, b, heal in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-            merged[-1][2] = max(merged[-1][2], b + heal)
-        else:
-            merged.append([a, b, b + heal])
+    merged = merge_windows((f.at, f.at + f.for_, _heal_allowance(registry, f)) for f in faults)
     for i, (_, stop, healed) in enumerate(merged):
         nxt = merged[i + 1][0] if i + 1 < len(merged) else scenario.workload.duration
         heal = healed - stop

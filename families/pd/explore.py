@@ -168,15 +168,15 @@ HEALS = {"fake_prefill_peer": HEAL_S}  # the heal allowance of a kind (faults/: 
 def _recovery_ok(faults: list[dict], duration: float, need: float) -> bool:
     """What ``pdchaos validate`` asks of a schedule (harness/schema.py, validate_recovery_gaps):
     after every merged window and its heal, ``need`` seconds before the next window or the end."""
-    merged: list[list[float]] = []
-    for a, b, heal in sorted((f["at"], f["at"] + f["for"], HEALS.get(f["type"], 0.0)) for f in faults):
-        if merged and abs(a - merged[-1][1]) < 0.01:
+    from harness.schema import merge_windows
+
+    spans = [(f["at"], f["at"] + f["for"], HEALS.get(f["type"], 0.0)) for f in faults]
+    stop = None  # the end of the merged window so far
+    for a, b, _ in sorted(spans):
+        if stop is not None and abs(a - stop) < 0.01:
             return False  # windows that touch: merged or not by a rounding of their milliseconds
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-            merged[-1][2] = max(merged[-1][2], b + heal)
-        else:
-            merged.append([a, b, b + heal])
+        stop = b if stop is None or a > stop else max(stop, b)
+    merged = merge_windows(spans)
     for i, (_, stop, healed) in enumerate(merged):
         nxt = merged[i + 1][0] if i + 1 < len(merged) else duration
         if nxt - stop < need + (healed - stop) + 0.01:

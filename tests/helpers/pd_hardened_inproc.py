@@ -1175,6 +1175,22 @@ class RealPrefill:
         return sent
 
 
+def _cut_then_reuse(node: "DNode", link, x: str, y: str) -> tuple:
+    """Cut P's side channel while D's pull of ``x`` is out, wait until D settled ``x``, then start
+    ``y`` (on ``x``'s blocks, the only ones): (seconds from the cut to x's end, x's blocks, whether
+    every block was free again, y's blocks)."""
+    t_cut = time.monotonic()
+    link.enabled(False)
+    node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
+    x_done_after_s = round(time.monotonic() - t_cut, 2)
+    x_blocks = sorted(node.blocks.get(x, ()))
+    x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
+    node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
+    node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+    y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+    return x_done_after_s, x_blocks, x_freed, y_blocks
+
+
 def _intact(node: "DNode", blocks, value: float) -> int:
     return sum(all(bool(torch.all(t[b] == value)) for t in node.kv_caches.values()) for b in blocks)
 
@@ -1606,15 +1622,7 @@ def case_requester_lost() -> dict:
         node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
         node.step()
         waiting = node.run_until(lambda: on_loop(lambda: p.worker._waiters.get(tid, 0)) > 0, 10)  # P holds the pull
-        t_cut = time.monotonic()
-        link.enabled(False)
-        node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
-        x_done_after_s = round(time.monotonic() - t_cut, 2)
-        x_blocks = sorted(node.blocks.get(x, ()))
-        x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
-        node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
-        node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
-        y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+        x_done_after_s, x_blocks, x_freed, y_blocks = _cut_then_reuse(node, link, x, y)
         link.enabled(True)  # the blip heals
         time.sleep(0.5)
         sent = p.after_prefill("p-" + x, tid, wait_s=3.0)  # then P's prefill of X ends
@@ -1873,15 +1881,7 @@ def case_write_in_flight() -> dict:
         node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
         node.step()
         write_started = node.run_until(started.is_set, 10)
-        t_cut = time.monotonic()
-        link.enabled(False)
-        node.run_until(lambda: node.finished(x) and x not in node.sched.requests, 10)
-        x_done_after_s = round(time.monotonic() - t_cut, 2)
-        x_blocks = sorted(node.blocks.get(x, ()))
-        x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
-        node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
-        node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
-        y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
+        x_done_after_s, x_blocks, x_freed, y_blocks = _cut_then_reuse(node, link, x, y)
         y_before = _intact(node, y_blocks, 1.0)
         write_ended = ended.wait(WRITE_S + 5)
         time.sleep(0.3)

@@ -65,11 +65,7 @@ def vllm_deployment(cluster, role: str, core: int) -> dict:
         "readinessProbe": {"httpGet": {"path": "/health", "port": HTTP}, "periodSeconds": 1, "failureThreshold": 2},
         "resources": {"requests": {"cpu": "100m", "memory": "2Gi"}},
         "volumeMounts": mounts}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{APP}-{role}", "labels": labels},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"terminationGracePeriodSeconds": 5, "volumes": vols,
-                                           "containers": [container]}}}}
+    return _deployment(f"{APP}-{role}", labels, container, vols, grace_s=5)
 
 
 def router_deployment(cluster, p_ip: str, d_ip: str) -> dict:
@@ -87,10 +83,15 @@ def router_deployment(cluster, p_ip: str, d_ip: str) -> dict:
         "ports": [{"name": "http", "containerPort": ROUTER}],
         "readinessProbe": {"tcpSocket": {"port": ROUTER}, "periodSeconds": 1},
         "volumeMounts": mounts}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{APP}-router", "labels": labels},
+    return _deployment(f"{APP}-router", labels, container, vols, grace_s=1)
+
+
+def _deployment(name: str, labels: dict, container: dict, volumes: list[dict], grace_s: int) -> dict:
+    """One replica of one container, as a user writes a Deployment."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
-                                  "spec": {"terminationGracePeriodSeconds": 1, "volumes": vols,
+                                  "spec": {"terminationGracePeriodSeconds": grace_s, "volumes": volumes,
                                            "containers": [container]}}}}
 
 

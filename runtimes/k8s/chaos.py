@@ -61,6 +61,7 @@ class ChaosMeshFault(Fault):
         # and the control port)
         self.container_for: Any = None
         self.probe_port_for: Any = None
+        self._before: dict[str, int] = {}  # a container-kill's pods: uid -> restarts before it
         self.manifest: dict | None = manifest if isinstance(manifest, dict) else None
         self.kube = None if callable(kube) and not hasattr(kube, "apply") else kube
         self.name = inner.name
@@ -102,7 +103,8 @@ class ChaosMeshFault(Fault):
         if self.kube is None:
             self.kube = self._kube()
         api, kind, name, ns = self._ref()
-        before = self._restarts(ns) if kind == "PodChaos" else {}
+        if self._container_kill():
+            self._before = self._restarts(ns)
         self._created = True
         self.kube.apply(self.manifest)
         self.ctx.event("chaos_created", kind=kind, name=name)
@@ -111,7 +113,6 @@ class ChaosMeshFault(Fault):
                        INJECT_TIMEOUT_S, f"{kind} {name} injected")
         self._counts["injected"] = 1
         self.ctx.event("chaos_injected", kind=kind, name=name, t_wall=time.time())
-        self._before = before
         if kind == "NetworkChaos" and self.manifest["spec"].get("action") == "partition" \
                 and (self.probe_port or self.probe_port_for):
             self._counts["cut"] = self._probe_cut()
@@ -127,11 +128,11 @@ class ChaosMeshFault(Fault):
         self.kube.wait(api, kind, ns, lambda items: not any(i["metadata"]["name"] == name and not condition(i, "AllRecovered")
                                                             for i in items),
                        RECOVER_TIMEOUT_S, f"{kind} {name} recovered")
-        if kind == "PodChaos" and self.manifest["spec"].get("action") == "container-kill":
+        if self._container_kill():
             # a restart: the kill acted at the injection; the heal ends once the node serves again
             # (the kubelet starts the container in its pod, its readiness says when it serves), so
             # the requests it failed meanwhile fall in the fault's window
-            self._wait_restarted(ns, getattr(self, "_before", {}))
+            self._wait_restarted(ns, self._before)
         self._created = False
         self._counts["recovered"] = 1
         self.ctx.event("chaos_recovered", kind=kind, name=name, t_wall=time.time())
@@ -159,15 +160,16 @@ class ChaosMeshFault(Fault):
             return -1
         return 1 if out.strip() == "cut" else 0
 
+    def _container_kill(self) -> bool:
+        return self.manifest["kind"] == "PodChaos" and self.manifest["spec"].get("action") == "container-kill"
+
     def _restarts(self, ns: str) -> dict[str, int]:
         """Pod uid -> its containers' restart count, for the pods the object selects."""
         try:
             pods = self._pods(ns, self.manifest["spec"]["selector"])
         except Exception:  # noqa: BLE001 - unknown: the wait after the kill then waits for readiness only
             return {}
-        return {p["metadata"]["uid"]: sum(int(c.get("restartCount") or 0)
-                                          for c in (p.get("status") or {}).get("containerStatuses") or [])
-                for p in pods}
+        return {p["metadata"]["uid"]: _restart_count(p) for p in pods}
 
     def _wait_restarted(self, ns: str, before: dict[str, int]) -> None:
         from .pods import pod_ready
@@ -177,8 +179,7 @@ class ChaosMeshFault(Fault):
             if not picked:
                 return False
             for p in picked:
-                now = sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
-                if not pod_ready(p) or (before and now <= before[p["metadata"]["uid"]]):
+                if not pod_ready(p) or (before and _restart_count(p) <= before[p["metadata"]["uid"]]):
                     return False
             return True
 
@@ -196,3 +197,8 @@ class ChaosMeshFault(Fault):
         if names:
             return [p for p in self.kube.list("v1", "Pod", namespace=ns) if p["metadata"]["name"] in names]
         return self.kube.list("v1", "Pod", namespace=ns, selector=label_selector(sel))
+
+
+def _restart_count(pod: dict) -> int:
+    """How many times the kubelet started a container of ``pod`` again (all its containers)."""
+    return sum(int(c.get("restartCount") or 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])

@@ -190,6 +190,15 @@ class NoBusyWaitOptions(CheckOptions):
                                   "during a fault (default 0.3)")
 
 
+RESTARTING = ("restart", "kill", "node_down")  # faults after which a node's processes are new ones
+
+
+def _names(window: dict, node: str) -> bool:
+    """Whether the fault of ``window`` acts on ``node`` (its ``node`` parameter: a role, ``ROLE:*``, ``all``)."""
+    spec = str((window.get("params") or {}).get("node", ""))
+    return spec == "all" or spec == node or (spec.endswith(":*") and node.startswith(spec[:-1]))
+
+
 @check("no_busy_wait", NoBusyWaitOptions)
 def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     """While a fault is active and the client is quiet (no request starts or ends; e.g. every
@@ -204,10 +213,10 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     if not inp.windows:
         return _r(False, "no fault window: nothing was waited on")
     by_node: dict = {}
-    for p in samples:  # one series per process: a pod's container started again counts its CPU anew
-        by_node.setdefault((p.get("node"), p.get("pid"), (p.get("counters") or {}).get("started")), []).append(p)
+    for p in samples:
+        by_node.setdefault((p.get("node"), p.get("pid")), []).append(p)
     worst, judged, quiet_s = None, 0, 0.0
-    for (node, _, _), ps in by_node.items():
+    for (node, _), ps in by_node.items():
         for a, b in zip(ps, ps[1:]):
             in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
             running = max(_gauge(x.get("counters") or {}, "num_requests_running") or 0 for x in (a, b))
@@ -217,6 +226,18 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
                     return undecided(f"{node}: a sample during a fault has no CPU time ({cpu_a!r} -> {cpu_b!r}): "
                                      f"whether it waited quietly is unknown")
                 continue
+            started = [(x.get("counters") or {}).get("started") for x in (a, b)]
+            if started[0] != started[1]:
+                # a node whose processes started again (a pod's container the kubelet restarted: the
+                # same pid, its CPU counted anew): not one series, and only where a fault restarted it
+                if not any(w.get("name") in RESTARTING and _names(w, node) and w["start"] <= b["t"]
+                           and a["t"] <= w["stop"] for w in inp.windows):
+                    return undecided(f"{node}: its processes started again between two samples ({a['t']:.2f} -> "
+                                     f"{b['t']:.2f} s) with no fault restarting it then")
+                continue
+            if b["t"] <= a["t"] and cpu_b != cpu_a:
+                return undecided(f"{node}: two readings at one instant ({a['t']:.2f} s) disagree on its CPU time "
+                                 f"({cpu_a!r}, {cpu_b!r})")
             if cpu_b < cpu_a:
                 return undecided(f"{node}: its CPU time went backwards ({cpu_a!r} -> {cpu_b!r}): the samples are not "
                                  f"one process's")

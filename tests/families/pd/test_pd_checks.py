@@ -165,6 +165,31 @@ def test_no_busy_wait() -> None:
     assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *samples(0.99, running=1)]).ok is False
 
 
+
+def test_no_busy_wait_cannot_be_fooled_by_readings_at_one_instant_or_a_start_no_fault_made() -> None:
+    """Attach mode's stand-in reads a pod's /proc every 2 s, so probes share a time; two readings at
+    one instant that disagree on CPU, or a node whose processes 'started again' (counters.started)
+    with no fault restarting it, would let a spinning interval go unjudged: both cannot be judged."""
+    def spin(t: float, **c) -> dict:
+        return vllm("decode:0", "sample", t=t, num_requests_waiting=1, cpu_s=10 + 0.99 * t, **c)
+
+    honest = [spin(t, started=5) for t in (1.0, 1.5, 2.0, 2.5)]
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *honest]).ok is False  # 0.99 of a core
+    hidden = [spin(1.0), {**spin(2.0), "t": T0 + 1.0}, spin(2.0), spin(2.5)]  # 2.0's reading stamped 1.0
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *hidden])
+    assert r.ok is False and "disagree on its CPU time" in r.message, r.message
+    restarted = [spin(t, started=int(t * 10)) for t in (1.0, 1.5, 2.0, 2.5)]  # a new 'start' every sample
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *restarted])
+    assert r.ok is False and "no fault restarting it" in r.message, r.message
+    # a restart fault of that node between the two samples: the pair is two processes, not judged
+    restart = [{"type": "fault", "id": 1, "name": "restart", "phase": "start", "t": T0 + 1.6, "params": {"node": "decode:0"}},
+               {"type": "fault", "id": 1, "name": "restart", "phase": "stop", "t": T0 + 1.9, "params": {"node": "decode:0"}}]
+    new = [spin(1.0, started=1), spin(1.5, started=1), vllm("decode:0", "sample", t=2.0, num_requests_waiting=1,
+                                                            cpu_s=0.5, started=2), vllm("decode:0", "sample", t=2.5,
+                                                            num_requests_waiting=1, cpu_s=0.51, started=2)]
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *restart, *new])
+    assert r.ok is False and "0.99 of a core" in r.message, r.message  # 1.0 -> 1.5 judged, the restart pair not
+
 def test_fail_fast() -> None:
     def run_as(m: dict, *ops: list[dict]):
         return run("fail_fast", [m, *[r for o in ops for r in o]])

@@ -406,11 +406,15 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     bad = [e for e in inp.events if e.get("what") in HARNESS_PROBLEMS]
     if not any(r.get("type") == "end" for r in inp.records):
         return _r(False, "the journal has no end record: the run did not finish writing its history")
+    end_t = max((r["t"] for r in inp.records if r.get("type") == "end" and finite(r.get("t"))), default=None)
     seen: set = set()
     for r in inp.records:
         if "t" in r and not finite(r.get("t")):
             return _r(False, f"a {r.get('type')} record's time is not a finite number ({r.get('t')!r}): "
                              f"the history is broken")
+        if end_t is not None and "t" in r and r["t"] > end_t:
+            return _r(False, f"a {r.get('type')} record is {r['t'] - end_t:.2f} s after the run's end record: "
+                             f"the history is not one run's")
         if r.get("type") in ("op", "fault"):
             key = (r.get("type"), r.get("id"), r.get("phase") if r.get("type") == "fault" or
                    r.get("phase") == "invoke" else "done")

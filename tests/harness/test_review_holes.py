@@ -62,6 +62,16 @@ def test_a_record_time_that_is_not_a_number_is_a_broken_history() -> None:
     assert C.op_elapsed_ms({"elapsed_ms": 150.0, "t_invoke": T0, "t_complete": math.nan}) == math.inf
 
 
+
+def test_a_record_after_the_end_record_is_a_broken_history() -> None:
+    """Found by a helper handed an attach run's journal: a final probe moved 1000 s past the end read
+    as expected; a history whose records outlive its own end record is not one run's."""
+    recs = records([(1, 1.0, 1.1)]) + [{"type": "end", "t": T0 + 50}]
+    assert "end record" not in C.CHECKS["harness_integrity"](C.CheckInput(recs), {}).message
+    late = recs + [{"type": "probe", "node": "decode:0", "when": "final", "pid": 1, "t": T0 + 1050}]
+    r = C.CHECKS["harness_integrity"](C.CheckInput(late), {})
+    assert r.ok is False and "after the run's end record" in r.message
+
 def test_an_unreadable_line_mid_journal_is_kept_as_an_event(tmp_path) -> None:
     p = tmp_path / "journal.jsonl"
     lines = [json.dumps({"type": "meta"}), '{"type": "event", "what": "fault_er', json.dumps({"type": "end"}),

@@ -93,6 +93,18 @@ HARDENED = "HardenedMooncakeConnector"  # connector_patch/pd/vllm_connector.py, 
 MOONCAKE = ("MooncakeConnector", HARDENED)
 
 
+# The patched target's vLLM settings: the opt-in switches of connector_patch/upstream/vllm/0.32.0/ that the
+# scenarios' claims for it rest on (no_busy_wait, latency), as hardened's rest on quiet waiting. vLLM's
+# defaults keep them off (upstream's behaviour): 02's adaptive shared-memory spin; 01/04/18's engine wake.
+PATCHED_VLLM_ENV = {"VLLM_SHM_READER_ADAPTIVE_SPIN": "1"}
+
+
+def patched_env(overlay: str | None) -> dict[str, str]:
+    """What a node started on ``overlay`` (the patched target's package copy) adds to vLLM's environment:
+    the switches above where the copy is vLLM's (not for a vllm-ascend copy)."""
+    return dict(PATCHED_VLLM_ENV) if overlay and os.path.isdir(os.path.join(overlay, "vllm")) else {}
+
+
 def is_hardened(conn: str) -> bool:
     """The hardened connector, or a mutant of it (``HardenedMooncakeConnectorMutant...``, registered
     only on a mutation run's nodes: tests/mutants/system/)."""
@@ -340,6 +352,7 @@ def log_tail(path: Path, n: int = 3, limit: int = 600) -> str:
 
 class VllmNode:
     waf_file: Path | None = None  # the write-after-free watcher's counts file (decode nodes on CPU)
+    phase_file: Path | None = None  # the phase journal (node_instruments/pdchaos_waf/phases.py)
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -428,6 +441,10 @@ class VllmNode:
         if (args.role == "decode" and args.device == "cpu" and args.tensor_parallel_size == 1
                 and "Store" not in args.kv_connector and is_mooncake(args.kv_connector)):
             self.waf_file = self.server_log.with_name(self.server_log.name + ".waf.json")
+        # the phase journal (node_instruments/pdchaos_waf/phases.py) in every Mooncake node on CPU,
+        # P and D: the nemesis keys faults on its events (harness/phases.py)
+        if args.device == "cpu" and "Store" not in args.kv_connector and is_mooncake(args.kv_connector):
+            self.phase_file = self.server_log.with_name(self.server_log.name + ".phases.jsonl")
         self.base = f"http://{args.host}:{args.port}"
         self.bootstrap = f"http://{self.advertise}:{args.bootstrap_port}"
         self.proc: subprocess.Popen | None = None
@@ -529,6 +546,7 @@ class VllmNode:
         elif a.device == "cpu" and a.tensor_parallel_size > 1:
             extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1))
                                                           for i in range(a.tensor_parallel_size))
+        extra.update(patched_env(a.upstream_overlay))
         extra.update(self.extra_env)
         env = child_env(extra)
         for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
@@ -549,6 +567,12 @@ class VllmNode:
 
             sites.append(str(instrument_site()))
             env["PDCHAOS_WAF_FILE"] = str(self.waf_file)
+        if self.phase_file is not None:
+            from .plugin_site import instrument_site
+
+            if str(instrument_site()) not in sites:
+                sites.append(str(instrument_site()))
+            env["PDCHAOS_PHASE_FILE"] = str(self.phase_file)
         if a.upstream_overlay:  # first: its package copy shadows the node env's installed one
             sites.insert(0, a.upstream_overlay)
         if sites or inherited:

@@ -64,3 +64,28 @@ def test_the_node_refuses_an_overlay_that_is_not_a_folder(tmp_path: Path) -> Non
                           "--bootstrap-port", "2", "--server-log", str(tmp_path / "s.log"),
                           "--upstream-overlay", "relative/dir"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--upstream-overlay" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_patched_nodes_turn_on_the_series_opt_in_switches(tmp_path: Path) -> None:
+    """02's adaptive spin and 01/04/18's engine wake are off by default in the diffs (vLLM's behaviour): a
+    node on the patched copy of vLLM turns them on, a node on upstream's code or a vllm-ascend copy does not."""
+    from families.pd import vllm_node
+
+    p = vllm_node.argparse.ArgumentParser()
+    vllm_node.add_node_arguments(p, "vllm")
+    (tmp_path / "copy" / "vllm").mkdir(parents=True)
+    (tmp_path / "ascend" / "vllm_ascend").mkdir(parents=True)
+    common = ["--role", "decode", "--port", "18001", "--bootstrap-port", "18002", "--server-log", str(tmp_path / "s")]
+    envs = {}
+    for name, extra in (("patched", ["--upstream-overlay", str(tmp_path / "copy")]), ("upstream", []),
+                        ("ascend", ["--upstream-overlay", str(tmp_path / "ascend")])):
+        node = vllm_node.VllmNode.__new__(vllm_node.VllmNode)
+        node.args = p.parse_args(common + extra)
+        node.role, node.kv_extra, node.extra_env = "decode", None, {}
+        node.vllm_bin = tmp_path / "bin" / "vllm"
+        envs[name] = node.environment()
+    assert vllm_node.PATCHED_VLLM_ENV  # something to turn on
+    for key, value in vllm_node.PATCHED_VLLM_ENV.items():
+        assert envs["patched"][key] == value == "1"
+        assert key not in envs["upstream"] and key not in envs["ascend"]
+    assert envs["patched"]["PYTHONPATH"].split(":")[0] == str(tmp_path / "copy")

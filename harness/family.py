@@ -108,6 +108,13 @@ class Family:
     # ``pdchaos explore --family NAME``: module with draw/render/MIN_WINDOW_S (harness/explore.py), or None
     explore_module: ClassVar[str | None] = None
     fuzz_module: ClassVar[str | None] = None
+    # Protocol phases its nodes journal (harness/phases.py): name -> what is seen, and where. A
+    # fault entry may be keyed on one (``upon: {phase: NAME, offset: 0ms}``); its topology's
+    # ``phase_files()`` says where the live events are. Empty: no fault can be keyed on a phase.
+    phases: ClassVar[dict[str, str]] = {}
+    # Phases seen only on some targets (name -> those targets); a phase not named here is seen on
+    # every target. A scenario that keys a fault on one and runs another target is refused.
+    phase_targets: ClassVar[dict[str, tuple[str, ...]]] = {}
     # extra top-level commands: name -> (module with add_arguments/run, help)
     commands: ClassVar[dict[str, tuple[str, str]]] = {}
     setup_default: ClassVar[bool] = False

@@ -33,6 +33,7 @@ from .outputs import Result, write_junit, write_summary  # noqa: F401 - re-expor
 from .schema import LoadedScenario
 from .topology import BaseTopology
 from .triggers import none_reason
+from . import phases as PH
 
 GRACE_S = 1.0  # after the workload's duration, on top of deadline + tolerance
 RELEASE_MARGIN_S = 0.25  # after the last heal, on top of the time recovery's ops need (every worker's N due times)
@@ -119,8 +120,10 @@ def scenario_meta(sc: LoadedScenario, target: str) -> dict:
     ctx = _DeclaredContext(m.deadline)
     for i, f in enumerate(sc.faults):
         fault = make_fault(registry, f, ctx)
+        on = getattr(f, "upon", None)
         faults_meta.append({"id": i, "type": f.type, "at": f.at, "for": f.for_,
                             "params": f.model_dump(mode="json", exclude={"type", "at", "for_"}),
+                            **({"upon": PH.key_meta(on)} if on is not None else {}),
                             "categories": list(registry[f.type].categories), **fault_meta(sc, fault)})
     na = not_applicable(sc, target)
     return {"type": "meta", "scenario": m.name, "file": str(sc.path), "family": fam.name, "target": target,
@@ -277,6 +280,10 @@ class _ScenarioRun:
         self.workload = None
         self.horizon = self.end_at = self.op_s = 0.0  # set at t0 (execute)
         self.holding = False  # the workload pauses at its duration's end until _release
+        self.tail: PH.PhaseTail | None = None  # the nodes' live phase events, when a fault is keyed on one
+        self.missed: list[str] = []  # keyed faults whose phase never came: the run is a harness error
+        self.t0 = 0.0
+        self._keyed: dict[int, dict] = {}  # id -> the phase event that started it (its journal records)
 
     def execute(self, res: Result, started: float) -> str:
         m = self.sc.model
@@ -292,6 +299,9 @@ class _ScenarioRun:
                 t_prep = time.monotonic()
                 fault.prepare()
                 self.topo.event("fault_prepared", fault=fault.name, id=i, s=round(time.monotonic() - t_prep, 3))
+            if any(getattr(f, "upon", None) is not None for f in self.sc.faults):
+                # from here: what a pooled node wrote in an earlier run is not this run's
+                self.tail = PH.PhaseTail(self.topo.phase_files)
             self.workload = self.topo.start_workload(self.part)
             res.setup_s = time.monotonic() - started
             self.op_s = max(m.deadline + m.tolerance, m.workload.op_bound())
@@ -301,7 +311,7 @@ class _ScenarioRun:
             self.holding = bool(self.faults) and self._recovery_gap() is not None
             if self.holding:
                 self._write_horizon(None)
-            t0 = time.monotonic()
+            t0 = self.t0 = time.monotonic()
             os.kill(self.workload.pid, signal.SIGUSR1)
             self.jw.write({**self.meta, "t0": t0})
             self.horizon = t0 + m.workload.duration  # when the workload stops issuing ops
@@ -323,6 +333,8 @@ class _ScenarioRun:
                 self.workload.kill()
                 self.topo.event("workload_killed", reason=(f"the scenario's cap ({m.cap:g} s after t0) was reached"
                                                            if capped else "ops still in flight after the grace period"))
+            if self.missed:  # the point of the scenario never happened: no verdict is honest
+                raise HarnessError("; ".join(self.missed))
         except _Interrupted:
             reason = "interrupted"
         except Exception as exc:  # noqa: BLE001 - a harness failure is an error verdict, never a pass
@@ -352,6 +364,13 @@ class _ScenarioRun:
                 fault.release()
             except Exception as exc:  # noqa: BLE001 - recorded; teardown goes on
                 topo.event("fault_error", fault=fault.name, phase="release", error=f"{type(exc).__name__}: {exc}")
+        if self.tail is not None:
+            self.tail.poll()
+            recs, left = self.tail.journal_records(self.t0, time.monotonic())
+            for rec in recs:
+                jw.write(rec)
+            topo.event("phases_seen", n=len(recs) + left, journalled=len(recs), unreadable=self.tail.unreadable,
+                       files=len(self.tail._offsets))
         topo.stop_sampling()
         if self.workload is not None:
             self.workload.stop(2.0)
@@ -381,26 +400,77 @@ class _ScenarioRun:
             part.unlink()
 
     def _schedule(self, t0: float) -> None:
-        """The nemesis: start and stop events in time order, each recorded in the journal."""
+        """The nemesis: start and stop events in time order, each recorded in the journal. A fault
+        keyed on a phase (``upon:``, harness/phases.py) is armed at its ``at``; it starts ``offset``
+        after its phase event, and is healed ``for`` after that."""
         events = []
         for i, f in enumerate(self.sc.faults):
+            if getattr(f, "upon", None) is not None:
+                events.append((t0 + f.at, 2, i, f))  # armed: its start and stop come from the phase
+                continue
             events.append((t0 + f.at, 0, i, f))
             events.append((t0 + f.at + f.for_, 1, i, f))
         events.sort(key=lambda e: (e[0], e[1]))
+        last = events[-1] if events else None
         try:
-            self._nemesis(events)
+            last = self._nemesis(events) or last
         finally:  # also when the schedule broke: the workload is never held open until the cap
-            if self.holding and events and not self.stop_nemesis.is_set():
-                self._release(events[-1][3].type, events[-1][2])
+            if self.holding and last is not None and not self.stop_nemesis.is_set():
+                self._release(last[3].type, last[2])
 
-    def _nemesis(self, events: list) -> None:
-        for when, kind, i, f in events:
-            if self.stop_nemesis.wait(max(0.0, when - time.monotonic())):
-                return
-            if kind == 0:
+    def _nemesis(self, events: list) -> tuple | None:
+        """Carry out ``events`` (when, kind 0 start | 1 stop | 2 arm, id, entry); returns the last
+        event carried out. An armed fault is watched for its phase between the other events."""
+        import heapq
+
+        heap = list(events)
+        heapq.heapify(heap)
+        armed: dict[int, tuple[float, Any]] = {}  # id -> (armed at, entry)
+        last = None
+        while heap or armed:
+            now = time.monotonic()
+            if armed:
+                if self.tail is not None:
+                    self.tail.poll()
+                for i, (since, f) in list(armed.items()):
+                    ev = self.tail.find(f.upon, since) if self.tail is not None else None
+                    if ev is not None:
+                        del armed[i]
+                        when = ev["t"] + f.upon.offset
+                        heapq.heappush(heap, (when, 0, i, f))
+                        self._keyed[i] = {"phase": f.upon.phase, "nth": f.upon.nth, "t_phase": ev["t"],
+                                          "role": ev["role"], "offset_s": f.upon.offset, "armed_at": since}
+                    elif now >= since + f.upon.within:
+                        del armed[i]
+                        files = self.tail._offsets if self.tail is not None else {}
+                        why = ("no node of this topology journals phases" if not files else
+                               f"{self.tail.count(f.upon.phase, since, now) if self.tail else 0} such event(s) came")
+                        msg = (f"fault {i} ({f.type}) never started: phase {PH.describe(f.upon)} did not come within "
+                               f"{f.upon.within:g} s of its arming at {since - self.t0:.3f} s ({why})")
+                        self.missed.append(msg)
+                        self.topo.event("phase_missed", fault=f.type, id=i, phase=f.upon.phase, nth=f.upon.nth,
+                                        within_s=f.upon.within, error=msg)
+            nxt = heap[0][0] if heap else float("inf")
+            if armed:
+                nxt = min(nxt, now + PH.POLL_S)
+            if self.stop_nemesis.wait(max(0.0, nxt - time.monotonic())):
+                return last
+            if not heap or heap[0][0] > time.monotonic():
+                continue
+            when, kind, i, f = heapq.heappop(heap)
+            last = (when, kind, i, f)
+            if kind == 2:
+                armed[i] = (when, f)
+                self.topo.event("fault_armed", fault=f.type, id=i, phase=f.upon.phase, nth=f.upon.nth,
+                                offset_s=f.upon.offset, within_s=f.upon.within)
+            elif kind == 0:
                 fault = self.faults[i]
-                self.jw.write({"type": "fault", "id": i, "name": f.type, "phase": "start", "t": time.monotonic(),
-                               "params": fault.params.model_dump(mode="json")})
+                keyed = self._keyed.get(i)
+                t_start = time.monotonic()
+                self.jw.write({"type": "fault", "id": i, "name": f.type, "phase": "start", "t": t_start,
+                               "params": fault.params.model_dump(mode="json"),
+                               **({"keyed": {**keyed, "lag_s": round(t_start - keyed["t_phase"], 6)}}
+                                  if keyed else {})})
                 self.active[i] = fault  # before start(): a fault half-started at teardown is healed too
                 try:
                     fault.start()
@@ -408,9 +478,12 @@ class _ScenarioRun:
                     self.topo.event("fault_error", fault=f.type, phase="start", error=f"{type(exc).__name__}: {exc}")
                 else:  # how long the injection took: a slow one shortens the window it acts in
                     self.topo.event("fault_started", fault=f.type, id=i, s=round(time.monotonic() - when, 3))
+                if keyed:  # its heal: ``for`` after it started
+                    heapq.heappush(heap, (t_start + f.for_, 1, i, f))
             elif i in self.active:
                 if self._heal(self.active[i], i, "schedule"):
                     del self.active[i]  # else it stays active: teardown tries the heal once more
+        return last
 
     def _recovery_gap(self) -> float | None:
         """How long (s) after the last heal every worker needs for the ops ``recovery`` judges;
@@ -464,7 +537,8 @@ class _ScenarioRun:
             effect = fault.effect()
         except Exception as exc:  # noqa: BLE001 - recorded; fault_effect fails when something was required
             effect, error = None, f"{type(exc).__name__}: {exc}"
-        if effect is None and not required and error is None:
+        if effect is None and not required and error is None and fid not in self._keyed:
             return
         self.topo.event("fault_effect", fault=fault.name, id=fid, effect=effect, required=required,
-                        **({"error": error} if error else {}))
+                        **({"error": error} if error else {}),
+                        **({"keyed": self._keyed[fid]} if fid in self._keyed else {}))

@@ -31,6 +31,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 from faults.base import Duration, load_registry
 
 from . import verdicts as V
+from .phases import latest_end, phase_key_model
 from .checks import CheckOptions, checks_for, options_for
 from .errors import UsageError
 from .family import Family, get_family, known_families
@@ -79,12 +80,17 @@ def _checks_model(family: str, fam: Family) -> type[_CheckTable]:
 
 def _fault_union(family: Family):
     registry = load_registry(family.name)
+    key = phase_key_model(family)
     models = []
     for name, cls in sorted(registry.items()):
         namespace = {
-            "__annotations__": {"type": Literal[name], "at": Duration, "for_": Duration},
-            "at": Field(..., description="start, counted from the workload start"),
+            "__annotations__": {"type": Literal[name], "at": Duration, "for_": Duration, "upon": Optional[key]},
+            "at": Field(..., description="start, counted from the workload start (with `upon`: when the fault is "
+                                         "armed, the earliest it may start)"),
             "for_": Field(..., alias="for", description="how long; the fault is healed after"),
+            # left out of every dump of the entry's parameters: the schedule's timing, like at and for
+            "upon": Field(None, exclude=True, description="start at a protocol phase instead (harness/phases.py): "
+                        "{phase: NAME, offset: 0ms, nth: 1, within: 5s, node: ROLE}"),
             "model_config": ConfigDict(extra="forbid", populate_by_name=True, frozen=True),
             "__doc__": (cls.__doc__ or name).strip().splitlines()[0],
         }
@@ -121,10 +127,22 @@ class _ScenarioBase(_Strict):
             raise ValueError("deadline must be positive")
         if self.cap <= self.workload.duration:
             raise ValueError("cap must be longer than workload.duration")
-        for f in getattr(self, "faults", []):
-            if f.at + f.for_ > self.workload.duration:
+        fam = get_family(self.family)
+        for i, f in enumerate(getattr(self, "faults", [])):
+            on = getattr(f, "upon", None)
+            if on is None and f.at + f.for_ > self.workload.duration:
                 raise ValueError(f"fault {f.type!r} at {f.at:g}s for {f.for_:g}s ends after the workload "
                                  f"({self.workload.duration:g}s)")
+            if on is not None and latest_end(f) > self.workload.duration:
+                raise ValueError(f"faults[{i}] ({f.type}): armed at {f.at:g}s, keyed on {on.phase} within "
+                                 f"{on.within:g}s + offset {on.offset:g}s, for {f.for_:g}s: it may end at "
+                                 f"{latest_end(f):g}s, after the workload ({self.workload.duration:g}s); shorten "
+                                 f"upon.within or arm it earlier")
+            only = fam.phase_targets.get(on.phase) if on is not None else None
+            if only is not None and set(self.targets) - set(only):
+                raise ValueError(f"faults[{i}].upon.phase: {on.phase} is seen only on {', '.join(only)}; this "
+                                 f"scenario also runs {', '.join(sorted(set(self.targets) - set(only)))} "
+                                 f"(set targets:, or key the fault on a phase every target shows)")
         unknown = sorted(set(self.doc) - {"fault"} - set(self.targets))
         if unknown:
             raise ValueError(f"doc: {', '.join(unknown)} is neither `fault` nor a target this scenario runs "
@@ -245,7 +263,7 @@ def validate_recovery_gaps(scenario: Any, faults: list) -> None:
     within = opts.within if opts is not None else 1
     ops_need = scenario.workload.recovery_gap(within)
     registry = load_registry(scenario.family)
-    merged = merge_windows((f.at, f.at + f.for_, _heal_allowance(registry, f)) for f in faults)
+    merged = merge_windows((f.at, latest_end(f), _heal_allowance(registry, f)) for f in faults)
     for i, (_, stop, healed) in enumerate(merged):
         nxt = merged[i + 1][0] if i + 1 < len(merged) else scenario.workload.duration
         heal = healed - stop
@@ -443,7 +461,7 @@ class LoadedScenario:
             out.append(choice)
         drawn = TypeAdapter(model.model_fields["faults"].annotation).validate_python(out)
         for f in drawn:
-            if f.at + f.for_ > self.model.workload.duration + 1e-9:
+            if latest_end(f) > self.model.workload.duration + 1e-9:
                 raise UsageError(f"{self.path}: random_faults: a drawn fault ends after the workload; "
                                  f"narrow random_faults.window")
         return sorted(drawn, key=lambda f: f.at)
@@ -531,6 +549,11 @@ def load_scenario(path: str | Path) -> LoadedScenario:
         raise UsageError(f"{path}:1: family: missing: every scenario names its system under test "
                          f"(known: {', '.join(known_families())})")
     family = data["family"]
+    for i, entry in enumerate(data.get("faults") or [] if isinstance(data.get("faults"), list) else []):
+        if isinstance(entry, dict) and any(isinstance(k, bool) for k in entry):
+            line = _line_of(node, ("faults", i))
+            raise UsageError(f"{path}:{line}: faults[{i}]: a key YAML reads as true or false (`on`, `yes`, `off`, "
+                             f"...): a fault keyed on a protocol phase says `upon: {{phase: NAME, offset: 0ms}}`")
     try:
         model = scenario_model(family if isinstance(family, str) else repr(family))
     except UsageError as exc:

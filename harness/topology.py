@@ -233,6 +233,12 @@ class BaseTopology:
         transitions; JSON lines with a ``t``): the runner merges every part by time at the end."""
         return self.run_dir / f"{role.replace(':', '-')}.part.jsonl"
 
+    def phase_files(self) -> dict[str, Path]:
+        """Where the nodes append their protocol phase events (harness/phases.py): role -> a
+        JSON-lines file, asked again at every poll (a node started again may write a new one).
+        Empty: this topology's nodes journal no phases (a fault keyed on one never starts)."""
+        return {}
+
     def workload_args(self, config_path: Path, journal_part: Path) -> list[str]:
         return ["--config", str(config_path), "--journal", str(journal_part)]
 

@@ -200,3 +200,41 @@ def ops_completed(inp: Any, params: dict) -> Fired:
     done = [o for o in ops if o.get("phase") in ("ok", "fail") and _finite(o.get("t_complete"))]
     what = f"{kind} ops" if kind else "ops"
     return Fired(len(done) >= need, f"{len(done)} of {len(ops)} {what} sent came back answered ({need} needed)")
+
+
+class PhaseKeyed(TriggerParams):
+    fault: int = Field(ge=0, description="the fault entry (0-based, in file order) keyed on a phase (`upon:`)")
+    max_lag: float = Field(0.25, gt=0, le=10.0, description="at most this many seconds between the phase "
+                                                             "event plus its offset and the fault's start")
+
+
+@GENERIC.trigger("phase_keyed", PhaseKeyed)
+def phase_keyed(inp: Any, params: dict) -> Fired:
+    """Fault ``fault`` started at the protocol phase its entry names (``upon:``, harness/phases.py):
+    its start record names that phase, the phase event it names is in the history (journalled from
+    the node that wrote it), and the fault started ``offset`` after it, at most ``max_lag`` s late.
+    A fault whose phase never came has no start record: the trigger does not fire."""
+    fid, lag_max = params["fault"], params.get("max_lag", 0.25)
+    declared = next((f for f in inp.meta.get("faults") or [] if f.get("id") == fid), None)
+    on = (declared or {}).get("upon")
+    if not isinstance(on, dict):
+        return Fired(False, f"fault {fid} is not keyed on a phase (no `upon:` in its entry)")
+    starts = [r for r in inp.records if r.get("type") == "fault" and r.get("id") == fid and r.get("phase") == "start"]
+    if len(starts) != 1:
+        return Fired(False, f"fault {fid} has {len(starts)} start records (phase {on.get('phase')} never came, "
+                            f"or the history is not one run's)")
+    start = starts[0]
+    keyed = start.get("keyed")
+    if not isinstance(keyed, dict) or keyed.get("phase") != on.get("phase"):
+        return Fired(False, f"fault {fid}'s start record does not name phase {on.get('phase')} as what started it")
+    t_ph, t_start, offset = keyed.get("t_phase"), start.get("t"), on.get("offset", 0.0)
+    if not (_finite(t_ph) and _finite(t_start) and _finite(offset)):
+        return Fired(False, f"fault {fid}: its phase or start time is not a number")
+    seen = [e for e in inp.events if e.get("what") == "phase" and e.get("phase") == on.get("phase")
+            and e.get("t") == t_ph and (not on.get("node") or e.get("role") == on.get("node"))]
+    if not seen:
+        return Fired(False, f"fault {fid}: the {on.get('phase')} event its start names is not in the history")
+    lag = t_start - (t_ph + offset)
+    ok = -1e-6 <= lag <= lag_max
+    return Fired(ok, f"fault {fid} started {lag * 1000:.1f} ms after {on.get('phase')} (of {seen[0].get('role')})"
+                     f" + {offset * 1000:g} ms offset ({lag_max * 1000:g} ms allowed)")

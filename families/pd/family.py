@@ -37,6 +37,18 @@ class PDFamily(Family):
     node_kinds = NODE_KINDS
     bench_module = f"{PKG}.bench"
     explore_module = f"{PKG}.explore"
+    # protocol phases the nodes journal (node_instruments/pdchaos_waf/phases.py; harness/phases.py):
+    # a fault may be keyed on one (``upon: {phase: p_write_started, offset: 0ms}``)
+    phases = {
+        "p_pull_served": "P: a pull from D was taken off P's queue and is being served (send_kv_to_decode entered)",
+        "p_write_started": "P: its transfer engine starts writing a pull's KV into D's blocks (_send_blocks)",
+        "p_write_done": "P: that write returned, either way",
+        "d_bootstrap_query_out": "D: its query to P's bootstrap server is out (an engine D does not know, or "
+                                 "marked stale)",
+        "d_pull_out": "D: a pull to one P worker is opened (receive_kv_from_single_worker)",
+        "d_cancel_sent": "D: a cancel round to P is out (the hardened worker's _cancel_round)",
+    }
+    phase_targets = {"d_cancel_sent": ("hardened",)}  # upstream never cancels; patched's rounds are not wrapped
     # vLLM's gauges (kv_cache_usage_perc is a fraction: 1 = every block in use) and CPU per node
     gauges = (("num_requests_waiting", "waiting requests"),
               ("num_requests_running", "running requests"),
@@ -73,6 +85,12 @@ class PDFamily(Family):
                     f"profile {prof.name} has none: run it without --profile (cpu-store) or with one that has")
         from harness.runtime import runtime_of
 
+        keyed = [f.type for f in getattr(scenario, "faults", []) if getattr(f, "upon", None) is not None]
+        if keyed and (prof.device != "cpu" or prof.store is not None or not runtime_of(prof).runs_here):
+            # the phase journal (node_instruments/pdchaos_waf/phases.py) wraps vLLM's Mooncake worker on CPU,
+            # in processes of this machine: elsewhere the keyed fault's phase would never come
+            return (f"faults keyed on a protocol phase ({', '.join(keyed)}): the phase journal runs only in "
+                    f"Mooncake nodes on CPU on this machine; profile {prof.name} has none")
         if not runtime_of(prof).runs_here:  # the nodes run elsewhere (pods): their image holds vLLM and the model
             return None
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])

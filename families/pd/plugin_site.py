@@ -58,13 +58,15 @@ def _site(kind: str, pkg: Path, dist_name: str, entry_points: str, metadata: str
 
 
 INSTRUMENT_DIST = "pdchaos_instruments-0.0.0.dist-info"
-INSTRUMENT_ENTRY_POINTS = "[vllm.general_plugins]\npdchaos_waf = pdchaos_waf:register\n"
+INSTRUMENT_ENTRY_POINTS = ("[vllm.general_plugins]\npdchaos_waf = pdchaos_waf:register\n"
+                           "pdchaos_phases = pdchaos_waf.phases:register\n")
 INSTRUMENT_METADATA = "Metadata-Version: 2.1\nName: pdchaos-instruments\nVersion: 0.0.0\n"
 
 
 def instrument_site() -> Path:
     """The folder of the harness's own node instruments (``families/pd/node_instruments``: the
-    write-after-free watcher, active only where ``PDCHAOS_WAF_FILE`` is set), put on a decode
-    node's ``PYTHONPATH``, upstream or hardened; built as :func:`plugin_site` is."""
+    write-after-free watcher, active only where ``PDCHAOS_WAF_FILE`` is set, and the phase journal,
+    only where ``PDCHAOS_PHASE_FILE`` is), put on a node's ``PYTHONPATH``, upstream or hardened;
+    built as :func:`plugin_site` is."""
     pkg = Path(__file__).resolve().parent / "node_instruments" / "pdchaos_waf"
     return _site("instrument-site", pkg, INSTRUMENT_DIST, INSTRUMENT_ENTRY_POINTS, INSTRUMENT_METADATA)

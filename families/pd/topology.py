@@ -253,6 +253,13 @@ class PDTopology(BaseTopology):
         self.event("server_log", role=role, path=str(path))  # log_hygiene reads it (vLLM's own log)
         return path
 
+    def phase_files(self) -> dict[str, Path]:
+        """P's and D's phase journals (node_instruments/pdchaos_waf/phases.py, beside each server's
+        log; vllm_node.py sets ``PDCHAOS_PHASE_FILE`` on every Mooncake node on CPU): the current
+        server log of each role, so a node started again (a new pooled log) is followed."""
+        return {role: Path(log + ".phases.jsonl") for role, log in self._server_log.items()
+                if role in CORES and log}
+
     # ------------------------------------------------------------------ warm reuse (harness/pool.py)
     def pool_key(self, role: str) -> tuple | None:
         """P and D are pooled under every setting they were started with (ports aside: a pooled

@@ -50,7 +50,8 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              "families/lookup/store_workload.py", "families/layerwise/engine.py",
              "families/layerwise/stack.py",
              # the write-after-free watcher, loaded by vLLM itself in a decode node (a general plugin)
-             "families/pd/node_instruments/pdchaos_waf/__init__.py"}
+             "families/pd/node_instruments/pdchaos_waf/__init__.py",
+             "families/pd/node_instruments/pdchaos_waf/phases.py"}
 
 
 def _files(pkg: str) -> list[Path]:

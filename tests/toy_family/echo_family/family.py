@@ -32,10 +32,14 @@ class EchoTopology(BaseTopology):
 
     def node_spec(self, role: str) -> NodeSpec:
         if role == "server":
-            args = ["--endpoint", self.endpoint, "--journal", str(self.journal_part("server"))]
+            args = ["--endpoint", self.endpoint, "--journal", str(self.journal_part("server")),
+                    "--phases", str(self.run_dir / "server.phases.jsonl")]
             args += ["--uppercase"] if self.target == "shouting" else []
             return NodeSpec("echo-server", args)
         return super().node_spec(role)
+
+    def phase_files(self) -> dict[str, Path]:
+        return {"server": self.run_dir / "server.phases.jsonl"}
 
     def start(self) -> None:
         self.endpoint = f"ipc://{self.tmp}/{self.scenario.topology.socket}"
@@ -62,6 +66,11 @@ class EchoFamily(Family):
     log_pattern = r"SECRET-[0-9]+"
     # what the generic process faults cause in the echo workload: a worker's REQ socket times out
     # (failures_explained accepts these in such a fault's window and tail)
+    # protocol phases its server journals (harness/phases.py); echo_never is declared and never
+    # written (tests/harness/test_phases.py: a phase that never comes)
+    phases = {"echo_served": "the server sent an echo back", "echo_never": "never written (tests only)",
+              "echo_shouted": "seen only on the shouting target (tests only: never written either)"}
+    phase_targets = {"echo_shouted": ("shouting",)}
     generic_explains = dict.fromkeys(("kill", "stop", "restart", "node_down"), ("timeout",))
 
     def topology(self, scenario: Any, target: str, run_dir: Path, record: Callable[[dict], None],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 
 import zmq
@@ -17,6 +19,7 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--control")
     p.add_argument("--uppercase", action="store_true")
     p.add_argument("--journal", help="this node's own journal part (the runner merges it)")
+    p.add_argument("--phases", help="where it appends a phase event per echo served (harness/phases.py)")
 
 
 def run_node(args: argparse.Namespace) -> int:
@@ -50,6 +53,9 @@ def run_node(args: argparse.Namespace) -> int:
             out = msg.upper() if args.uppercase else msg
             sock.send(out[::-1] if state["garble"] else out)
             state["replies"] += 1
+            if args.phases:  # one line per echo, appended: the nemesis reads the file live
+                with open(args.phases, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"t": time.monotonic(), "phase": "echo_served", "pid": os.getpid()}) + "\n")
     finally:
         if control is not None:
             control.close()

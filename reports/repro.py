@@ -197,7 +197,8 @@ def readme(*, scenario: str, target: str, family: str, command: str, scenario_fi
     L.append("")
     # launch commands
     L += ["## How the harness started each node", "",
-          "As the run's journal recorded them (`process_start`), with the harness's paths as they were:", ""]
+          "As the run's journal recorded them (`process_start`), the harness's paths relative to its checkout, "
+          "`~` or `$TMPDIR`:", ""]
     if launches:
         for x in launches:
             L += [f"- `{_md(x['role'])}` at {T.fmt_s(x.get('t'))} s:", "", *_code([x["command"]], "bash"), ""]
@@ -294,6 +295,23 @@ def launches_of(records: Sequence[dict], t0: float) -> list[dict]:
     return out
 
 
+_HOME_PY = re.compile(r"(?<![\w.~$<])/\S*?/bin/python3?(?![\w.])")
+_TMP = re.compile(r"(?<![\w.~$<])/tmp/")
+
+
+def machine_paths(text: str, checkout: Path | None = None) -> str:
+    """A report names no path of the machine it was made on: the checkout's own paths become
+    relative to it, the harness's Python ``python3``, the home folder ``~`` (the node env and the
+    model then read ``~/.cache/pdchaos/...``, the cache's default place), ``/tmp/`` ``$TMPDIR/``."""
+    root = str(checkout or Path(__file__).resolve().parents[1])
+    text = text.replace(root + "/", "").replace(root, ".")
+    home = str(Path.home())
+    text = _HOME_PY.sub(lambda m: m.group(0) if "/.cache/pdchaos/" in m.group(0) else "python3", text)
+    if home not in ("", "/"):
+        text = re.sub(r"(?<![\w.~$<])" + re.escape(home) + r"(?=/|\b)", "~", text)
+    return _TMP.sub("$TMPDIR/", text)
+
+
 def write_folder(out: Path, run_dir: Path, scenario: str, target: str, *, command: str, scenario_file: Path,
                  description: str, env: dict, steps: list[tuple[str, str]], fault_steps: list[tuple[str, str]],
                  scenario_expect: dict[str, str], secrets: Sequence[str] = ()) -> Path:
@@ -322,5 +340,5 @@ def write_folder(out: Path, run_dir: Path, scenario: str, target: str, *, comman
                   scenario_file=str(scenario_file), scenario_yaml=yaml_text, description=description, env=env,
                   launches=launches_of(records, t0), steps=steps, fault_steps=fault_steps, meta=meta, result=result,
                   scenario_expect=scenario_expect, incident=incident, plots=plots, excerpt=excerpt, run_rel=run_rel)
-    (out / "README.md").write_text(text, encoding="utf-8")
+    (out / "README.md").write_text(machine_paths(text), encoding="utf-8")
     return out / "README.md"

@@ -1,7 +1,8 @@
 """``pdchaos repro``'s steps in the pd family's words (harness.family.Family.repro_steps finds this
 module beside family.py): the requests the workload sent, as curl commands against the run's own
 proxy (never the prompts themselves: a placeholder of the prompt's length), and the family's own
-faults as what they do, with the command where one exists outside pd-chaos."""
+faults as what they do, with the command where one exists outside pd-chaos; and the report's
+standalone/ folder (write_standalone: families/pd/standalone.py)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,12 @@ def repro_steps(scenario: Any, target: str, run_dir: Path) -> list[tuple[str, st
             pass
         steps.append((f"fault {f.type} at {f.at:g} s for {f.for_:g} s: {text}", ""))
     return steps
+
+
+def write_standalone(scenario: Any, report_dir: Path) -> Path:
+    """``report_dir/standalone/`` (families/pd/standalone.py): the defect with vLLM alone, or, for a
+    scenario it has no recipe for, a README saying what one needs."""
+    from . import standalone
+
+    env_text = standalone.collect_env(standalone.node_python()) if scenario.name in standalone.CASES else ""
+    return standalone.write_standalone(Path(report_dir), scenario.name, env_text)

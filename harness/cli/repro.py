@@ -5,7 +5,10 @@ node env's vLLM, vllm-ascend, Mooncake and torch versions, CPU, cores, memory, O
 command of every node as the harness started it, the steps (the family's requests and faults as
 commands a user could run without pd-chaos where one exists, the scenario YAML and the one pdchaos
 command), the claim vs what this target did (the checks' measured numbers), the incident
-timeline, the plots and a journal excerpt (reports/repro.py says what it may hold).
+timeline, the plots and a journal excerpt (reports/repro.py says what it may hold); no path of this
+machine (relative to the checkout, ``~``, ``$TMPDIR``). Beside it, ``standalone/`` where the
+family writes one (its ``repro`` module's ``write_standalone``): the defect reproduced with the
+upstream package alone, no pd-chaos (families/pd/standalone.py).
 
 Exit 0: the folder is written and the run ended as its scenario expects; 1: written, but the run
 deviated from the expectation (the README says how); 2: bad input (an unknown scenario or target,
@@ -246,8 +249,26 @@ def run(args: argparse.Namespace) -> int:
                           description=str(getattr(sc.model, "description", "") or ""), env=env, steps=steps,
                           fault_steps=fault_steps, scenario_expect={t: sc.model.expected(t) for t in sc.model.targets},
                           secrets=sc.family.log_secrets(scenario_dir))
+    standalone = write_standalone(sc, out)
+    if standalone:
+        print(f"standalone reproduction (no pd-chaos needed): {standalone}", flush=True)
     print(f"{res.verdict} ({res.outcome.replace('_', ' ')}): {readme}", flush=True)
     return 0 if res.outcome == "as_expected" else 1
+
+
+def write_standalone(sc: Any, out: Path) -> Path | None:
+    """``out/standalone/``: the defect reproduced with the upstream package alone, written by the
+    ``write_standalone(scenario, report_dir)`` of the ``repro`` module beside the family's module
+    (families/pd/standalone.py), when it has one; its path, or None."""
+    import importlib
+
+    package = type(sc.family).__module__.rpartition(".")[0]
+    try:
+        mod = importlib.import_module(f"{package}.repro" if package else "repro")
+    except ModuleNotFoundError:
+        return None
+    fn = getattr(mod, "write_standalone", None)
+    return fn(sc, out) if callable(fn) else None
 
 
 # ------------------------------------------------------------------ the generic faults as commands

@@ -2,7 +2,7 @@
 # docs/reports/<scenario>--upstream/: the issue-ready report of each upstream defect, from a real run.
 # Usage: harness/scripts/refresh-upstream-reports.sh SCENARIO...   (names as in the diffs' Scenarios: headers)
 # Each scenario runs once on the upstream target through `pdchaos repro` (real nodes, 15 min at most);
-# its README.md, scenario.yaml, journal excerpt and plots are copied here (the run folder and report.html
+# its README.md, scenario.yaml, journal excerpt, plots and standalone/ folder are copied here (the run folder and report.html
 # are not: they hold every process's log, megabytes, and stay in the repro folder under $TMPDIR).
 # Then `pdchaos docs` links each report from docs/scenarios/upstream-diffs.md.
 set -uo pipefail
@@ -22,6 +22,7 @@ for sc in "$@"; do
   rm -rf "$dst" && mkdir -p "$dst"
   cp "$out/README.md" "$out/scenario.yaml" "$out/journal-excerpt.jsonl" "$dst/"
   [ -d "$out/plots" ] && cp -r "$out/plots" "$dst/"
+  [ -d "$out/standalone" ] && cp -r "$out/standalone" "$dst/" && rm -rf "$dst/standalone/out" "$dst/standalone/model"
 done
 python3 -m harness.cli docs
 exit "$rc"

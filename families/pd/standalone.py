@@ -25,14 +25,18 @@ reproduction needs and that it is not written yet.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 FILES = Path(__file__).with_name("standalone_files")
+OBSERVED = FILES / "observed.json"  # scenario -> {"upstream"|"patched": RESULT line, "log_lines": [...]}, from
+# real runs of the folders (tests/families/pd/test_standalone_reports.py, recorded by hand)
 COMMON = ("lib.sh", "make_model.py", "pd_client.py", "cpu_shim/sitecustomize.py")
 COLLECT_ENV_TIMEOUT_S = 300.0
 MOONCAKE_PY = ("import importlib.metadata as m; print(', '.join(f\"{d.metadata['Name']}=={d.version}\" "
@@ -48,8 +52,6 @@ class Case:
     expected: str
     actual: str
     log_patterns: tuple[str, ...]
-    observed: dict[str, str] = field(default_factory=dict)  # target -> RESULT line of a real run of this folder
-    log_seen: tuple[str, ...] = ()  # vLLM log lines of that upstream run (ids cut)
 
 
 CASES: dict[str, Case] = {
@@ -200,8 +202,13 @@ def readme(name: str, case: Case, collect_env: str) -> str:
     serve = {"D": ["decode (kv_consumer) on core 1"], "D+fake": ["decode (kv_consumer) on core 1",
                                                                   "`fake_prefill.py` as the prefill node"],
              "P+D": ["prefill (kv_producer) on core 0", "decode (kv_consumer) on core 1"]}[case.nodes]
-    obs = "".join(f"- {t}: `{line}`\n" for t, line in case.observed.items()) or "- (no run recorded yet)\n"
-    logs = _fence("\n".join(case.log_seen), "text") if case.log_seen else "(none recorded yet)\n"
+    what = " ".join(steps_of(name).split())
+    seen = observed().get(name, {})
+    obs = "".join(f"- {label}: `{seen[t]}`\n" for t, label in (("upstream", "vLLM 0.32.0 as released"),
+                                                                ("patched", "with the fix applied")) if t in seen)
+    obs = obs or "- (no run recorded yet)\n"
+    lines = seen.get("log_lines") or []
+    logs = _fence("\n".join(lines), "text") if lines else "(none recorded yet)\n"
     return f"""# {case.title}
 
 A standalone reproduction: it needs only a venv with vLLM 0.32.0 (CPU build here) and Mooncake
@@ -243,7 +250,8 @@ The output of `python -m vllm.collect_env` in the venv the run below used:
    VLLM_CPU_KVCACHE_SPACE=1` (`lib.sh`; `kv_load_timeout_ms` is the option the fix adds: vLLM 0.32.0
    ignores it);
 3. `repro.py`: the exact requests (text in the file) and the fault, then one line `RESULT: defect
-   seen: ...` (exit 1) or `RESULT: defect not seen: ...` (exit 0) with the measured time;
+   seen: ...` (exit 1) or `RESULT: defect not seen: ...` (exit 0) with the measured time. What it
+   does: {what}
 4. prints the vLLM log lines that show it (logs in `out/`) and stops every server.
 
 `pd_client.py` does for one request what vLLM's example proxy
@@ -264,6 +272,19 @@ bug; on a GPU host remove it from `lib.sh`.
 vLLM log lines of the run on vLLM 0.32.0 (request ids cut):
 
 {logs}"""
+
+
+def observed() -> dict:
+    try:
+        return json.loads(OBSERVED.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def steps_of(name: str) -> str:
+    """The first paragraph of the case's repro.py docstring: what it sends and does."""
+    doc = ast.get_docstring(ast.parse((FILES / "scenarios" / f"{name}.py").read_text())) or ""
+    return doc.split("\n\n", 1)[0]
 
 
 def other_readme(name: str) -> str:

@@ -1,6 +1,6 @@
-"""One request through P and D whose greedy first token on the tiny model (make_model.py) is EOS, so
-P's one-token request ends "stopped" instead of "length capped". With another model, any prompt
-whose greedy answer is EOS at once does the same.
+"""An ordinary request through P and D, then one whose greedy first token on the tiny model
+(make_model.py) is EOS, so P's one-token request ends "stopped" instead of "length capped". With
+another model, any prompt whose greedy answer is EOS at once does the same.
 
     python repro.py --prefill URL --decode URL --bootstrap URL --abort-timeout-s 10
 """

@@ -1,5 +1,6 @@
-"""D is frozen (SIGSTOP of its process group) for FREEZE_S seconds, longer than P's abort timeout,
-while one request goes through P and D; then D is thawed (SIGCONT).
+"""One request goes through P and D; then D is frozen (SIGSTOP of its process group) for 16 s,
+longer than P's abort timeout (10 s), while a second request goes through P and D; then D is
+thawed (SIGCONT).
 
     python repro.py --prefill URL --decode URL --bootstrap URL --decode-pgid PGID --abort-timeout-s 10
 """

@@ -24,6 +24,15 @@ those the link allows:
   ``bandwidth_limit``, at most one at a time; the deadline is 15 s (a new connection's SYN is
   retried at 15 s: pd-partition-prefill-decode).
 
+Phase-keyed timing (harness/phases.py): a share of the freezes (``stop``) are keyed on a protocol
+phase instead of a fixed time: armed at their drawn ``at``, they start 0, 50 or 200 ms after the
+first ``p_pull_served``, ``p_write_started``, ``p_write_done`` or ``d_pull_out`` that follows, and
+their window (arming, bound ``within``, offset, length) overlaps no other fault's (another fault
+could keep the phase from coming: a harness error, not a finding); a keyed window holds no pause,
+and its trigger ``phase_keyed`` proves it started there. Only phases every target shows are drawn
+(``d_cancel_sent`` is the hardened D's; ``d_bootstrap_query_out`` comes only from a D that has not
+met this P, never from a warm one).
+
 Every window leaves every worker time for its first op after the heal (``recovery``); the first
 window of 3.5 s or more holds a 3.5 s workload pause, so that ``no_busy_wait`` sees a quiet
 interval; each fault is a trigger (``ops_in_window``): a window no request crossed is a harness
@@ -47,6 +56,10 @@ NODES = ("prefill:0", "decode:0")
 HEAL_S = 2.0  # the slowest heal here (the fake prefill peer's stop)
 LINKS = ("direct",) * 6 + ("toxiproxy",) * 2 + ("netns",) * 2
 KILL_SHARE = 0.05  # of the schedules: a kill is one cold start of vLLM (30 s-2 min here)
+PHASE_SHARE = 0.4  # of the freezes: keyed on a protocol phase (harness/phases.py)
+PHASES = ("p_pull_served", "p_write_started", "p_write_done", "d_pull_out")  # every target shows them
+PHASE_OFFSETS = (0.0, 0.0, 0.05, 0.2)
+PHASE_WITHIN = (2.0, 4.0)  # the bound on the phase's coming after the arming: at least one request's time
 
 
 def _fault(rng: random.Random, kind: str, concurrency: int = 2) -> dict:
@@ -103,6 +116,9 @@ def cover(rng: random.Random) -> list[dict]:
     the toxics, then the namespace faults (a fresh pair each), then a kill of each node (a cold
     start each)."""
     kinds: list[dict] = [{"type": "stop", "node": n} for n in NODES]
+    # each node frozen at a phase of its own: P as it starts writing, D as its pull goes out
+    kinds += [{"type": "stop", "node": n, "upon": {"phase": ph, "offset": 0.0, "within": PHASE_WITHIN[0]}}
+              for n, ph in zip(NODES, ("p_write_started", "d_pull_out"))]
     kinds += [{"type": "fake_prefill_peer", "mode": m, "count": 1} for m in FAKE_MODES]
     for kind in dict.fromkeys(KINDS):
         if kind not in ("stop", "fake_prefill_peer"):
@@ -116,6 +132,8 @@ def cover(rng: random.Random) -> list[dict]:
         duration = 16.0
         length = 6.0  # room for a pause (render) while the fault acts
         at = round(rng.uniform(0.5, duration - (concurrency / rate + HEAL_S + 1.0) - length), 1)
+        if f.get("upon"):  # keyed: armed early, its window may start up to `within` later (no pause in it)
+            length, at = 4.0, 1.0
         out.append({"workload": {"duration": duration, "concurrency": concurrency, "rate": rate,
                                  "request_timeout": 30.0},
                     "faults": [{**f, "at": at, "for": length}], "topology": {"link": _link_of([f])}})
@@ -138,12 +156,21 @@ def signature(schedule: dict) -> str:
     parts = []
     for f in schedule["faults"]:
         extra = f.get("node") or f.get("mode") or f.get("direction") or f.get("stream")
+        if f.get("upon"):  # the same fault at a phase is another interleaving
+            extra = f"{extra}@{f['upon']['phase']}"
         parts.append(f"{f['type']}({extra})" if extra else f["type"])
     return "+".join(sorted(parts))
 
 
+def end(f: dict) -> float:
+    """The latest a drawn fault may still be in its window: a keyed one may start as late as its
+    arming plus its bound and offset (harness/phases.py, latest_end)."""
+    upon = f.get("upon")
+    return f["at"] + f["for"] + (upon["within"] + upon["offset"] if upon else 0.0)
+
+
 def _overlap(a: dict, b: dict) -> bool:
-    return a["at"] < b["at"] + b["for"] and b["at"] < a["at"] + a["for"]
+    return a["at"] < end(b) and b["at"] < end(a)
 
 
 def _clashes(f: dict, faults: list[dict]) -> bool:
@@ -153,6 +180,8 @@ def _clashes(f: dict, faults: list[dict]) -> bool:
     for g in faults:
         if not _overlap(f, g):
             continue
+        if f.get("upon") or g.get("upon"):
+            return True  # a keyed window overlaps nothing: another fault could keep its phase away
         if f["type"] in PROXY_FAULTS and g["type"] in PROXY_FAULTS:
             return True
         if f["type"] in ("stop", "kill") and g["type"] in ("stop", "kill") and f["node"] == g["node"]:
@@ -170,7 +199,7 @@ def _recovery_ok(faults: list[dict], duration: float, need: float) -> bool:
     after every merged window and its heal, ``need`` seconds before the next window or the end."""
     from harness.schema import merge_windows
 
-    spans = [(f["at"], f["at"] + f["for"], HEALS.get(f["type"], 0.0)) for f in faults]
+    spans = [(f["at"], end(f), HEALS.get(f["type"], 0.0)) for f in faults]
     stop = None  # the end of the merged window so far
     for a, b, _ in sorted(spans):
         if stop is not None and abs(a - stop) < 0.01:
@@ -207,6 +236,12 @@ def draw(rng: random.Random) -> dict:
         if latest < 0.5:
             continue
         f["at"], f["for"] = round(rng.uniform(0.5, latest), 1), length
+        offset = rng.choice(PHASE_OFFSETS)
+        if f["type"] == "stop" and rng.random() < PHASE_SHARE and latest - offset - PHASE_WITHIN[0] >= 0.5:
+            # armed early enough that the keyed window still ends in time for recovery
+            f["at"] = round(rng.uniform(0.5, latest - offset - PHASE_WITHIN[0]), 1)
+            room = round(latest - f["at"] - offset, 1)
+            f["upon"] = {"phase": rng.choice(PHASES), "offset": offset, "within": min(PHASE_WITHIN[1], room)}
         if _clashes(f, faults) or not _recovery_ok(faults + [f], duration, concurrency / rate):
             continue
         faults.append(f)
@@ -226,6 +261,10 @@ def _dur(v: float) -> str:
     return f"{round(v * 1000):d}ms"
 
 
+def _upon(upon: dict) -> dict:
+    return {"phase": upon["phase"], "offset": _dur(upon["offset"]), "within": _dur(upon["within"])}
+
+
 def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     w = dict(schedule["workload"])
     faults = [dict(f) for f in schedule["faults"]]
@@ -237,8 +276,10 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     # after the last requests end (1.5 s left 10 of 38 drawn runs at concurrency 4-8 without a
     # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
     # its 2 s deadline inside the pause, then a node's 1.5 s tail; the suite's pauses are 3.5 s too)
+    # (never in a keyed window: requests paused would keep its phase from coming)
     pause = None if killed else next(({"at": _dur(f["at"] + 0.5), "for": "3500ms"} for f in faults
-                                      if f["for"] >= 4.0 and f["at"] + 4.0 <= w["duration"]), None)
+                                      if f["for"] >= 4.0 and f["at"] + 4.0 <= w["duration"]
+                                      and not f.get("upon")), None)
     if pause is not None:
         w["pauses"] = [pause]
     doc: dict[str, Any] = {
@@ -252,8 +293,10 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         doc["topology"] = topology
     doc.update({
         "workload": {k: (f"{v:g}s" if k in ("duration", "request_timeout") else v) for k, v in w.items()},
-        "faults": [{**{k: (_dur(v) if k in DURATIONS else v) for k, v in f.items()}} for f in faults],
-        "triggers": [{"type": "ops_in_window", "fault": i} for i in range(len(faults))],
+        "faults": [{**{k: (_dur(v) if k in DURATIONS else _upon(v) if k == "upon" else v) for k, v in f.items()}}
+                   for f in faults],
+        "triggers": [{"type": "ops_in_window", "fault": i} for i in range(len(faults))]
+        + [{"type": "phase_keyed", "fault": i} for i, f in enumerate(faults) if f.get("upon")],
         "expect": {target: "pass"},
     })
     checks: dict[str, Any] = {}

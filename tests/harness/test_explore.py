@@ -73,7 +73,10 @@ def test_every_drawn_schedule_and_shrink_candidate_is_a_scenario_or_refused(tmp_
                 continue
             ok += 1
             # each fault is a trigger: a window no request crossed is an error, not a pass
-            assert [t.fault for t in got.model.triggers] == list(range(len(got.faults)))
+            assert [t.fault for t in got.model.triggers if t.type == "ops_in_window"] == list(range(len(got.faults)))
+            # a fault keyed on a protocol phase also proves it started there (harness/phases.py)
+            assert [t.fault for t in got.model.triggers if t.type == "phase_keyed"] == \
+                [j for j, f in enumerate(got.faults) if f.upon is not None]
     assert ok > 3 * refused, (ok, refused)
 
 
@@ -112,12 +115,14 @@ def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrun
     tally = ex.explore()
     covering = E.cover(random.Random(1))
     kinds = {E.signature(c) for c in covering}
-    assert len(kinds) == len(covering) == 2 + len(E.FAKE_MODES) + 5 + len(E.TOXICS) + len(E.NETNS) + 2
+    # two stops, two stops keyed on a phase, each fake-peer mode, 5 other kinds, toxics, netns, two kills
+    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + len(E.TOXICS) + len(E.NETNS) + 2
 
     def sig(sc) -> str:  # noqa: ANN001
         return E.signature({"faults": [{"type": f.type, **{k: getattr(f, k) for k in ("node", "mode", "direction",
                                                                                         "stream")
-                                                           if isinstance(getattr(f, k, None), str)}}
+                                                           if isinstance(getattr(f, k, None), str)},
+                                        **({"upon": f.upon.model_dump()} if f.upon is not None else {})}
                                        for f in sc.faults]})
 
     first = [sig(sc) for sc in runs[:len(covering)]]

@@ -27,6 +27,11 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["at"] < b["at"] + b["for"] and b["at"] < a["at"] + a["for"]
 
 
+def _latest(f: dict) -> float:  # a keyed fault may start as late as its arming + bound + offset
+    u = f.get("upon")
+    return f["at"] + f["for"] + (u["within"] + u["offset"] if u else 0.0)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=SEEDS)
 def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int) -> None:
@@ -40,6 +45,8 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
         assert len(faults) == 1 and s["workload"]["duration"] >= 45
     for i, a in enumerate(faults):
         for b in faults[i + 1:]:
+            if a.get("upon") or b.get("upon"):  # a keyed window, from its arming to its latest end, is alone
+                assert not (a["at"] < _latest(b) and b["at"] < _latest(a)), s
             if not _overlap(a, b):
                 continue
             assert not (a["type"] in E.PROXY_FAULTS and b["type"] in E.PROXY_FAULTS), s
@@ -49,10 +56,30 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
     write_scenario(E.render(s, f"drawn-{seed}", "hardened", seed), path)
     sc = load_scenario(path)  # the real schema: raises (a UsageError naming what) when invalid
     assert sc.model.topology.link == link
-    assert [t.fault for t in sc.model.triggers] == list(range(len(faults)))  # each window is a trigger
+    # each window is a trigger; a keyed one also proves it started at its phase
+    assert [t.fault for t in sc.model.triggers if t.type == "ops_in_window"] == list(range(len(faults)))
+    assert [t.fault for t in sc.model.triggers if t.type == "phase_keyed"] == \
+        [i for i, f in enumerate(faults) if f.get("upon")]
     assert [f.type for f in sc.faults] == [f["type"] for f in faults]
     for f, g in zip(sc.faults, faults):
         assert abs(f.at - g["at"]) < 1e-6 and abs(f.for_ - g["for"]) < 1e-6
+        if g.get("upon"):  # only phases every target shows, only on freezes, never in a pause
+            assert f.type == "stop" and f.upon.phase in E.PHASES and g["upon"]["phase"] in set(E.PHASES)
+            assert abs(f.upon.within - g["upon"]["within"]) < 1e-6 and abs(f.upon.offset - g["upon"]["offset"]) < 1e-6
+            for p in sc.model.workload.pauses:
+                assert not (p.at < _latest(g) and g["at"] < p.at + p.for_), s
+        else:
+            assert f.upon is None
+
+
+def test_some_drawn_freezes_are_keyed_on_phases() -> None:
+    faults = [f for seed in range(300) for f in E.draw(random.Random(seed))["faults"]]
+    keyed = [f for f in faults if f.get("upon")]
+    stops = [f for f in faults if f["type"] == "stop"]
+    assert 0.1 * len(stops) <= len(keyed) <= 0.6 * len(stops), (len(keyed), len(stops))
+    assert {f["upon"]["phase"] for f in keyed} == set(E.PHASES)
+    assert {f["node"] for f in keyed} == set(E.NODES)
+    assert E.signature({"faults": keyed[:1]}) == f"stop({keyed[0]['node']}@{keyed[0]['upon']['phase']})"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -75,6 +102,9 @@ def test_the_covering_round_has_every_kind_of_every_link_and_validates(tmp_path:
     cover = E.cover(random.Random(5))
     kinds = {f["type"] for c in cover for f in c["faults"]}
     assert kinds == set(E.KINDS) | set(E.TOXICS) | set(E.NETNS) | {"kill"}
+    # each node frozen at a phase once (P as it starts writing, D as its pull goes out)
+    assert sorted((f["node"], f["upon"]["phase"]) for c in cover for f in c["faults"] if f.get("upon")) == \
+        [("decode:0", "d_pull_out"), ("prefill:0", "p_write_started")]
     assert {f["node"] for c in cover for f in c["faults"] if f["type"] == "kill"} == set(E.NODES)
     # the plain link's kinds first (warm nodes), kills last (a cold start each)
     links = [c["topology"]["link"] for c in cover[:-2]]

@@ -222,8 +222,9 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
     each worker (one client each) that issues ops there succeeds, with the expected value, within
     its first N. A worker still busy with a call begun during the fault may issue none. Two
     windows with no op at all between them are judged as one period; if no op follows the last
-    one, recovery cannot be shown, and that fails. (The schedule is validated to leave every
-    worker time for N ops after each window.)"""
+    one while an op was still in flight at the heal, recovery cannot be shown, and that fails; if
+    none was in flight either (the workload had ended before the heal), it cannot judge. (The
+    schedule is validated to leave every worker time for N ops after each window.)"""
     within = int(opts.get("within", 1))
     if not inp.windows:
         return _r(False, "no fault window in the history, though the scenario schedules faults")
@@ -246,6 +247,13 @@ def recovery(inp: CheckInput, opts: dict) -> CheckResult:
             if stop <= o.get("t_invoke", 0) < next_start:
                 by_worker.setdefault(o.get("process"), []).append(o)
         if not by_worker:
+            if i == len(merged) - 1 and not any(o.get("t_complete") is None or o["t_complete"] > stop
+                                                for o in inp.all_ops):
+                # no op was still in flight at the last heal, yet none came after it: the workload
+                # had ended before it (a history that never saw the system healed), so there is
+                # nothing to judge; a worker held in a call across the heal is the failure recovery names
+                return undecided(f"no op was invoked after {label} (healed at {stop - (inp.meta.get('t0') or 0.0):.2f} "
+                                 f"s) and none was in flight then: the workload ended before the last heal")
             bad.append(f"no op was invoked after {label} before the end of the run")
         for w, ops in by_worker.items():
             first = ops[:within]
@@ -267,8 +275,13 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     """Every node process still running at the end (client included) is back to the threads and
     fds of its baseline probe, taken when it started. Every node must have given both probes. A
     process stopped, killed or swapped out during the run is not compared (its clients were still
-    connected when it went, and the OS reclaims whatever it held)."""
+    connected when it went, and the OS reclaims whatever it held). A node's final probe taken before
+    the last fault healed (the harness takes them at teardown, after every heal), or the client's
+    before an op record of its own, cannot show the end state: the check cannot judge."""
     slack = int(opts.get("slack", 0))
+    early = final_too_early(inp, [p for p in inp.probes if p.get("when") == "final"])
+    if early:
+        return undecided(early)
     retired = retired_pids(inp)
     problems, compared = [], []
     for e in inp.events:
@@ -396,13 +409,19 @@ def _client_tally(inp: CheckInput) -> str | None:
     open_ = len(inp.ops) - len(ended)
     if open_ > stuck:
         return f"{open_} requests never ended in the history but the client reported {stuck} stuck workers"
+    if stuck > open_:  # a stuck worker is in the call its open request is: its op cannot be missing
+        return f"the client reported {stuck} stuck workers but {open_} requests never ended in the history"
     return None
 
 
 @check("harness_integrity")
 def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """The run itself went as planned: every fault started and healed without error, every probe
-    of a running node answered (baseline, before a stop, final), nothing outlived the teardown."""
+    of a running node answered (baseline, before a stop, final), nothing outlived the teardown.
+    The history is whole: every completion has its invoke, the end record's count of stalled ops is
+    the history's, the client's stuck workers are its open requests, each fault's started and
+    effect events lie in its window, and every node probed at its start has a final probe, a
+    silent one, or a fault that stopped it."""
     bad = [e for e in inp.events if e.get("what") in HARNESS_PROBLEMS]
     if not any(r.get("type") == "end" for r in inp.records):
         return _r(False, "the journal has no end record: the run did not finish writing its history")
@@ -425,6 +444,10 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     for r in inp.records:
         if r.get("type") != "op":
             continue
+        if r.get("phase") != "invoke" and r.get("id") not in invoked:
+            # the workload writes an op's invoke before it sends it: a completion alone has a time
+            # and an elapsed_ms nothing else in the history vouches for
+            return _r(False, f"op {r.get('id')} has a completion but no invoke record: the history is not one run's")
         if {"t_invoke", "t_complete"} & set(r):
             return _r(False, f"op {r.get('id')}'s {r.get('phase')} record carries its own t_invoke or t_complete: "
                              f"the history contradicts its record times")
@@ -441,6 +464,32 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     stopped = {r.get("id") for r in inp.records if r.get("type") == "fault" and r.get("phase") == "stop"}
     if started - stopped and not bad:  # a heal that failed is a fault_error event, reported below
         return _r(False, f"fault {sorted(started - stopped, key=str)[0]} started and was never healed")
+    end = [r for r in inp.records if r.get("type") == "end"][-1]
+    n_stalled = sum(1 for o in inp.all_ops if o.get("outcome") == "stalled")
+    if "stalled" in end and end.get("stalled") != n_stalled:
+        # the runner counts them when it writes the end record, from the same records
+        return _r(False, f"the end record counts {end.get('stalled')!r} stalled ops, the history holds {n_stalled}: "
+                         f"the history is not the one the run ended with")
+    spans = {w.get("id"): w for w in inp.windows if finite(w.get("start")) and finite(w.get("stop"))}
+    for e in inp.events:
+        w = spans.get(e.get("id")) if e.get("what") in ("fault_started", "fault_effect") else None
+        if w is None or not finite(e.get("t")):
+            continue
+        # fault_started is written once the fault acted (after its start record, before its heal);
+        # fault_effect right after its stop record: elsewhere they are another window's
+        if e["what"] == "fault_started" and not w["start"] <= e["t"] <= w["stop"] or \
+                e["what"] == "fault_effect" and e.get("id") in stopped and e["t"] < w["stop"]:
+            return _r(False, f"fault {e.get('id')}'s {e['what']} event lies outside its window: the history is not "
+                             f"one run's")
+    ended = {p.get("pid") for p in inp.probes if p.get("when") == "final"} | {
+        e.get("pid") for e in inp.events if e.get("what") == "probe_silent" and e.get("when") == "final"} | retired_pids(inp)
+    lost = [p for p in inp.probes if p.get("when") == "baseline" and p.get("node") != "client" and p.get("pid") not in ended]
+    if lost and not bad:
+        # at teardown the runner probes every node it still runs, or records it silent; a process a
+        # fault took away is retired by its event: a node with none of these has lost its end
+        p = lost[0]
+        return _r(False, f"{p.get('node')} (pid {p.get('pid')}) has a baseline probe but neither a final probe, nor a "
+                         f"silent one, nor a fault that stopped it: the history lost its end")
     # a process is its node and its pid: a pid is unique on one host only (nodes in pods each count theirs)
     finals = [(p.get("node"), p.get("pid")) for p in inp.probes if p.get("when") == "final" and p.get("pid") is not None]
     if len(finals) != len(set(finals)):
@@ -473,6 +522,9 @@ def node_alive(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """Every node of the topology is up and serving at the end (its final probe answered and says
     its serving threads are alive)."""
     final = [p for p in inp.probes if p.get("when") == "final"]
+    early = final_too_early(inp, final)
+    if early:
+        return undecided(early)
     silent = [e for e in inp.events if e.get("what") == "probe_silent" and e.get("when") == "final"]
     dead = [p for p in final if not p.get("alive")]
     gone = retired_pids(inp)
@@ -505,9 +557,138 @@ def no_stall(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     if stalled:
         return _r(False, f"{len(stalled)} ops never returned (first: op {stalled[0]['id']}); the runner "
                          f"stopped the client", stalled=len(stalled))
-    if end.get("reason") == "cap":
+    capped = [e for e in inp.events if e.get("what") == "workload_killed" and "cap" in str(e.get("reason", ""))]
+    if end.get("reason") == "cap" or capped:  # the runner's event says so too: an end record alone cannot undo it
         return _r(False, "the scenario hit its wall-clock cap")
     return _r(True, f"every one of {len(inp.all_ops)} ops returned")
+
+
+# faults whose window ends with the node's process started again (a new process locally; the same
+# pod's container started again by the kubelet on a cluster): the history itself must show it
+RESTARTING_FAULTS = ("restart", "kill", "node_down", "server_kill", "server_restart", "server_down")
+CUTTING_FAULTS = ("partition", "refuse")  # faults that cut a network link: traffic across it must show the cut
+
+
+def _spec_names(spec: Any, node: Any) -> bool:
+    """Whether a fault's ``node`` parameter (a role, ``ROLE:*``, ``all``) names ``node``."""
+    spec, node = str(spec), str(node)
+    return spec == "all" or spec == node or (spec.endswith(":*") and node.startswith(spec[:-1]))
+
+
+def _chaos_name(w: dict) -> str:
+    """The Chaos Mesh object a window's fault made on a cluster (runtimes/k8s/manifests.py names it
+    ``<fault type as a DNS label>-<fault id>``)."""
+    return f"{re.sub(r'[^a-z0-9-]', '-', str(w.get('name')).lower()).strip('-')}-{w.get('id')}"
+
+
+def _in(e: dict, w: dict) -> bool:
+    return finite(e.get("t")) and w["start"] <= e["t"] <= w["stop"]
+
+
+def _restart_unshown(inp: CheckInput, w: dict) -> str | None:
+    """Why the history does not show that window ``w``'s node process started again, or None. The
+    evidence, per node the fault acted on: a ``process_start`` inside the window of another process
+    of that node (locally: the runner started it; its role, or for an event without one the kind of
+    the process the window stopped), or a probe of the node after the window began whose process or
+    start time (``counters.started``: a pod's container the kubelet started again keeps its pod uid)
+    differs from its last probe before, or the ``chaos_restarted`` event's restart counts going up.
+    The fault's own count (``acted``/``seen``: what Chaos Mesh reported) is not evidence."""
+    spec = (w.get("params") or {}).get("node")
+    gone = [e for e in inp.events if e.get("what") in ("process_kill", "process_stop") and _in(e, w)]
+    roles = {str(e.get("role")) for e in gone if e.get("role") is not None}
+    if spec is not None:
+        roles |= {str(p.get("node")) for p in inp.probes if p.get("node") != "client" and _spec_names(spec, p.get("node"))}
+    if not roles:
+        return "no node it names appears in the history (no probe of it, no process stopped in its window)"
+    chaos = [e for e in inp.events if e.get("what") == "chaos_restarted" and _in(e, w)
+             and e.get("name", _chaos_name(w)) == _chaos_name(w)]
+    if any(finite(e.get("restarts_before")) and finite(e.get("restarts_after")) and e["restarts_after"] > e["restarts_before"]
+           for e in chaos):
+        return None  # the kubelet's own restart count of the pods it selects went up
+    gone_pids = {e.get("pid") for e in gone}
+    for role in sorted(roles):
+        kinds = {e.get("kind") for e in gone if str(e.get("role")) == role}
+        started = [e for e in inp.events if e.get("what") == "process_start" and _in(e, w) and e.get("pid") not in gone_pids
+                   and (str(e.get("role")) == role if e.get("role") is not None else e.get("kind") in kinds)]
+        if started:
+            continue
+        mine = sorted((p for p in inp.probes if str(p.get("node")) == role and finite(p.get("t"))), key=lambda p: p["t"])
+        before = [p for p in mine if p["t"] <= w["start"]]
+        if before and any(_another_process(before[-1], p) for p in mine if p["t"] > w["start"]):
+            continue
+        return (f"nothing shows {role} started again: no process_start of it in the window, no probe of it after the "
+                f"window began from another process or start time than its last one before")
+    return None
+
+
+def _another_process(a: dict, b: dict) -> bool:
+    """Probe ``b`` is of another process than probe ``a``: another pid, or the same pid (a pod) whose
+    processes started at another time (``counters.started``, both read: -1 is a count that failed)."""
+    if a.get("pid") != b.get("pid"):
+        return True
+    sa, sb = ((x.get("counters") or {}).get("started") for x in (a, b))
+    return finite(sa) and finite(sb) and sa >= 0 and sb >= 0 and sa != sb
+
+
+def _cut_unshown(inp: CheckInput, w: dict, faults: dict) -> str | None:
+    """Why the history does not show that window ``w`` cut its link, or None. Evidence from the
+    traffic side: an op that failed inside the cut (from its start record to its heal plus its tail)
+    in a way the fault explains, at a time no other fault window explains; or an op still in flight at
+    the heal that had waited inside the cut (from when the fault had acted) longer than any op that
+    succeeded outside every fault window took in all; or a probe across the link (Chaos Mesh's
+    partitions: ``chaos_probe`` of its object, ``cut`` 1) that did not get through. The fault's own
+    count (packets an iptables rule counted, a Chaos Mesh object's conditions) is not evidence."""
+    name = _chaos_name(w)
+    if any(e.get("what") == "chaos_probe" and e.get("name") == name and e.get("cut") == 1 and _in(e, w)
+           for e in inp.events):
+        return None
+    f = faults.get(w.get("id"), {})
+    explains = set(f.get("explains") or ()) | {"stalled"}
+    others = [(v, window_tail_s(v, faults.get(v.get("id"), {}))) for v in inp.windows
+              if v.get("id") != w.get("id") and finite(v.get("start")) and finite(v.get("stop"))]
+
+    def other_covers(t: float, cats: set) -> bool:
+        return any(v["start"] <= t <= v["stop"] + tail and cats & (set(faults.get(v.get("id"), {}).get("explains") or ())
+                                                                  | {"stalled"}) for v, tail in others)
+
+    tail = window_tail_s(w, f)
+    for o in inp.all_ops:
+        tc, cats = o.get("t_complete"), op_categories(o)
+        if o.get("phase") != "ok" and finite(tc) and w["start"] <= tc <= w["stop"] + tail and cats & explains \
+                and not other_covers(tc, cats):
+            return None
+    spans = [(v["start"], v["stop"] + t) for v, t in others] + [(w["start"], w["stop"] + tail)]
+    healthy = [op_elapsed_ms(o) / 1000.0 for o in inp.all_ops if o.get("phase") == "ok" and finite(o.get("t_invoke"))
+               and finite(o.get("t_complete")) and not any(o["t_invoke"] <= b and o["t_complete"] >= a for a, b in spans)]
+    acted = [e["t"] for e in inp.events if e.get("what") == "fault_started" and e.get("id") == w.get("id") and _in(e, w)]
+    since = min(acted) if acted else w["start"]
+    if healthy:
+        slowest = max(healthy)
+        for o in inp.all_ops:
+            ti, tc = o.get("t_invoke"), o.get("t_complete")
+            if finite(ti) and ti < w["stop"] and (tc is None or finite(tc) and tc >= w["stop"]) \
+                    and w["stop"] - max(ti, since) > slowest and not other_covers(w["stop"], op_categories(o) | {"stalled"}):
+                return None
+    return ("nothing on the traffic side shows the cut: no op failed in it as the fault explains, none was held "
+            "across it longer than a healthy op takes" + ("" if healthy else " (no op succeeded outside every fault "
+                                                         "window to compare with)") + ", no probe across it failed")
+
+
+def _chaos_unrecorded(inp: CheckInput, w: dict, eff: dict) -> str | None:
+    """A window whose effect reports what a Chaos Mesh object did (``injected``, ``recovered``,
+    ``cut``) must have those events in the history, inside the window, saying the same."""
+    if not any(k in eff for k in ("injected", "recovered", "cut")):
+        return None
+    name = _chaos_name(w)
+    mine = [e for e in inp.events if str(e.get("what", "")).startswith("chaos_") and e.get("name") == name and _in(e, w)]
+    for k, what in (("injected", "chaos_injected"), ("recovered", "chaos_recovered")):
+        if finite(eff.get(k)) and eff[k] > 0 and not any(e.get("what") == what for e in mine):
+            return f"its effect says {k} {eff[k]!r}, but no {what} event of {name} is in its window"
+    if "cut" in eff:
+        probes = [e.get("cut") for e in mine if e.get("what") == "chaos_probe"]
+        if probes != [eff["cut"]]:
+            return f"its effect says cut {eff['cut']!r}, but its window's probes across the link say {probes}"
+    return None
 
 
 @check("fault_effect")
@@ -517,7 +698,14 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     what the fault requires (``required`` in the event and in the meta line's fault list). A
     scheduled fault that never opened a window, a window whose fault requires an effect and
     reported none, or less, tested nothing: the run is a harness error, never a verdict. Faults
-    that cannot count what they did (toxics) are listed as unmeasured."""
+    that cannot count what they did (toxics) are listed as unmeasured. What a fault reports is not
+    enough for the faults whose effect the history can show from another side: a restart, kill or
+    node_down must show its node's process started again (a process_start in the window, a probe
+    after it from another process or start time, or the kubelet's restart count going up); a
+    partition or refuse must show the cut on the traffic side (a request failed in it as the fault
+    explains, or waited across it longer than any healthy one took, or a probe across the link did
+    not get through); a Chaos Mesh window's injected/recovered/cut counts must match its chaos_*
+    events. Absent that evidence the window cannot be shown to have acted: a harness error."""
     effects: dict = {}
     for e in inp.events:
         if e.get("what") == "fault_effect":
@@ -550,6 +738,15 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         short = [f"{k} {eff.get(k)!r} < {v:g}" for k, v in req.items() if not finite(eff.get(k)) or eff.get(k) < v]
         if short:
             problems.append(f"{w.get('name')} (window {w.get('id')}) did not act: {', '.join(short)}")
+            continue
+        # what the fault reported is not enough: the history must show it from another side too
+        why = _chaos_unrecorded(inp, w, eff)
+        if why is None and w.get("name") in RESTARTING_FAULTS:
+            why = _restart_unshown(inp, w)
+        if why is None and w.get("name") in CUTTING_FAULTS:
+            why = _cut_unshown(inp, w, scheduled)
+        if why:
+            problems.append(f"{w.get('name')} (window {w.get('id')}) cannot be shown to have acted: {why}")
     if problems:
         return _r(False, f"{len(problems)} fault windows without their effect; {problems[0]}", problems=problems[:5])
     note = f"; unmeasured: {', '.join(sorted(set(unmeasured)))}" if unmeasured else ""
@@ -604,6 +801,40 @@ def retired_pids(inp: CheckInput, how: tuple[str, ...] = ("process_kill", "proce
     spans = [(w["start"], w["stop"]) for w in inp.windows if finite(w.get("start")) and finite(w.get("stop"))]
     return {e.get("pid") for e in inp.events if e.get("what") in how and finite(e.get("t"))
             and any(a <= e["t"] <= b for a, b in spans)}
+
+
+def last_heal(inp: CheckInput) -> float | None:
+    """When the last fault window closed (its stop record, written once the heal was done; a window
+    without one closes at the history's end); None without a window."""
+    stops = [w["stop"] for w in inp.windows if w.get("start") is not None and finite(w.get("stop"))]
+    return max(stops) if stops else None
+
+
+def final_too_early(inp: CheckInput, finals: list[dict]) -> str | None:
+    """Why one of ``finals`` (final probes) cannot show the state after the run, or None. A node's
+    final probe is the harness's, taken at teardown once every fault healed (harness/runner.py:
+    the heals, then ``final_probe``), so one timed before the last heal's stop record shows a node
+    still under a fault, not after it. The client's is its own, written when its last op ended
+    (nodekit/workload.py ``finish``): that may come before a slow heal (a killed P started again
+    after the workload's last request, pd-kill-prefill-before-pull), and it is the client's end as
+    long as no op record of the history comes after it. A final probe without a finite time shows
+    nothing. Checks that judge after the run (no_leaks, node_alive, the families' drained) cannot
+    judge from such a probe: they fail as undecided, never pass."""
+    t0 = inp.meta.get("t0") or 0.0
+    heal = last_heal(inp)
+    op_ts = [r["t"] for r in inp.records if r.get("type") == "op" and finite(r.get("t"))]
+    for p in finals:
+        t, who = p.get("t"), f"{p.get('node')} (pid {p.get('pid')})"
+        if not finite(t):
+            return f"{who}: its final probe has no finite time ({t!r}): whether it came after the run is unknown"
+        if p.get("node") == "client":
+            if op_ts and t < max(op_ts):
+                return (f"the client's final probe ({t - t0:.2f} s) comes before an op record of its history "
+                        f"({max(op_ts) - t0:.2f} s): it is not the client's end")
+        elif heal is not None and t < heal:
+            return (f"{who}: its final probe was taken at {t - t0:.2f} s, before the last fault healed ({heal - t0:.2f} s): "
+                    f"it cannot show the state after the run")
+    return None
 
 
 def history_end(inp: CheckInput) -> float:

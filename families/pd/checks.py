@@ -7,8 +7,8 @@ import math
 from pydantic import Field
 
 from faults.base import Duration
-from harness.checks import (CheckInput, CheckOptions, CheckResult, _first, _r, finite, op_elapsed_ms, retired_pids,
-                            same_output, undecided)
+from harness.checks import (CheckInput, CheckOptions, CheckResult, _first, _r, final_too_early, finite, op_elapsed_ms,
+                            retired_pids, same_output, undecided)
 
 from harness.triggers import Fired, TriggerParams
 
@@ -74,10 +74,14 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     shows what a node keeps for good. With ``at_once: S`` the scenario asserts more: every sample
     taken during the run when no request was in flight and none ended within S seconds shows the
     node holding nothing, so blocks kept until a timeout frees them fail too (and a
-    run with no such sample cannot be judged: it fails)."""
+    run with no such sample cannot be judged: it fails). A final probe taken before the last fault
+    healed shows a node under the fault, not after the run: it cannot judge."""
     finals = _vllm_probes(inp, "final")
     if not finals:
         return _r(False, "no final probe of any vLLM node: nothing shows they drained")
+    early = final_too_early(inp, finals)  # a probe before the last heal shows a node under a fault
+    if early:
+        return undecided(early)
     gone = retired_pids(inp)
     unseen = [b for b in _vllm_probes(inp, "baseline")
               if b.get("pid") not in gone and not any(f.get("pid") == b.get("pid") for f in finals)]

@@ -189,7 +189,13 @@ class ChaosMeshFault(Fault):
         self.kube.wait("v1", "Pod", ns, lambda items: back([p for p in items if not names or p["metadata"]["name"] in names]),
                        RESTART_READY_TIMEOUT_S, "the killed container started again and ready",
                        selector=None if names else label_selector(sel))
-        self.ctx.event("chaos_restarted", kind="PodChaos", seconds=round(time.monotonic() - t0, 2))
+        # the kubelet's restart counts of the selected pods before the kill and now: what fault_effect
+        # takes as evidence that the container started again (the object's conditions are not)
+        after = self._restarts(ns) if before else {}
+        counts = {"restarts_before": sum(before.values()), "restarts_after": sum(after.get(u, 0) for u in before)} \
+            if before and set(before) <= set(after) else {}
+        self.ctx.event("chaos_restarted", kind="PodChaos", name=self.manifest["metadata"]["name"],
+                       seconds=round(time.monotonic() - t0, 2), **counts)
 
     def _pods(self, ns: str, sel: dict) -> list[dict]:
         """The pods a Chaos Mesh selector picks: by name (``pods``, attach mode) or by labels."""

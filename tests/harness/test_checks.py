@@ -120,9 +120,12 @@ def test_no_leaks() -> None:
     # a restarted server is compared with its own baseline (same pid); the stopped one is not
     # (killed inside a fault's window: a kill event with no fault around it retires nothing)
     restarted = [meta(), probe("server", "baseline", pid=1), event("process_kill", pid=1),
-                 probe("server", "baseline", pid=7, fds=12), probe("server", "final", pid=7, fds=12)]
+                 probe("server", "baseline", pid=7, fds=12), probe("server", "final", pid=7, fds=12, t=1.0)]
     assert run("no_leaks", restarted + fault(0, "kill", -0.1, 0.1)).ok is True
     assert run("no_leaks", restarted).ok is False
+    # the harness takes its final probes after every heal: one from before the last shows nothing
+    r = run("no_leaks", restarted + fault(0, "kill", -0.1, 1.5))
+    assert r.ok is False and r.message.startswith("cannot judge") and "before the last fault healed" in r.message
 
 
 def test_log_hygiene() -> None:
@@ -347,7 +350,7 @@ def test_recovery_schedule_without_room_is_a_validation_error(tmp_path) -> None:
 def test_no_leaks_compares_every_node_that_had_a_baseline() -> None:
     """The interposer (or any node) with a baseline but no final probe, and not stopped during
     the run, used to be skipped."""
-    hist = [meta(), probe("server", "baseline"), probe("server", "final"),
+    hist = [meta(), probe("server", "baseline"), probe("server", "final", t=0.5),  # final: after every heal
             probe("interposer", "baseline", pid=5)]
     r = run("no_leaks", hist)
     assert r.ok is False and "interposer" in r.message
@@ -404,10 +407,10 @@ def test_checks_do_not_pass_on_an_empty_history() -> None:
 
 def test_node_alive_needs_every_started_node_accounted_for() -> None:
     hist = [meta(), probe("server", "baseline", pid=1), probe("interposer", "baseline", pid=2),
-            probe("server", "final", pid=1)]
+            probe("server", "final", pid=1, t=0.5)]  # final: after every heal
     r = run("node_alive", hist)
     assert r.ok is False and "interposer" in r.message
-    assert run("node_alive", hist + [probe("interposer", "final", pid=2)]).ok is True
+    assert run("node_alive", hist + [probe("interposer", "final", pid=2, t=0.5)]).ok is True
     assert run("node_alive", hist + [event("process_stop", pid=2)] + fault(0, "swap", -0.1, 0.1)).ok is True
     assert run("node_alive", hist + [event("process_stop", pid=2)]).ok is False
 

@@ -99,7 +99,11 @@ class Run:
     def retally(self, create: bool = False) -> None:
         """The client's own count of its requests (final probe counters ``ops``/``ops_<outcome>``,
         ``stuck_workers``) as the mutated ops say: a mutant stands for a system that behaved so,
-        whose workload counted what it saw. (A forged history is one that skips this.)"""
+        whose workload counted what it saw, and the runner's count of stalled ops in the end record,
+        as it writes it from the history. (A forged history is one that skips this.)"""
+        end = self.end
+        if end is not None and "stalled" in end:
+            end["stalled"] = sum(1 for o in J.ops(self.records) if o.get("outcome") == "stalled")
         for p in self.probes("client", "final"):
             c = p.setdefault("counters", {})
             if not isinstance(c.get("ops"), int) and not create:

@@ -96,7 +96,7 @@ MOONCAKE = ("MooncakeConnector", HARDENED)
 # The patched target's vLLM settings: the opt-in switches of connector_patch/upstream/vllm/0.32.0/ that the
 # scenarios' claims for it rest on (no_busy_wait, latency), as hardened's rest on quiet waiting. vLLM's
 # defaults keep them off (upstream's behaviour): 02's adaptive shared-memory spin; 01/04/18's engine wake.
-PATCHED_VLLM_ENV = {"VLLM_SHM_READER_ADAPTIVE_SPIN": "1"}
+PATCHED_VLLM_ENV = {"VLLM_SHM_READER_ADAPTIVE_SPIN": "1", "VLLM_ENGINE_KV_WAKE": "1"}
 
 
 def patched_env(overlay: str | None) -> dict[str, str]:

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from faults.base import Duration
 
-POLL_S = 0.005  # how often the nemesis reads the phase files while a keyed fault is armed
+POLL_S = 0.002  # how often the nemesis reads the phase files while a keyed fault is armed
 WITHIN_DEFAULT_S = 5.0
 MAX_JOURNALLED = 20000  # phase events written into one run's journal, at most (the rest are counted)
 

@@ -206,13 +206,18 @@ class PhaseKeyed(TriggerParams):
     fault: int = Field(ge=0, description="the fault entry (0-based, in file order) keyed on a phase (`upon:`)")
     max_lag: float = Field(0.25, gt=0, le=10.0, description="at most this many seconds between the phase "
                                                              "event plus its offset and the fault's start")
+    before: str | None = Field(None, description="a phase of the same node that must not have come between the "
+                                                 "keyed event and the moment the fault had acted (its fault_started "
+                                                 "event): e.g. P frozen before it answered the pull it was serving")
 
 
 @GENERIC.trigger("phase_keyed", PhaseKeyed)
 def phase_keyed(inp: Any, params: dict) -> Fired:
     """Fault ``fault`` started at the protocol phase its entry names (``upon:``, harness/phases.py):
     its start record names that phase, the phase event it names is in the history (journalled from
-    the node that wrote it), and the fault started ``offset`` after it, at most ``max_lag`` s late.
+    the node that wrote it), and the fault started ``offset`` after it, at most ``max_lag`` s late;
+    with ``before``, that phase of the same node did not come between the event and the moment the
+    fault had acted (its ``fault_started`` event): the fault caught what it was keyed on.
     A fault whose phase never came has no start record: the trigger does not fire."""
     fid, lag_max = params["fault"], params.get("max_lag", 0.25)
     declared = next((f for f in inp.meta.get("faults") or [] if f.get("id") == fid), None)
@@ -236,5 +241,17 @@ def phase_keyed(inp: Any, params: dict) -> Fired:
         return Fired(False, f"fault {fid}: the {on.get('phase')} event its start names is not in the history")
     lag = t_start - (t_ph + offset)
     ok = -1e-6 <= lag <= lag_max
-    return Fired(ok, f"fault {fid} started {lag * 1000:.1f} ms after {on.get('phase')} (of {seen[0].get('role')})"
-                     f" + {offset * 1000:g} ms offset ({lag_max * 1000:g} ms allowed)")
+    said = (f"fault {fid} started {lag * 1000:.1f} ms after {on.get('phase')} (of {seen[0].get('role')})"
+            f" + {offset * 1000:g} ms offset ({lag_max * 1000:g} ms allowed)")
+    before = params.get("before")
+    if ok and before:
+        acted = _acted_at(inp, fid)
+        if acted is None:
+            return Fired(False, f"{said}; no one record of when it had acted")
+        early = [e for e in inp.events if e.get("what") == "phase" and e.get("phase") == before
+                 and e.get("role") == seen[0].get("role") and _finite(e.get("t")) and t_ph <= e["t"] <= acted]
+        ok = not early
+        said += (f"; {before} came {(early[0]['t'] - t_ph) * 1000:.1f} ms after the phase, before the fault had "
+                 f"acted ({(acted - t_ph) * 1000:.1f} ms)" if early else
+                 f"; it had acted {(acted - t_ph) * 1000:.1f} ms after the phase, before any {before}")
+    return Fired(ok, said)

@@ -41,6 +41,7 @@ class PDFamily(Family):
     # a fault may be keyed on one (``upon: {phase: p_write_started, offset: 0ms}``)
     phases = {
         "p_pull_served": "P: a pull from D was taken off P's queue and is being served (send_kv_to_decode entered)",
+        "p_pull_answered": "P: done with that pull, its last answer to D sent (send_kv_to_decode returned)",
         "p_write_started": "P: its transfer engine starts writing a pull's KV into D's blocks (_send_blocks)",
         "p_write_done": "P: that write returned, either way",
         "d_bootstrap_query_out": "D: its query to P's bootstrap server is out (an engine D does not know, or "

@@ -224,3 +224,19 @@ def test_phase_keyed_trigger_refuses_a_fault_not_keyed() -> None:
     recs[0]["faults"][0].pop("upon")
     got = phase_keyed(CheckInput(recs), {"fault": 0})
     assert got.fired is False and "not keyed on a phase" in got.evidence
+
+
+@pytest.mark.parametrize("answered_after, fired", [(0.002, False), (0.2, True), (None, True)])
+def test_phase_keyed_before_says_whether_the_fault_caught_what_it_was_keyed_on(answered_after: float | None,
+                                                                               fired: bool) -> None:
+    recs = _history(0.004)
+    t_phase = 101.0
+    recs.append({"type": "event", "what": "fault_started", "id": 0, "t": t_phase + 0.1 + 0.004 + 0.003})
+    if answered_after is not None:  # P answered the pull: before the freeze had acted, or after
+        recs.append({"type": "event", "what": "phase", "phase": "p_pull_answered", "role": "prefill:0",
+                     "t": t_phase + 0.1 + answered_after})
+    recs.append({"type": "event", "what": "phase", "phase": "p_pull_answered", "role": "decode:0",
+                 "t": t_phase + 0.101})  # another node's: never counts
+    recs.sort(key=lambda r: r.get("t", 0))
+    got = phase_keyed(CheckInput(recs), {"fault": 0, "max_lag": 0.25, "before": "p_pull_answered"})
+    assert got.fired is fired, got.evidence

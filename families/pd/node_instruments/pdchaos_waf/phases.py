@@ -13,6 +13,8 @@ fault at a phase.
 P (producer):
   ``p_pull_served``    a pull from D was taken off P's queue and is being served
                        (``send_kv_to_decode`` entered: upstream's, which the hardened one calls)
+  ``p_pull_answered``  P is done with that pull: its last answer to D was sent, or it gave up
+                       (``send_kv_to_decode`` returned or raised)
   ``p_write_started``  P's transfer engine starts writing KV into D's blocks (``_send_blocks``,
                        in P's sender executor thread)
   ``p_write_done``     that write returned (either way)
@@ -87,7 +89,7 @@ def _wrap(fn, before: str | None, after: str | None = None):  # noqa: ANN001, AN
 
 
 # on upstream's class: every target reaches these (the hardened worker through super())
-CLASS_LEVEL = {"send_kv_to_decode": ("p_pull_served", None),
+CLASS_LEVEL = {"send_kv_to_decode": ("p_pull_served", "p_pull_answered"),
                "_send_blocks": ("p_write_started", "p_write_done"),
                "_connect_to_prefiller_bootstrap": ("d_bootstrap_query_out", None)}
 # on each worker instance, its own class's method: a subclass may replace upstream's without super()

@@ -270,6 +270,8 @@ class Outcome:
     # <error>) or a name the code does not have yet (ImportError, ModuleNotFoundError); the rest of
     # ``failed`` failed in the test's own body (an assertion, an exception of the code under test)
     not_reached: list[str] = field(default_factory=list)
+    # each failed test's first line of pytest's failure message (JUnit's ``message``), for a PR's test output
+    messages: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> str:
         return f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.skipped)} not run"
@@ -313,6 +315,7 @@ def run_pytest(p: UpstreamProject, tree: Path, overlay: Path, ids: list[str], ti
         if kinds & {"failure", "error"}:
             out.failed.append(name)
             message = next((c.get("message") or "" for c in case if c.tag in ("failure", "error")), "")
+            out.messages[name] = (message.strip().splitlines() or [""])[0][:200]
             if "error" in kinds or NOT_REACHED.match(message):
                 out.not_reached.append(name)
         elif "skipped" in kinds:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FIELDS = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests", "Tests-changed", "Depends", "Related", "Notes")
+FIELDS = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests", "Tests-changed", "Depends", "Related", "Notes",
+          "User-facing")
 REQUIRED = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests")
 _NAME = re.compile(r"^(\d\d)-[a-z0-9][a-z0-9-]*\.diff$")
 

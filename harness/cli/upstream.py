@@ -31,6 +31,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--jobs", type=int, default=2, metavar="N", help="pytest runs side by side (default 2)")
     c.add_argument("--pr-bodies", action="store_true",
                    help="write each proven diff's PR body beside it (NN-slug.pr.md), from its header and this run")
+    r = sub.add_parser("pr", help="write a pull-request folder for a diff from a real run of its check",
+                       description="prove one diff alone (its tests before and after it, on the pinned release with "
+                                   "only what its Depends: names; ruff and tethering) and write its pull-request "
+                                   "folder: change.diff (git's diff on the release's own files), PR.md (the "
+                                   "release's template), commit-message.txt, test-output.txt")
+    r.add_argument("--diff", action="append", default=[], metavar="PROJECT/NN", required=True,
+                   help="e.g. vllm/33 or vllm-ascend/37 (repeatable)")
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help="where the folders go (default connector_patch/upstream/prs/)")
+    r.add_argument("--jobs", type=int, default=2, metavar="N", help="pytest runs side by side (default 2)")
 
 
 def projects() -> list:
@@ -44,6 +54,8 @@ def projects() -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "pr":
+        return run_pr(args)
     from ..upstream import check, line_for
 
     found = projects()
@@ -86,3 +98,67 @@ def run(args: argparse.Namespace) -> int:
     for line in problems:
         print(f"  {line}")
     return 1 if problems else 0
+
+
+PR_ROOT = "connector_patch/upstream/prs"
+
+
+def run_pr(args: argparse.Namespace) -> int:
+    """``pdchaos upstream pr --diff vllm/33``: each named diff checked alone, then its folder written."""
+    from pathlib import Path
+
+    from ..upstream import check, fetch_sdist
+    from ..upstream_pr import folder_problems, write_pr_folder
+
+    repo = Path(__file__).resolve().parents[2]
+    out_root = Path(args.out) if args.out else repo / PR_ROOT
+    by_name = {p.project: p for p in projects()}
+    wanted: list[tuple[object, str]] = []
+    for spec in args.diff:
+        project, _, num = spec.partition("/")
+        if project not in by_name or not (len(num) == 2 and num.isdigit()):
+            raise UsageError(f"--diff {spec!r}: give PROJECT/NN, e.g. vllm/33; projects: {', '.join(sorted(by_name))}")
+        wanted.append((by_name[project], num))
+    if not 1 <= args.jobs <= 16:
+        raise UsageError(f"--jobs {args.jobs}: between 1 and 16")
+    for p, num in wanted:
+        if not any(d.name.startswith(num + "-") for d in p.series()):
+            raise UsageError(f"--diff {p.project}/{num}: no such diff in {p.label}")
+        if not p.ready():
+            raise UsageError(f"{p.label}: upstream's tests are not set up: run `pdchaos setup --only "
+                             f"upstream-tests-{p.project}`")
+    bad = 0
+    for p, num in wanted:
+        print(f"{p.label}: {num}", flush=True)
+        results, _, probs = check(p, out=lambda s: print(s, flush=True), only=[num + "-"], own=False, jobs=args.jobs)
+        r = results[0] if results else None
+        if r is None or not r.ok:
+            bad += 1
+            for line in probs:
+                print(f"  {line}")
+            print(f"  {p.project}/{num}: not proven, no folder written")
+            continue
+        d = next(d for d in p.series() if d.name == r.name)
+        when = time.strftime("%Y-%m-%d", time.gmtime())
+        folder = write_pr_folder(p, d, r, out_root, fetch_sdist(p), when)
+        left = folder_problems(folder, p, own_names())
+        print(f"  wrote {folder.relative_to(out_root.parent) if folder.is_relative_to(out_root.parent) else folder}"
+              + (": " + "; ".join(left) if left else ""))
+        bad += bool(left)
+    return 1 if bad else 0
+
+
+def own_names() -> tuple[str, ...]:
+    """This project's scenario names (a PR folder must name none of them)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    names = set()
+    for f in (repo / "scenarios").rglob("*.yaml"):
+        m = re.search(r"^name:\s*['\"]?([\w.-]+)", f.read_text(encoding="utf-8", errors="replace"), re.M)
+        # a name its suite prefixes, or of three words or more; the bare short ones (baseline, server-down)
+        # are plain words too
+        if m and (m.group(1) != f.stem or m.group(1).count("-") >= 2):
+            names.add(m.group(1))
+    return tuple(sorted(names))

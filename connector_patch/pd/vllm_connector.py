@@ -602,6 +602,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             if rid in named:  # this P rank answered it already: one answer per rank counts (issue 43, 7e)
                 continue
             named.add(rid)
+            # P wrote it and said so: this pull is settled for it (P never writes a sent transfer
+            # again), so a later failure of the pull cancels only its open siblings (issue 43, item 5)
+            self._settled([rid], addr)
             meta = pull_metas[rid]
             if meta.failed:
                 continue

@@ -1,375 +1,405 @@
-"""A stateful model of the P/D pull protocol (issue 30, item 4), over the hardened connector's REAL
-pure rules: D's :class:`LoadLedger` (deadlines, one report per load), its :class:`Settlements`
-(blocks freed only once P cannot write, closed when given up before a pull opened), which
-requests of a pull D cancels (:func:`connector_patch.pd.pull.cancel_targets`) and P's
-:class:`TerminalRecords`. What vLLM and Mooncake do around them is modelled here, as
-``connector_patch/pd/vllm_connector.py`` glues the rules in (one small step per rule, named after
-the method it stands for); nothing of vLLM is imported.
+"""A stateful model of the P/D pull protocol that drives the hardened connector's REAL worker code
+(issue 43, item 5): D's pull path (``start_load_kv``, ``_cancelled``, ``receive_kv``,
+``receive_kv_from_single_worker``, ``_on_reply``, ``_cancel_round``, ``get_transfer_results``),
+P's listener, sender tasks, ``send_kv_to_decode``, ``_build_transfer_params``, ``_on_cancel`` and
+``record_send_reqs``, the scheduler side's ``request_finished``/``build_connector_meta``/
+``update_connector_output``, and the rules under them (``PeerWatch``, ``RequesterLinks``,
+``cancel_targets``, ``LoadLedger``, ``Settlements``, ``TerminalRecords``), all of
+``connector_patch/pd`` as shipped, over the simulated clock, loop and network of
+:mod:`pd_sim`. vLLM's scheduler around them is modelled here (a block pool, one engine step
+every ``STEP_S``; a failed load's blocks are kept until its ``finished_recving``, as vLLM does);
+what the hardened worker inherits from upstream's worker is modelled in :mod:`pd_sim`.
 
-Messages over TCP are neither duplicated nor reordered within one connection; the model
-duplicates them anyway (a D that pulls the same transfer twice), and P then behaves as upstream's:
-blocks it sent went back to its pool, so it never writes a transfer twice.
+Actors: one D rank; P with ``P_TP`` ranks (1 to 4), each its own hardened worker with its own side
+channel; the client (requests, aborts); P's scheduler (a prefill ends at any time, before or after
+D pulls); the network (per P rank: up, refusing, blackholed; a connection reset; a message delayed,
+lost or duplicated; cancel rounds on new connections overtake the pull); P's writes, which take
+time and can be cut (the transfer engine fails).
 
-Actors: D's scheduler (steps, aborts), D's worker (the bootstrap query, one pull per P worker of a
-step's requests, its deadline, cancel rounds, its bound), P with ``WORKERS`` TP ranks (a pull per
-rank; a rank writes D's blocks when its prefill is ready, waits for it up to its abort timeout,
-answers cancels as the hardened P does) and the network: every message may be delivered late, in
-any order, lost or duplicated; one older than ``MAX_DELAY`` is lost (a TCP connection delivers
-within a bound or fails).
+Invariants, checked after every rule and at the end of each run (then the world runs on past
+every bound):
 
-Invariants, checked after every step:
+- ``no write into a block D freed or reassigned``: every chunk P writes (at its start and as each
+  lands) goes into blocks D holds for that request;
+- ``a load is reported OK only once every P rank wrote it``;
+- ``each request reaches exactly one terminal state within its bound``: OK, failed or aborted,
+  never two; a load not aborted is reported by its deadline; a failed or aborted load's blocks
+  come back by its bound (bootstrap + P's abort timeout + D's margin + the close's 2 s);
+- ``an abort touches only its own request``: D asks P to cancel only requests that are finished
+  at D (aborted, failed) or whose pull failed;
+- ``P frees what it kept within its bound``: P's blocks of a finished prefill come back by its
+  abort timeout, and within a few steps of P acknowledging a cancel for it when no pull that
+  names it waits at P (one that does, waiting for its siblings' prefills, holds them until it
+  ends: within the abort timeout).
 
-- no write into a block D does not hold for that request (freed, or another request's);
-- every load is reported by its deadline, and every failed or aborted load gives its blocks back
-  by its bound (P's abort timeout + margin, as upstream's receive timeout);
-- D asks P to cancel only requests the client aborted or whose pull failed: an abort touches only
-  its own request;
-- the block pool adds up: each block free or held by exactly one request.
-
-Not modelled: P restarts (found again through the bootstrap query: real nodes, pd-long), HMA block
-groups, vLLM's preemption.
+Fault spaces: ``FULL = False`` leaves out the two ways into defect 7a (issue 43, not fixed): writes
+longer than D's 1.5 s "P gone" delay and a blackhole that turns into refusals (D reads P as gone
+0.2 s in, P's keepalive sees the reset only ~1 s in). ``FULL = True`` has them; the model then
+finds 7a (tests/connector_patch/test_pd_model.py keeps it as a named, strict xfail).
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import types
 from collections import defaultdict
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from connector_patch.pd import pull as pull_rules
-from connector_patch.pd.ledger import LoadLedger
-from connector_patch.pd.settle import Settlements
-from connector_patch.pd.terminal import TerminalRecords
+import pd_sim
+from pd_sim import ABORT_S, DEADLINE_MS, ENGINE, MARGIN_S, PullReqMeta, World
 
-# times in model seconds: only their order matters (deadline < P's abort timeout < D's bound), as
-# in the scenarios (2 s < 10 s < 70 s) and vLLM's defaults (30 s < 480 s < 540 s)
-DEADLINE = 1.5  # D's kv_load_timeout_ms
-P_TIMEOUT = 3.0  # P waits this long for its own prefill, then answers the pull with an error
-MAX_DELAY = 0.5  # a message older than this is lost
-BOUND = P_TIMEOUT + MAX_DELAY + 0.5  # D's bound on a pull: P never writes after it
-CANCEL_EVERY = 0.5
 NBLOCKS = 6
+STEP_S = 0.1  # one engine step
+DECODE_S = 0.5  # a request whose load ended OK decodes this long, then frees its blocks
+BOOT_MAX_S = 2.0
+DEADLINE_S = DEADLINE_MS / 1000.0
+REPORT_BY_S = DEADLINE_S + 0.25 + 2 * STEP_S  # the ledger's deadline, seen at the next step
+FREE_BY_S = BOOT_MAX_S + ABORT_S + MARGIN_S + 2.0 + 1.0  # bound + the close's monitor read + slack
+P_FREE_BY_S = ABORT_S + 3 * STEP_S
+MAX_LINK_CHANGES = 3  # per run: most of a run is requests, prefills and time, around a few faults
+MAX_FAULTS = 3
+SEEN: dict[str, int] = defaultdict(int)  # how often each path ran, over every example (not vacuous)
 
 
-SEEN: dict[str, int] = defaultdict(int)  # how often each path ran, over every example (the model is not vacuous)
+class _Req:
+    def __init__(self, rid: str) -> None:
+        self.request_id = rid
+        self.kv_transfer_params = None
+        self.status = None
 
 
 class PDModel(RuleBasedStateMachine):
-    WORKERS = 1
+    P_TP = 1
+    FULL = False  # 7a's two ways in (module docstring)
+    DUP_PULLS = False  # a pull may be duplicated too (TCP never does it)
 
     def __init__(self) -> None:
         super().__init__()
-        self.now = 0.0
-        self.ledger = LoadLedger(int(DEADLINE * 1000))
-        self.sets = Settlements()
-        self.terminal = [TerminalRecords(P_TIMEOUT) for _ in range(self.WORKERS)]
+        mod = pd_sim.hardened_module()
+        SEEN["examples"] += 1
+        self.mod = mod
+        self.world = World(self.P_TP)
+        self.world.dup_pulls = self.DUP_PULLS
+        pd_sim.WORLD_MONITORS.clear()
+        pd_sim.bind_clock(mod, self.world)
+        self.violations: list[str] = []
+        self.world.loop.set_exception_handler(self._crash)
+        self.bootstrap_s = 0.0
+        self.write_s = 0.05
+        self.cut: set[int] = set()
+        self.d = mod.HardenedMooncakeConnectorWorker(pd_sim.config(self.world, self, 0, False), "d-engine", None)
+        self.sched = object.__new__(mod.HardenedMooncakeConnectorScheduler)
+        self.sched._loading, self.sched._to_cancel, self.sched._eos_held = {}, set(), set()
+        self.p = [mod.HardenedMooncakeConnectorWorker(pd_sim.config(self.world, self, r, True), ENGINE, None)
+                  for r in range(self.P_TP)]
+        for p in self.p:
+            self.world.loop.create_task(p._mooncake_sender_listener(asyncio.Event()))
+        self.world.d_send_hooks.append(self._d_sent)
+        self.world.p_send_hooks.append(self._p_sent)
         self.free = set(range(NBLOCKS))
         self.owner: dict[int, str] = {}
         self.reqs: dict[str, dict] = {}
-        self.bootstrap: list[list[str]] = []  # steps whose pulls wait for P's bootstrap answer
-        self.pulls: dict[int, dict] = {}  # D's pulls in flight
-        self.p_pending: list[dict] = [{} for _ in range(self.WORKERS)]  # P rank -> pull id -> its state
-        self.p_ready: set[str] = set()  # requests whose prefill ended on P
-        # per P rank, requests it wrote: their blocks go back to P's pool once sent (finished_sending),
-        # so a second pull for one (duplicated) waits for a prefill that never comes again, as upstream
-        self.p_sent: list[set[str]] = [set() for _ in range(self.WORKERS)]
-        self.net: list[dict] = []
-        self.cancel_wanted: set[str] = set()
-        self.ok_count: dict[str, int] = defaultdict(int)
-        self.ids = itertools.count()
+        self.metas: dict[str, PullReqMeta] = {}
+        self.new_loads: list[str] = []
+        self.wrote: dict[tuple[str, int], float] = {}
+        self.p_kept: dict[tuple[str, int], float] = {}  # (request, rank) -> when P's prefill kept its blocks
+        self.p_acked: dict[tuple[str, int], float] = {}
+        self.n = 0
+        self.n_link = self.n_fault = 0
+        self.world.loop.create_task(self._engine())
+        self.world.run_until(self.world.now() + STEP_S)
 
-    # ------------------------------------------------------------------ helpers
-    def _send(self, **msg) -> None:
-        self.net.append({**msg, "t": self.now})
+    # ------------------------------------------------------------------ bookkeeping
+    def _crash(self, loop, ctx) -> None:
+        exc = ctx.get("exception")
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
+            self.violations.append(f"a task of the real code raised {type(exc).__name__}: {exc}")
+
+    def _violate(self, msg: str) -> None:
+        self.violations.append(msg)
+
+    def _terminal(self, rid: str, what: str) -> None:
+        r = self.reqs[rid]
+        r["terminal"].append(what)
+        if len(r["terminal"]) > 1:
+            self._violate(f"{rid} reached two terminal states: {r['terminal']}")
+        SEEN[what] += 1
 
     def _free(self, rid: str) -> None:
-        """vLLM frees the request's blocks (finished_recving of a finished request)."""
         r = self.reqs[rid]
-        assert not r["freed"], f"{rid}: blocks freed twice"
-        r["freed"] = True
+        if r["freed"] is not None:
+            self._violate(f"{rid}'s blocks released twice")
+            return
+        r["freed"] = self.world.now()
         for b in r["blocks"]:
-            assert self.owner.get(b) == rid
             del self.owner[b]
             self.free.add(b)
 
-    def _act(self, rid: str, action: str | None) -> None:
-        if action == "recv":
-            self._free(rid)
+    async def write(self, rank: int, meta, d_ids: list[str]) -> int:
+        """P's transfer engine writing D's blocks (upstream: run_in_executor(_send_blocks)): chunks
+        that each land after ``write_s / 3``; a cut write fails (returns -1)."""
+        chunks = 3
+        blocks = {d: [b for g in meta.req_blocks[d][1] for b in g] for d in d_ids}
+        for i in range(chunks + 1):
+            for d in d_ids:
+                for b in blocks[d]:
+                    if self.owner.get(b) != d:
+                        self._violate(f"P rank {rank} wrote {d}'s KV into block {b}, which D holds for "
+                                      f"{self.owner.get(b) or 'nobody (freed)'}")
+                        return -1
+            if i == chunks:
+                break
+            if rank in self.cut:
+                self.cut.discard(rank)
+                SEEN["write_cut"] += 1
+                return -1
+            await asyncio.sleep(self.write_s / chunks)
+        for d in d_ids:
+            self.wrote[(d, rank)] = self.world.now()
+        SEEN["written"] += len(d_ids)
+        return 0
 
-    def _settled(self, rids, worker: int) -> None:
-        for rid in rids:
-            self._act(rid, self.sets.settle(rid, f"p{worker}", self.now))
-
-    def _fail(self, rids, code: str) -> None:
-        for rid in rids:
-            self.ledger.fail(rid, code)
-
-    def _collect(self) -> None:
-        """get_transfer_results: the ledger's report; a failed load frees once settled."""
-        rep = self.ledger.collect(self.now)
-        for rid in rep.finished:
+    def _d_sent(self, data: bytes) -> None:
+        msg = pd_sim.Codec.decode(data)
+        if not isinstance(msg, dict) or self.mod.CANCEL_KEY not in msg:
+            return
+        for tid in msg[self.mod.CANCEL_KEY]:
+            rid = tid[1:]
             r = self.reqs[rid]
-            if rid in rep.failed_ids:
-                r["status"] = "failed"
-                SEEN["failed"] += 1
-                if self.sets.want(rid, "recv"):
-                    self._free(rid)
+            if r["state"] not in ("aborted", "failed") and not self.metas[rid].failed:
+                self._violate(f"D asked P to cancel {rid} ({r['state']}): neither finished at D nor its pull failed")
+        SEEN["cancel_sent"] += 1
+
+    def _p_sent(self, rank: int, data: bytes) -> None:
+        msg = pd_sim.Codec.decode(data)
+        if isinstance(msg, dict) and "cancelled" in msg:
+            for tid in msg["cancelled"]:
+                # freed at once, unless a pull that names it still waits at P (for its siblings'
+                # prefills): then when that pull ends, within P's abort timeout (the general bound)
+                if not self.p[rank]._waiters.get(tid):
+                    self.p_acked.setdefault((tid[1:], rank), self.world.now())
+                SEEN["cancel_acked"] += 1
+
+    # ------------------------------------------------------------------ the engines
+    async def _engine(self) -> None:
+        while True:
+            await asyncio.sleep(STEP_S)
+            try:
+                self._d_step()
+                for rank, p in enumerate(self.p):
+                    for p_rid in await p.fetch_finished_sending_reqs():
+                        key = (p_rid[1:], rank)
+                        if key not in self.p_kept:
+                            self._violate(f"P rank {rank} released {p_rid}, whose blocks it never kept")
+                        elif self.p_kept[key] is not None:
+                            self.reqs[p_rid[1:]]["p_freed"][rank] = self.world.now()
+                            self.p_kept[key] = None
+                            SEEN["p_freed"] += 1
+            except Exception as e:  # noqa: BLE001 - the real code raised: a violation, not a hang
+                self._violate(f"the engine step raised {type(e).__name__}: {e}")
+
+    def _d_step(self) -> None:
+        now = self.world.now()
+        res = self.d.get_transfer_results()
+        invalid: set[int] = set()
+        while not self.d._invalid_block_ids.empty():
+            invalid |= self.d._invalid_block_ids.get_nowait()
+        for rid, r in self.reqs.items():
+            if r["state"] == "waiting" and invalid & set(r["blocks"]):
+                r["state"] = "failed"  # policy fail: FINISHED_ERROR; vLLM keeps its blocks until finished_recving
+                self._terminal(rid, "failed")
+                self.sched.request_finished(_Req(rid), [r["blocks"]])
+        for rid in res.finished_recving:
+            r = self.reqs[rid]
+            if r["state"] == "waiting":
+                for rank in range(self.P_TP):
+                    if (rid, rank) not in self.wrote:
+                        self._violate(f"{rid}'s load reported OK before P rank {rank} wrote it")
+                r["state"] = "running"
+                r["done_at"] = now + DECODE_S
+                self._terminal(rid, "ok")
+            elif r["state"] in ("failed", "aborted") and r["freed"] is None:
+                self._free(rid)
+                SEEN["released"] += 1
             else:
-                SEEN["done"] += 1
-                r["status"] = "done"  # its blocks now hold its KV: the request decodes on them
+                self._violate(f"{rid} reported in finished_recving again ({r['state']})")
+        self.sched.update_connector_output(res)
+        for rid, r in self.reqs.items():
+            if r["state"] == "running" and now >= r["done_at"]:
+                r["state"] = "done"
+                self.sched.request_finished(_Req(rid), [r["blocks"]])
+                self._free(rid)
+        loads = {}
+        for rid in self.new_loads:
+            self.reqs[rid]["t_load"] = now
+            loads[rid] = self.metas[rid]
+        self.new_loads = []
+        meta = types.SimpleNamespace(reqs_to_recv={ENGINE: loads} if loads else {}, reqs_to_send={},
+                                     reqs_not_processed=set())
+        self.d.start_load_kv(self.sched.build_connector_meta(meta))
 
-    def _end_pull(self, pid: int) -> None:
-        p = self.pulls.pop(pid)
-        self.cancel_wanted.difference_update(p["reqs"])
-        self._settled(p["reqs"], p["worker"])
-        if p["code"]:
-            self._fail(p["reqs"] - p["named"], p["code"])
+    def _p_meta(self, rid: str, blocks) -> types.SimpleNamespace:
+        return types.SimpleNamespace(reqs_to_recv={}, reqs_to_send={f"p{rid}": (f"t{rid}", blocks)},
+                                     reqs_not_processed=set())
 
-    # ------------------------------------------------------------------ D's scheduler
-    @precondition(lambda self: len(self.free) >= 1 and len(self.reqs) < 12)
+    @initialize(delay=st.sampled_from([0.001, 0.05, 0.3]), jitter=st.booleans(),
+                bootstrap_s=st.sampled_from([0.0, 0.3, BOOT_MAX_S]), seed=st.integers(0, 2**16), data=st.data())
+    def profile(self, delay: float, jitter: bool, bootstrap_s: float, seed: int, data) -> None:
+        """The run's network and P: latency (with jitter each message draws its own, up to it, so
+        messages on different connections overtake each other), write time, bootstrap time."""
+        write_s = data.draw(st.sampled_from([0.05, 0.3, 2.5] if self.FULL else [0.05, 0.3]), label="write_s")
+        self.world.delay, self.write_s, self.bootstrap_s = delay, write_s, bootstrap_s
+        self.world.jitter_seed(seed if jitter else None)
+
+    # ------------------------------------------------------------------ the client and P's scheduler
+    @precondition(lambda self: len(self.free) >= 1 and len(self.reqs) < 10)
     @rule(n=st.integers(1, 3), size=st.integers(1, 2))
-    def step(self, n: int, size: int) -> None:
-        """Requests of one step get blocks (lowest free first: a freed block is reused at once) and
-        their loads start (start_load_kv); their pulls wait for the bootstrap query."""
-        group = []
+    def new_requests(self, n: int, size: int) -> None:
+        """Requests of one step get blocks (lowest free first: a freed block is reused at once);
+        their loads start at the next step; P has scheduled their prefills."""
         for _ in range(n):
             if len(self.free) < size:
                 break
+            rid = f"r{self.n}"
+            self.n += 1
             blocks = sorted(self.free)[:size]
-            rid = f"r{next(self.ids)}"
             for b in blocks:
                 self.free.discard(b)
                 self.owner[b] = rid
-            self.reqs[rid] = {"blocks": blocks, "status": "waiting", "aborted": False, "freed": False,
-                              "start": self.now}
-            assert self.ledger.start(rid, [blocks], self.now)
-            group.append(rid)
-        if group:
-            self.bootstrap.append(group)
+            self.reqs[rid] = {"blocks": blocks, "state": "waiting", "terminal": [], "freed": None,
+                              "t_load": None, "p_freed": {}}
+            self.sched._loading[rid] = frozenset(blocks)  # update_state_after_alloc
+            self.metas[rid] = PullReqMeta(rid, f"t{rid}", [list(blocks)], ENGINE, "http://p-bootstrap")
+            self.new_loads.append(rid)
+            for p in self.p:
+                p.start_load_kv(self._p_meta(rid, []))
 
     @rule(data=st.data())
     def abort(self, data) -> None:
-        """The client disconnects (request_finished -> the worker's _cancelled)."""
-        live = sorted(r for r, v in self.reqs.items() if not v["aborted"] and v["status"] != "done")
+        live = sorted(r for r, v in self.reqs.items() if v["state"] in ("waiting", "running"))
         if not live:
             return
-        rid = data.draw(st.sampled_from(live))
-        self.reqs[rid]["aborted"] = True
-        tracked = self.ledger.forget(rid)
-        if tracked:
-            self.reqs[rid]["status"] = "aborted"
-            if self.sets.want(rid, "recv"):
-                self._free(rid)
-        if self.sets.is_open(rid):
-            self.cancel_wanted.add(rid)
-
-    # ------------------------------------------------------------------ D's worker
-    @precondition(lambda self: bool(self.bootstrap))
-    @rule(data=st.data())
-    def bootstrap_answers(self, data) -> None:
-        """P's bootstrap server answered: receive_kv opens each load still held and sends one pull
-        per P rank (a load given up meanwhile is refused by the settlements: never pulled)."""
-        group = self.bootstrap.pop(data.draw(st.integers(0, len(self.bootstrap) - 1)))
-        workers = [f"p{w}" for w in range(self.WORKERS)]
-        live = {rid for rid in group if self.sets.opened(rid, workers)}
-        SEEN["pull_dropped"] += len(group) - len(live)
-        if not live:
+        rid = data.draw(st.sampled_from(live), label="abort")
+        r = self.reqs[rid]
+        if r["state"] == "running":
+            r["state"] = "done"
+            self.sched.request_finished(_Req(rid), [r["blocks"]])
+            self._free(rid)
             return
-        for w in range(self.WORKERS):
-            pid = next(self.ids)
-            self.pulls[pid] = {"worker": w, "reqs": set(live), "named": set(), "code": None, "t0": self.now,
-                               "unsettled": False, "next_cancel": 0.0}
-            self._send(kind="pull", worker=w, pid=pid, reqs={r: list(self.reqs[r]["blocks"]) for r in live})
-
-    def _pull_tick(self, pid: int) -> None:
-        """One turn of receive_kv_from_single_worker's loop."""
-        p = self.pulls[pid]
-        if p["code"] is None and self.now >= p["t0"] + DEADLINE:
-            p["code"] = "timeout"
-            p["unsettled"] = True
-            self._fail(p["reqs"] - p["named"], "timeout")
-        if p["reqs"] & self.cancel_wanted:
-            p["unsettled"] = True
-        if self.now >= p["t0"] + BOUND:
-            SEEN["bound"] += 1
-            self._end_pull(pid)  # upstream's own bound: P has given up writing by now
+        r["state"] = "aborted"
+        if rid in self.new_loads:  # not scheduled yet: vLLM frees it at once
+            self.new_loads.remove(rid)
+            self.sched._loading.pop(rid, None)
+            self._terminal(rid, "aborted")
+            self._free(rid)
             return
-        if p["unsettled"] and self.now >= p["next_cancel"]:
-            p["next_cancel"] = self.now + CANCEL_EVERY
-            doomed = pull_rules.cancel_targets(p["reqs"], p["code"] is not None, self.cancel_wanted)
-            ids = sorted(r for r in doomed if self.sets.is_open(r, f"p{p['worker']}"))
-            if ids:
-                for r in ids:  # an abort touches only its own request
-                    assert self.reqs[r]["aborted"] or p["code"] is not None, \
-                        f"D cancels {r} at P: neither aborted nor its pull failed"
-                self._send(kind="cancel", worker=p["worker"], pid=pid, tids=ids)
-            if not any(self.sets.is_open(r, f"p{p['worker']}") for r in p["reqs"]):
-                self._end_pull(pid)
-
-    @rule(dt=st.sampled_from([0.1, 0.25, 0.5, 1.0]))
-    def advance(self, dt: float) -> None:
-        self.now += dt
-        for pid in sorted(self.pulls):
-            if pid in self.pulls:
-                self._pull_tick(pid)
-        self._p_expire()
-        self._collect()
-
-    # ------------------------------------------------------------------ P
-    def _p_answer(self, w: int, pid: int) -> None:
-        """P's send task for one pull: once every request of it is ready or cancelled, write the
-        ready ones into D's blocks and answer FINISH (the cancelled ones in err_reqs)."""
-        st_ = self.p_pending[w].get(pid)
-        if st_ is None:
-            return
-        ready = [r for r in st_["reqs"] if r in self.p_ready and r not in self.p_sent[w]
-                 and not self.terminal[w].lookup(r, self.now)]
-        dead = [r for r in st_["reqs"] if self.terminal[w].lookup(r, self.now)]
-        if len(ready) + len(dead) < len(st_["reqs"]):
-            return  # P waits for its prefill (up to P_TIMEOUT: _p_expire)
-        for r in ready:
-            for b in st_["reqs"][r]:
-                assert self.owner.get(b) == r, (f"P wrote {r}'s KV into block {b}, which D holds for "
-                                                f"{self.owner.get(b) or 'nobody (freed)'}")
-        SEEN["written"] += len(ready)
-        self.p_sent[w].update(ready)
-        del self.p_pending[w][pid]
-        self._send(kind="reply", worker=w, pid=pid, ok=ready, err=dead, aborted=True)
-
-    def _p_expire(self) -> None:
-        for w in range(self.WORKERS):
-            for pid, st_ in list(self.p_pending[w].items()):
-                if self.now >= st_["t"] + P_TIMEOUT:
-                    SEEN["p_expired"] += 1
-                    for r in st_["reqs"]:
-                        if r not in self.p_ready or r in self.p_sent[w]:
-                            self.terminal[w].record(r, "expired", self.now)
-                    self._p_answer(w, pid)
+        self._terminal(rid, "aborted")
+        delay, _ = self.sched.request_finished(_Req(rid), [r["blocks"]])
+        assert delay is False
 
     @rule(data=st.data())
     def prefill_ready(self, data) -> None:
-        """P's prefill of a request ends (its blocks handed to the worker: request_finished)."""
-        todo = sorted(r for r in self.reqs if r not in self.p_ready)
+        todo = sorted((r for r in self.reqs if (r, 0) not in self.p_kept), key=lambda r: int(r[1:]))
         if not todo:
             return
-        self.p_ready.add(data.draw(st.sampled_from(todo)))
-        for w in range(self.WORKERS):
-            for pid in sorted(self.p_pending[w]):
-                self._p_answer(w, pid)
+        rid = data.draw(st.sampled_from(todo[:2]), label="prefill")  # P prefills in about arrival order
+        for rank, p in enumerate(self.p):
+            self.p_kept[(rid, rank)] = self.world.now()
+            self.reqs[rid].setdefault("p_kept_at", self.world.now())
+            p.start_load_kv(self._p_meta(rid, [[100 + self.n]]))
 
-    def _p_receive(self, m: dict) -> None:
-        w = m["worker"]
-        if m["kind"] == "pull":
-            if any(m["pid"] in self.p_pending[x] for x in range(self.WORKERS)):
-                return  # a duplicate of a pull P is serving
-            dead = [r for r in m["reqs"] if self.terminal[w].lookup(r, self.now)]
-            if dead:  # send_kv_to_decode: a terminal transfer is answered at once
-                self._send(kind="reply", worker=w, pid=m["pid"], ok=[], err=dead, aborted=True,
-                           final=len(dead) == len(m["reqs"]))
-            live = {r: b for r, b in m["reqs"].items() if r not in dead}
-            if live:
-                self.p_pending[w][m["pid"]] = {"reqs": live, "t": self.now}
-                self._p_answer(w, m["pid"])
-        else:  # a cancel: the hardened P's _on_cancel
-            acked = []
-            for r in m["tids"]:
-                self.terminal[w].record(r, "cancelled", self.now)
-                acked.append(r)
-            SEEN["cancelled"] += len(acked)
-            self._send(kind="ack", worker=w, pid=m["pid"], acked=acked)
-            for pid in sorted(self.p_pending[w]):
-                self._p_answer(w, pid)
+    # ------------------------------------------------------------------ time and faults
+    @rule(dt=st.sampled_from([0.1, 0.3, 0.6, 1.5]))
+    def advance(self, dt: float) -> None:
+        self.world.run_until(self.world.now() + dt)
 
-    # ------------------------------------------------------------------ D receives
-    def _d_receive(self, m: dict) -> None:
-        p = self.pulls.get(m["pid"])
-        if p is None:
-            return  # that pull is over: its socket is closed
-        w = p["worker"]
-        if m["kind"] == "ack":
-            self._settled(set(m["acked"]) & p["reqs"], w)
-            if not any(self.sets.is_open(r, f"p{w}") for r in p["reqs"]):
-                self._end_pull(m["pid"])
-            return
-        for r in m["ok"]:
-            if r in p["reqs"] and r not in p["named"]:
-                p["named"].add(r)
-                self.ok_count[r] += 1
-                if self.ok_count[r] >= self.WORKERS:
-                    self.ledger.ok(r)
-        errs = [r for r in m["err"] if r in p["reqs"]]
-        if errs:
-            p["named"].update(errs)
-            self._settled(errs, w)
-            self._fail(errs, "aborted")
-        if m.get("final", True):
-            unnamed = p["reqs"] - p["named"]
-            self._settled(unnamed, w)
-            self._fail(unnamed, "unanswered")
-            p["named"] |= unnamed
-            self._end_pull(m["pid"])
-
-    # ------------------------------------------------------------------ the network
-    @precondition(lambda self: bool(self.net))
+    @precondition(lambda self: self.n_link < MAX_LINK_CHANGES)
     @rule(data=st.data())
-    def deliver(self, data) -> None:
-        m = self.net.pop(data.draw(st.integers(0, len(self.net) - 1)))
-        if self.now - m["t"] > MAX_DELAY:
-            return  # too late: the connection failed, the message is lost
-        if m["kind"] in ("pull", "cancel"):
-            self._p_receive(m)
+    def link(self, data) -> None:
+        self.n_link += 1
+        rank = data.draw(st.integers(0, self.P_TP - 1), label="rank")
+        modes = ["up", "refuse", "blackhole"]
+        if not self.FULL and self.world.mode[rank] == "blackhole":
+            modes = ["up"]  # blackhole -> refuse opens 7a's keepalive window
+        self.world.set_mode(rank, data.draw(st.sampled_from(modes), label="mode"))
+
+    @precondition(lambda self: self.n_fault < MAX_FAULTS)
+    @rule(data=st.data())
+    def fault(self, data) -> None:
+        """One of the rarer faults (one rule, so that requests, prefills, time and links are drawn
+        often): a reset of a rank's connections, the network's latency, the next message lost or
+        duplicated, the next write of a rank cut, how long writes take, how long the bootstrap
+        query takes."""
+        self.n_fault += 1
+        kind = data.draw(st.sampled_from(["reset", "latency", "lose", "duplicate", "cut", "write_time",
+                                          "bootstrap_time"]), label="fault")
+        SEEN[f"fault_{kind}"] += 1
+        if kind == "reset":
+            self.world.drop(data.draw(st.integers(0, self.P_TP - 1), label="rank"))
+        elif kind == "latency":
+            self.world.delay = data.draw(st.sampled_from([0.001, 0.05, 0.3]), label="latency")
+        elif kind == "lose":
+            self.world.lose_next = True
+        elif kind == "duplicate":
+            self.world.dup_next = True
+        elif kind == "cut":
+            self.cut.add(data.draw(st.integers(0, self.P_TP - 1), label="rank"))
+        elif kind == "write_time":
+            self.write_s = data.draw(st.sampled_from([0.05, 0.3, 2.5] if self.FULL else [0.05, 0.3]), label="write_s")
         else:
-            self._d_receive(m)
-
-    @precondition(lambda self: bool(self.net))
-    @rule()
-    def flush(self) -> None:
-        """The network delivers the oldest messages in flight, in order (the common case), and what
-        that sends in turn: four at most."""
-        for _ in range(4):
-            if not self.net:
-                return
-            m = self.net.pop(0)
-            if self.now - m["t"] > MAX_DELAY:
-                continue  # too late: lost
-            if m["kind"] in ("pull", "cancel"):
-                self._p_receive(m)
-            else:
-                self._d_receive(m)
-
-    @precondition(lambda self: bool(self.net))
-    @rule(data=st.data())
-    def lose(self, data) -> None:
-        self.net.pop(data.draw(st.integers(0, len(self.net) - 1)))
-
-    @precondition(lambda self: bool(self.net) and len(self.net) < 30)
-    @rule(data=st.data())
-    def duplicate(self, data) -> None:
-        self.net.append(dict(self.net[data.draw(st.integers(0, len(self.net) - 1))]))
+            self.bootstrap_s = data.draw(st.sampled_from([0.0, 0.3, BOOT_MAX_S]), label="bootstrap_s")
 
     # ------------------------------------------------------------------ invariants
     @invariant()
+    def no_violation(self) -> None:
+        assert not self.violations, self.violations[0]
+
+    @invariant()
+    def within_bounds(self) -> None:
+        now = self.world.now()
+        for rid, r in self.reqs.items():
+            t = r["t_load"]
+            if t is None:
+                continue
+            if r["state"] == "waiting" and now > t + REPORT_BY_S:
+                raise AssertionError(f"{rid}: no terminal state {now - t:.2f} s after its load started")
+            if r["state"] in ("failed", "aborted") and r["freed"] is None and now > t + FREE_BY_S:
+                raise AssertionError(f"{rid} ({r['state']}) still holds its blocks {now - t:.2f} s after its load")
+        for (rid, rank), t in self.p_kept.items():
+            if t is None:
+                continue
+            ack = self.p_acked.get((rid, rank))
+            if now > t + P_FREE_BY_S:
+                raise AssertionError(f"P rank {rank} still keeps {rid}'s blocks {now - t:.2f} s after its prefill")
+            if ack is not None and now > max(t, ack) + 3 * STEP_S:
+                raise AssertionError(f"P rank {rank} still keeps {rid}'s blocks {now - max(t, ack):.2f} s after "
+                                     f"it acknowledged D's cancel")
+
+    @invariant()
     def blocks_add_up(self) -> None:
-        held = {b for r in self.reqs.values() if not r["freed"] for b in r["blocks"]}
+        held = {b for r in self.reqs.values() if r["freed"] is None for b in r["blocks"]}
         assert held.isdisjoint(self.free) and len(held) + len(self.free) == NBLOCKS
         assert set(self.owner) == held
 
-    @invariant()
-    def every_load_reported_by_its_deadline(self) -> None:
-        for rid, r in self.reqs.items():
-            if not r["aborted"] and self.now >= r["start"] + DEADLINE:
-                assert r["status"] in ("done", "failed"), f"{rid} unreported {self.now - r['start']:.1f} s in"
+    def teardown(self) -> None:
+        try:
+            end = self.world.now() + FREE_BY_S + P_FREE_BY_S + 1.0
+            while self.world.now() < end and not self.violations:
+                self.world.run_until(self.world.now() + 0.5)
+                self.within_bounds()
+            self.no_violation()
+            for rid, r in self.reqs.items():
+                if r["t_load"] is not None and len(r["terminal"]) != 1:
+                    raise AssertionError(f"{rid} ended with terminal states {r['terminal']}")
+            SEEN["runs"] += 1
+            for k, v in self.world.seen.items():
+                SEEN[k] += v
+        finally:
+            self.world.close()
 
-    @invariant()
-    def failed_or_aborted_loads_give_their_blocks_back_by_their_bound(self) -> None:
-        for rid, r in self.reqs.items():
-            # a pull opens before the load's deadline (after it, the load is given up: closed) and
-            # ends by its bound, at the next turn of its loop
-            if r["status"] in ("failed", "aborted") and self.now >= r["start"] + DEADLINE + BOUND + 1.0:
-                assert r["freed"], f"{rid} ({r['status']}) still holds its blocks {self.now - r['start']:.1f} s in"
 
-
-class PDModelTwoRanks(PDModel):
-    WORKERS = 2
+def model(p_tp: int, full: bool = False, dup_pulls: bool = False) -> type:
+    name = f"PDModelTP{p_tp}{'Full' if full else ''}{'DupPulls' if dup_pulls else ''}"
+    return type(name, (PDModel,), {"P_TP": p_tp, "FULL": full, "DUP_PULLS": dup_pulls})

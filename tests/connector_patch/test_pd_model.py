@@ -1,77 +1,123 @@
-"""The stateful model of the P/D pull protocol (tests/connector_patch/pd_model.py) over the
-hardened connector's real pure rules, run by Hypothesis' rule-based state machine: D, P with one
-or two TP ranks, a network that delays, reorders, loses and duplicates, aborts and deadlines at
-any step. Then each rule the model covers is broken the way the defects of issue 30 broke it,
-and the model must find a history that violates an invariant.
+"""The stateful model (tests/connector_patch/pd_model.py) drives the hardened connector's real worker
+code over a simulated clock and network (pd_sim.py), run by Hypothesis' rule-based state machine:
+P at TP 1 to 4, links that refuse or blackhole, connection resets, messages delayed, reordered,
+lost or duplicated, writes that take time or are cut, aborts and deadlines at any step.
 
-``PDCHAOS_MODEL_EXAMPLES`` raises the example count (the nightly's long mode); the default keeps
-this file to seconds.
+Then each rule mutant of pd_mutants.MUTANTS (one real rule broken by a monkeypatch) must be caught
+at each TP size it lists: the model finds a run that violates an invariant within its bounded
+examples. Derandomized: the same examples on every run. Two known findings stay named and
+visible as strict xfails: defect 7a (issue 43, not fixed) and a duplicated pull after a failed
+write.
+
+``PDCHAOS_MODEL_EXAMPLES`` (the nightly's long profile, schedule_nightly_cpu.yaml) multiplies every
+example count; the default keeps this file near a minute on 2 busy cores.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from connector_patch.pd import pull as pull_rules
-from connector_patch.pd.settle import Settlements
+import pd_mutants
+import pd_model
+import pd_sim
 
-from pd_model import SEEN, PDModel, PDModelTwoRanks
-
-EXAMPLES = int(os.environ.get("PDCHAOS_MODEL_EXAMPLES", "300"))
-MUTANT_EXAMPLES = max(EXAMPLES, 1500)
-pytestmark = pytest.mark.timeout(600 if EXAMPLES > 300 else 180)
-
-
-def _run(model, examples: int) -> None:
-    run_state_machine_as_test(model, settings=settings(max_examples=examples, stateful_step_count=50, deadline=None,
-                                                       suppress_health_check=list(HealthCheck), database=None,
-                                                       derandomize=True))
+SCALE = max(1, int(os.environ.get("PDCHAOS_MODEL_EXAMPLES", "1")))
+CLEAN_EXAMPLES = {1: 60, 2: 60, 3: 30, 4: 30}
+# at TP 3 and 4 a load needs every rank's write and the bounded runs see few: their non-vacuity asks less
+MUTANT_EXAMPLES = 150  # every listed mutant was caught within 135 (measured; the index is fixed by derandomize)
+pytestmark = pytest.mark.timeout(300 * SCALE)
 
 
-@pytest.mark.parametrize("model", [PDModel, PDModelTwoRanks], ids=["p-tp1", "p-tp2"])
-def test_the_pull_protocol_keeps_its_invariants(model) -> None:
-    SEEN.clear()
-    _run(model, EXAMPLES)
-    # not vacuous: P wrote, loads completed and failed, cancels were acknowledged, loads given up
-    # during the bootstrap query were never pulled, P gave up waiting, and pulls ran to their bound
-    paths = ("written", "done", "failed", "cancelled", "pull_dropped", "p_expired", "bound")
-    assert all(SEEN[k] > 0 for k in paths), dict(SEEN)
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    log = logging.getLogger("vllm.pdchaos.hardened_mooncake")
+    level, log.level = log.level, logging.CRITICAL
+    yield
+    log.setLevel(level)
 
 
-def _opened_without_close(self, req_id, pulls):
-    """Mutant of Settlements.opened: "not opened means settled" and nothing remembers it (before
-    issue 30, item 1's fix): a load given up during the bootstrap query opens all the same."""
-    keys = set(pulls)
-    with self._lock:
-        self._open.setdefault(req_id, set()).update(keys)
-        return True
+def _run(machine, examples: int, shrink: bool = False) -> None:
+    phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=examples, stateful_step_count=50, deadline=None, suppress_health_check=list(HealthCheck),
+        database=None, derandomize=True, phases=phases))
 
 
-def _cancel_every_open_id(req_ids, pull_failed, cancel_wanted):  # noqa: ARG001
-    """Mutant of cancel_targets: one abort cancels every open id of its pull (issue 30, item 2)."""
-    ids = set(req_ids)
-    return ids if pull_failed or ids & set(cancel_wanted) else set()
+@pytest.mark.parametrize("p_tp", [1, 2, 3, 4], ids=lambda n: f"p-tp{n}")
+def test_the_real_code_keeps_the_invariants(p_tp) -> None:
+    pd_model.SEEN.clear()
+    _run(pd_model.model(p_tp), CLEAN_EXAMPLES[p_tp] * SCALE, shrink=True)
+    seen = dict(pd_model.SEEN)
+    # not vacuous: P wrote, loads failed and were released, aborts, cancels acknowledged, P freed,
+    # links refused and blackholed, losses and resets drawn (at TP 1 and 2 also loads that ended OK)
+    paths = ["failed", "released", "aborted", "cancel_acked", "p_freed", "mode_blackhole", "bootstrap_query"]
+    if p_tp <= 2:
+        paths += ["written", "ok", "mode_refuse", "fault_lose", "fault_reset"]
+    missing = [k for k in paths if not seen.get(k)]
+    assert not missing, (missing, seen)
 
 
-def _fail_without_settling(self, rid, action):  # noqa: ARG001
-    """Mutant of Settlements.want: a failed or aborted load frees its blocks at once, whether P may
-    still write or not (the rule the settlements exist for)."""
-    with self._lock:
-        self._want.pop(rid, None)
-        return True
+CASES = [(name, tp) for name, (_, tps, _) in pd_mutants.MUTANTS.items() for tp in tps]
 
 
-@pytest.mark.parametrize("target, attr, mutant, words", [
-    (Settlements, "opened", _opened_without_close, "P wrote"),
-    (pull_rules, "cancel_targets", _cancel_every_open_id, "neither aborted nor its pull failed"),
-    (Settlements, "want", _fail_without_settling, "P wrote"),
-], ids=["not-opened-means-settled", "cancel-every-open-id", "free-before-settled"])
-def test_the_model_catches_a_broken_rule(monkeypatch, target, attr, mutant, words) -> None:
-    monkeypatch.setattr(target, attr, mutant)
-    with pytest.raises(AssertionError) as err:
-        _run(PDModel, MUTANT_EXAMPLES)
-    assert words in str(err.value), str(err.value)
+@pytest.mark.parametrize("name, p_tp", CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
+def test_each_rule_mutant_is_caught(monkeypatch, name, p_tp) -> None:
+    _, _, install = pd_mutants.MUTANTS[name]
+    install(pd_sim.hardened_module(), monkeypatch.setattr)
+    with pytest.raises(AssertionError):
+        _run(pd_model.model(p_tp), MUTANT_EXAMPLES * SCALE)
+
+
+def test_at_least_ten_mutants_at_tp1_and_tp2() -> None:
+    both = [n for n, (_, tps, _) in pd_mutants.MUTANTS.items() if {1, 2} <= set(tps)]
+    assert len(both) >= 10, both
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="issue 43, 7a (not fixed): P checks its requester link before a write, not while it "
+                          "runs; D reads a refusing P as gone 0.2 s into refusals after a blackhole, P's "
+                          "keepalive sees the reset only ~1 s in")
+def test_defect_7a_long_writes_and_a_blackhole_turning_to_refusals() -> None:
+    _run(pd_model.model(1, full=True), 150 * SCALE)
+
+
+class _Draw:
+    """Hypothesis' data object for a hand-written run: hands out the given values in order."""
+
+    def __init__(self, *values) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy, label=None):
+        return self.values.pop(0)
+
+
+def test_a_duplicated_pull_after_a_failed_write_writes_into_freed_blocks() -> None:
+    """A known finding, kept visible (found by the model with duplicated pulls, TP 3): P keeps a
+    transfer whose write failed (as upstream: it may be pulled again), so a duplicate of a pull
+    that P already answered with the error is served after D settled on that error and freed the
+    blocks. TCP never duplicates a message within a connection and D never sends a pull twice, so
+    the clean space leaves duplicated pulls out; this run says what changes if that ever fails."""
+    m = pd_model.model(3, dup_pulls=True)()
+    try:
+        m.profile(0.001, False, 0.0, 0, _Draw(0.05))
+        m.cut.update({0, 1, 2})
+        m.world.dup_next = True
+        m.advance(1.5)
+        m.bootstrap_s = 0.3
+        m.new_requests(3, 2)
+        m.world.delay = 0.05
+        m.prefill_ready(_Draw("r1"))
+        m.prefill_ready(_Draw("r2"))
+        m.world.lose_next = True
+        m.write_s, m.world.delay = 0.3, 0.001
+        for dt in (0.3, 0.3, 1.5):
+            m.advance(dt)
+        m.world.run_until(m.world.now() + 2.0)
+        assert any("wrote r1's KV into block 2, which D holds for nobody" in v for v in m.violations), m.violations
+    finally:
+        m.world.close()

@@ -131,7 +131,7 @@ CASES: dict[str, Case] = {
         actual="The decode instance's pull waits for 'P side ready' until the prefill instance's abort "
                "timeout (VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, 480 s by default; 10 s here) and the request "
                "fails.",
-        log_patterns=(r"P side ready", r"KV load failure|failed"),
+        log_patterns=(r"P side ready", r"KV load failure|failed with an internal error"),
     ),
     "pd-stop-decode-past-abort-timeout": Case(
         title="[Bug]: MooncakeConnector: after a decode stall longer than the abort timeout, decode waits "
@@ -208,7 +208,9 @@ def readme(name: str, case: Case, collect_env: str) -> str:
                                                                 ("patched", "with the fix applied")) if t in seen)
     obs = obs or "- (no run recorded yet)\n"
     lines = seen.get("log_lines") or []
-    logs = _fence("\n".join(lines), "text") if lines else "(none recorded yet)\n"
+    logs = _fence("\n".join(lines), "text") if lines else (
+        "None: vLLM logs nothing while the request waits (the failure is logged only when the receive "
+        "timeout ends, after `run.sh` has stopped the servers).\n" if "log_lines" in seen else "(none recorded yet)\n")
     return f"""# {case.title}
 
 A standalone reproduction: it needs only a venv with vLLM 0.32.0 (CPU build here) and Mooncake

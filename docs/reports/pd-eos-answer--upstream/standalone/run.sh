@@ -16,5 +16,5 @@ timeout 300 "$PY" repro.py --prefill "http://127.0.0.1:$P" --decode "http://127.
 rc=$?
 [ "$rc" -le 1 ] || rc=2
 echo "vLLM log lines (out/*.log):"
-log_lines 'P side ready' 'KV load failure|failed'
+log_lines 'P side ready' 'KV load failure|failed with an internal error'
 exit "$rc"

@@ -418,10 +418,11 @@ def _client_tally(inp: CheckInput) -> str | None:
 def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     """The run itself went as planned: every fault started and healed without error, every probe
     of a running node answered (baseline, before a stop, final), nothing outlived the teardown.
-    The history is whole: every completion has its invoke, the end record's count of stalled ops is
-    the history's, the client's stuck workers are its open requests, each fault's started and
-    effect events lie in its window, and every node probed at its start has a final probe, a
-    silent one, or a fault that stopped it."""
+    The history is whole: each worker's ops follow one another (one call at a time), every
+    completion has its invoke, the end record's count of stalled ops is the history's, the
+    client's stuck workers are its open requests, each fault's started and effect events lie in
+    its window, and every node probed at its start has a final probe, a silent one, or a fault
+    that stopped it."""
     bad = [e for e in inp.events if e.get("what") in HARNESS_PROBLEMS]
     if not any(r.get("type") == "end" for r in inp.records):
         return _r(False, "the journal has no end record: the run did not finish writing its history")
@@ -499,6 +500,18 @@ def harness_integrity(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG0
     if alien:
         return _r(False, f"op {alien[0]['id']} is a {alien[0].get('f')!r} op, a kind this family's workload never "
                          f"writes ({', '.join(map(str, kinds))}): the history is not one run's")
+    by_worker: dict = {}
+    for o in inp.all_ops:
+        if finite(o.get("t_invoke")):
+            by_worker.setdefault(o.get("process"), []).append(o)
+    for w, mine in by_worker.items():
+        # a worker makes one call at a time (measured: no overlap in 341 saved journals of the four
+        # families): an op invoked while the worker's previous one had not ended moved in time
+        mine.sort(key=lambda o: o["t_invoke"])
+        for a, b in zip(mine, mine[1:]):
+            if not finite(a.get("t_complete")) or b["t_invoke"] < a["t_complete"]:
+                return _r(False, f"worker {w}'s op {b.get('id')} was invoked while its op {a.get('id')} had not ended: "
+                                 f"a worker makes one call at a time, the history is not one run's")
     odd = [o for o in inp.all_ops if (o.get("phase") == "ok") != (o.get("outcome") == "ok")]
     if odd:
         o = odd[0]

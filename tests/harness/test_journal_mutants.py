@@ -170,8 +170,10 @@ def drop_op(run: Run, op_id: int) -> None:
 
 
 def stall_op(run: Run, op_id: int) -> None:
-    """The op never returned: its completion is missing; the workload left it behind (exit 3)."""
+    """The op never returned: its completion is missing, its worker sent nothing after it; the
+    workload left it behind (exit 3)."""
     run.remove(lambda r: r.get("type") == "op" and r.get("id") == op_id and r.get("phase") != "invoke")
+    retire_worker_after(run, op_id)
     run.events("workload_exit")[-1]["returncode"] = 3
     run.end["stalled"] = 1
 

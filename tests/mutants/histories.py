@@ -123,11 +123,17 @@ class Run:
                                          r.get("t") if isinstance(r.get("t"), (int, float)) else 0.0))
 
     def retime(self, op_id: int, elapsed_ms: float) -> None:
-        """The op took ``elapsed_ms``: its completion moves, and when it now ends after the
-        workload's exit, the teardown records (final probes, workload_exit, end) move after it."""
+        """The op took ``elapsed_ms``: its completion moves, the ops its worker would have sent
+        meanwhile go (one call at a time), and when it now ends after the workload's exit, the
+        teardown records (final probes, workload_exit, end) move after it."""
         done = self.completion(op_id)
         done["elapsed_ms"] = float(elapsed_ms)
-        done["t"] = self.invoke(op_id)["t"] + elapsed_ms / 1000.0
+        inv = self.invoke(op_id)
+        done["t"] = inv["t"] + elapsed_ms / 1000.0
+        # its worker makes one call at a time: what it would have sent meanwhile was never sent
+        busy = {r["id"] for r in self.records if r.get("type") == "op" and r.get("phase") == "invoke"
+                and r.get("process") == inv.get("process") and inv["t"] < r["t"] < done["t"]}
+        self.remove(lambda r: r.get("type") == "op" and r.get("id") in busy)
         self.shift_teardown_after(done["t"])
 
     def shift_teardown_after(self, t: float) -> None:
@@ -424,7 +430,7 @@ def lookup_kill_run(recovery: bool = True) -> Run:
         t = 0.02 + 0.05 * w
         while t < 3.0:
             plan.append((round(t, 4), w, start <= t < stop))
-            t += 0.201 if start <= t < stop else 0.1
+            t += 0.202 if start <= t < stop else 0.1
     plan.sort()
     ops: list[dict] = []
     before = after = n_ok = n_to = 0

@@ -305,15 +305,11 @@ def test_a_capped_run_whose_end_record_says_done_still_hit_its_cap() -> None:
     assert r.ok is False and "cap" in r.message, r.message
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open: a worker's ops never overlap in 341 saved real journals, but the synthetic histories of "
-    "tests/mutants/histories.py (lookup's base, retimed ops) do; harness_integrity cannot hold the rule "
-    "until they are rebuilt as a workload writes them"))
 def test_a_failure_after_the_heal_moved_into_the_window_is_not_explained() -> None:
     """A request after the heal fails (a broken system: nothing explains it), and its invoke record
-    moved back into the partition (its tally made to match): failures_explained held, and
-    bounded_return too (it then took 5 s of a 17 s bound). Its worker was still in earlier calls
-    then: a worker makes one call at a time."""
+    moved back into the partition (its tally made to match): failures_explained held, and nothing
+    else this upstream run is expected to pass changed (it took 5 s of a 17 s bound). Its worker was
+    still in earlier calls then: a worker makes one call at a time."""
     recs = records(PARTITION)
     start, stop = window(recs, next(f["id"] for f in meta(recs)["faults"] if f["type"] == "partition"))
     o = next(o for o in sorted(ops(recs).values(), key=lambda o: o["invoke"]["t"])
@@ -324,6 +320,7 @@ def test_a_failure_after_the_heal_moved_into_the_window_is_not_explained() -> No
     c["ops_http_502"] = c.get("ops_http_502", 0) + 1
     assert judge(recs, "failures_explained").ok is False  # the broken system, caught as it is
     o["invoke"]["t"] = stop - 0.5
-    assert judge(recs, "failures_explained").ok is True and judge(recs, "bounded_return").ok is True  # the hole
+    assert judge(recs, "failures_explained").ok is True  # the hole
+    assert o["invoke"]["id"] not in (judge(recs, "bounded_return").details.get("late_ops") or [])
     r = judge(recs, "harness_integrity")
     assert r.ok is False and "one call at a time" in r.message, r.message

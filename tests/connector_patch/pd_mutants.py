@@ -211,14 +211,17 @@ MUTANTS = {
     "failure-reported-as-ok": ("LoadLedger._finish's failure", BOTH, _failure_reported_as_ok),
     "abort-frees-at-once": ("_cancelled's settlement", BOTH, _abort_frees_at_once),
     "cancelled-prefill-kept": ("record_send_reqs' terminal check", BOTH, _cancelled_prefill_kept),
-    "complete-on-the-first-ok": ("receive_kv's pull_tasks_count", (2,), _complete_on_the_first_ok),
-    "ack-while-writing": ("_on_cancel's sending guard", (2,), _ack_while_writing),
-    "silence-acknowledges": ("_cancel_round's acknowledgement", (2,), _silence_acknowledges),
 }
 
-# Not caught within the bounded examples (measured, 150-190 examples at TP 1 and 2, 2026-12-07):
+# Not caught within the bounded examples (measured, 150-190 examples at TP 1 and 2, 2026-12-07), or not
+# stably:
 # what would make the model find them is listed in docs/interleavings.md.
 NOT_CAUGHT = {
+    # caught at TP 2 only, within 31-54 examples in one process and not within 150 in another
+    # (the example sequence differs with what ran before in the process): not asserted
+    "complete-on-the-first-ok": _complete_on_the_first_ok,
+    "ack-while-writing": _ack_while_writing,
+    "silence-acknowledges": _silence_acknowledges,
     "gone-on-refusals-alone": _gone_on_refusals_alone,  # masked: D's 1 s cancel round runs first
     "gone-after-loss-alone": _gone_after_loss_alone,
     "requester-never-checked": _requester_never_checked,  # TP 2 once, not stable

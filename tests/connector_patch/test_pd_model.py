@@ -3,13 +3,12 @@ code over a simulated clock and network (pd_sim.py), run by Hypothesis' rule-bas
 P at TP 1 to 4, links that refuse or blackhole, connection resets, messages delayed, reordered,
 lost or duplicated, writes that take time or are cut, aborts and deadlines at any step.
 
-Then each rule mutant of pd_mutants.MUTANTS (one real rule broken by a monkeypatch) must be caught
-at each TP size it lists: the model finds a run that violates an invariant within its bounded
-examples. Derandomized: the same examples on every run. Two known findings stay named and
-visible as strict xfails: defect 7a (issue 43, not fixed) and a duplicated pull after a failed
-write.
+The unmutated code must keep every invariant (test_pd_model_mutants.py: each rule mutant must
+not). Derandomized: the same examples on every run. Two known findings stay named and visible: defect
+7a (issue 43, not fixed; a strict xfail in the full fault space) and a duplicated pull after a
+failed write (a hand-written run that must show it).
 
-``PDCHAOS_MODEL_EXAMPLES`` (the nightly's long profile, schedule_nightly_cpu.yaml) multiplies every
+``PDCHAOS_MODEL_SCALE`` (the nightly's long profile, schedule_nightly_cpu.yaml) multiplies every
 example count; the default keeps this file near a minute on 2 busy cores.
 """
 
@@ -22,14 +21,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-import pd_mutants
 import pd_model
 import pd_sim
 
-SCALE = max(1, int(os.environ.get("PDCHAOS_MODEL_EXAMPLES", "1")))
+SCALE = max(1, int(os.environ.get("PDCHAOS_MODEL_SCALE", "1")))
 CLEAN_EXAMPLES = {1: 60, 2: 60, 3: 30, 4: 30}
 # at TP 3 and 4 a load needs every rank's write and the bounded runs see few: their non-vacuity asks less
-MUTANT_EXAMPLES = 150  # every listed mutant was caught within 135 (measured; the index is fixed by derandomize)
 pytestmark = pytest.mark.timeout(300 * SCALE)
 
 
@@ -60,22 +57,6 @@ def test_the_real_code_keeps_the_invariants(p_tp) -> None:
         paths += ["written", "ok", "mode_refuse", "fault_lose", "fault_reset"]
     missing = [k for k in paths if not seen.get(k)]
     assert not missing, (missing, seen)
-
-
-CASES = [(name, tp) for name, (_, tps, _) in pd_mutants.MUTANTS.items() for tp in tps]
-
-
-@pytest.mark.parametrize("name, p_tp", CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
-def test_each_rule_mutant_is_caught(monkeypatch, name, p_tp) -> None:
-    _, _, install = pd_mutants.MUTANTS[name]
-    install(pd_sim.hardened_module(), monkeypatch.setattr)
-    with pytest.raises(AssertionError):
-        _run(pd_model.model(p_tp), MUTANT_EXAMPLES * SCALE)
-
-
-def test_at_least_ten_mutants_at_tp1_and_tp2() -> None:
-    both = [n for n, (_, tps, _) in pd_mutants.MUTANTS.items() if {1, 2} <= set(tps)]
-    assert len(both) >= 10, both
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,

@@ -163,6 +163,8 @@ def test_standalone_run_shows_the_defect_on_upstream_only(report: str, target: s
     if os.environ.get(REQUIRE_ENV) != "1":
         pytest.skip(f"not applicable: real vLLM servers for minutes per report; runs in the nightly "
                     f"(schedule_nightly_cpu.yaml, {REQUIRE_ENV}=1)")
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") not in ("", "1"):
+        pytest.fail("one real run at a time: run this file with -n 0")
     if not node_env().installed():
         pytest.fail("the P/D node stack is not installed: pdchaos setup")
     python = venvs(target)

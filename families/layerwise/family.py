@@ -53,16 +53,18 @@ class LayerwiseFamily(Family):
         return ascend_unavailable()
 
     def upstream_projects(self) -> list[Any]:
-        from .upstream import vllm_ascend_project
+        from .upstream import vllm_ascend_main_project, vllm_ascend_project
 
-        return [vllm_ascend_project()]
+        # the pinned main commit's series first, the release's last (a lookup of the project by name alone,
+        # as `pdchaos upstream pr` makes, keeps the last: the release)
+        return [vllm_ascend_main_project(), vllm_ascend_project()]
 
     def setup_steps(self) -> list[Any]:
         from stacks.ascend_cpu import setup_steps as ascend_steps
 
-        from .upstream import upstream_tests_step
+        from .upstream import MainTestsStep, upstream_tests_step
 
-        return ascend_steps() + [upstream_tests_step()]
+        return ascend_steps() + [upstream_tests_step(), MainTestsStep()]
 
     def reuse_group(self, scenario: Any) -> Any:
         t = scenario.topology  # the settings of LayerwiseTopology.pool_key, but ports

@@ -1,4 +1,4 @@
-"""``pdchaos upstream check [--project NAME] [--diff NN] [--no-own]``: prove the upstream diffs.
+"""``pdchaos upstream check [--project NAME] [--series VERSION] [--diff NN] [--no-own]``: prove the upstream diffs.
 
 For every upstream release a family names (harness/upstream.py), each diff's own tests must fail on the
 code before it and pass with it, and upstream's own tests for every file the series changes must pass
@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="run each diff's tests before and after it, and upstream's own tests")
     c.add_argument("--project", action="append", default=[], metavar="NAME",
                    help="only this upstream project (vllm, vllm-ascend; repeatable)")
+    c.add_argument("--series", action="append", default=[], metavar="VERSION",
+                   help="only this series of a project (its folder under connector_patch/upstream/<project>/, "
+                        "e.g. 0.23.0.post1 or main-182b75e; repeatable)")
     c.add_argument("--diff", action="append", default=[], metavar="NN",
                    help="only the diffs whose name starts with this (e.g. 12; repeatable)")
     c.add_argument("--no-own", action="store_true", help="leave out upstream's own tests (only the diffs' tests)")
@@ -64,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--project {unknown[0]!r}: no family runs it; projects: {', '.join(names)}")
     chosen = [p for p in found if not args.project or p.project in args.project]
+    versions = sorted({p.version for p in chosen})
+    unknown = [v for v in args.series if v not in versions]
+    if unknown:
+        raise UsageError(f"--series {unknown[0]!r}: no such series; series: {', '.join(versions)}")
+    chosen = [p for p in chosen if not args.series or p.version in args.series]
     if not 1 <= args.jobs <= 16:
         raise UsageError(f"--jobs {args.jobs}: between 1 and 16")
     for d in args.diff:
@@ -80,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for p in chosen:
         if not p.ready():
-            raise UsageError(f"{p.label}: upstream's tests are not set up: run `pdchaos setup --only "
-                             f"upstream-tests-{p.project}`")
+            step = f"upstream-tests-{p.project}" + ("-main" if p.version.startswith("main-") else "")
+            raise UsageError(f"{p.label}: upstream's tests are not set up: run `pdchaos setup --only {step}`")
     problems: list[str] = []
     t0 = time.monotonic()
     for p in chosen:

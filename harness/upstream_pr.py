@@ -149,7 +149,11 @@ def outcome_lines(r: DiffResult) -> list[str]:
             for n in sorted(names)]
 
 
-def pr_folder_body(p: Any, diff: Any, r: DiffResult) -> str:
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def pr_folder_body(p: Any, diff: Any, r: DiffResult, own: str = "") -> str:
     """The PR body for a folder: :func:`pr_body`'s sections, with the claim and each test's result."""
     h = diff.header
     deps = diff.depends() or []
@@ -172,7 +176,9 @@ def pr_folder_body(p: Any, diff: Any, r: DiffResult) -> str:
     changed = h.get("Tests-changed", "none")
     if changed.strip().lower() != "none":
         tests.append(f"\nExisting tests changed: {_strip_local(changed)}")
-    notes = _strip_local(h.get("Notes", ""))
+    if own:
+        tests.append(f"\n{own}")
+    notes = _cap(_strip_local(h.get("Notes", "")))
     keys = sorted(set(re.findall(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:ms|s)\b", notes)))
     fill = {
         "what": "\n\n".join(x for x in [
@@ -185,12 +191,12 @@ def pr_folder_body(p: Any, diff: Any, r: DiffResult) -> str:
         "details": "\n\n".join(x for x in [
             (f"Applies on its own on {p.label}." if not deps
              else f"Applies on {p.label} after: " + ", ".join(f"{n:02d}" for n in deps) + "."), notes] if x),
-        "user-facing": (_strip_local(h["User-facing"]) if h.get("User-facing") else
+        "user-facing": (_cap(_strip_local(h["User-facing"])) if h.get("User-facing") else
                         f"New `kv_connector_extra_config` setting(s): {', '.join(f'`{k}`' for k in keys)}."
                         if keys else "No."),
     }
     if h.get("User-facing") and not any("user-facing" in w for _, w in p.pr_sections):
-        fill["details"] += "\n\nUser-facing: " + _strip_local(h["User-facing"])
+        fill["details"] += "\n\nUser-facing: " + _cap(_strip_local(h["User-facing"]))
     parts = []
     for heading, wanted in p.pr_sections:
         parts += [heading, "", "\n\n".join(fill[k].strip() for k in wanted if fill.get(k, "").strip()) or "n/a", ""]
@@ -266,7 +272,22 @@ def clean_diff(p: Any, diff: Any, sdist: Path, scratch: Path) -> str:
     return _git(root, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-renames")
 
 
-def write_pr_folder(p: Any, diff: Any, r: DiffResult, out_root: Path, sdist: Path, when: str) -> Path:
+def own_line(p: Any, own: Any, files: list[str]) -> str:
+    """Upstream's own tests of the changed files, with the change against the release alone."""
+    if own is None:
+        return ""
+    line = (f"The release's own tests of the files this change touches ({', '.join(files)}): "
+            f"{len(own.passed)} passed with it, {len(own.regressions)} that pass on {p.label} fail with it")
+    if own.cannot_run_here:
+        line += (f", {len(own.cannot_run_here)} fail on {p.label} alone too on this CPU-only machine, so they say "
+                 "nothing about this change")
+    if own.skipped:
+        line += f", {len(own.skipped)} skipped (CUDA)"
+    return line + "."
+
+
+def write_pr_folder(p: Any, diff: Any, r: DiffResult, out_root: Path, sdist: Path, when: str,
+                    own: Any = None, own_files: list[str] | None = None) -> Path:
     import tempfile
 
     folder = out_root / f"{p.project}-{diff.name[: -len('.diff')]}"
@@ -274,9 +295,11 @@ def write_pr_folder(p: Any, diff: Any, r: DiffResult, out_root: Path, sdist: Pat
     with tempfile.TemporaryDirectory(prefix="pdchaos-pr-") as tmp:
         text = clean_diff(p, diff, sdist, Path(tmp))
     (folder / "change.diff").write_text(text, encoding="utf-8")
-    (folder / "PR.md").write_text(pr_folder_body(p, diff, r), encoding="utf-8")
+    extra = own_line(p, own, own_files or [])
+    (folder / "PR.md").write_text(pr_folder_body(p, diff, r, extra), encoding="utf-8")
     (folder / "commit-message.txt").write_text(commit_message(diff), encoding="utf-8")
-    (folder / "test-output.txt").write_text(test_output(p, diff, r, when), encoding="utf-8")
+    (folder / "test-output.txt").write_text(test_output(p, diff, r, when)
+                                            + (f"\n{scrub_paths(extra)}\n" if extra else ""), encoding="utf-8")
     return folder
 
 

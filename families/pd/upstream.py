@@ -31,7 +31,16 @@ PR_SECTIONS = (("## Overview", ("what",)), ("## Claims", ("change",)), ("## Vali
                ("## Details", ("details",)))
 PR_FOOTER = ("<details>\n<summary> Pull Request Checklist </summary>\n\n"
              "- [ ] I used vLLM's `/pr-checklist` skill. (Mandatory for agents, optional for humans).\n"
-             "- [x] AI assistance was used during the creation of this PR.\n</details>")
+             "- [x] AI assistance was used during the creation of this PR.\n\n"
+             "- [ ] **Design Fit:** Minimizes impact on core components, reuses existing functionality, and "
+             "justifies added complexity.\n"
+             "- [ ] **Testing and Validation:** Validates the change and ensures any added tests are meaningful and "
+             "reliable, with CI coverage or documented CI resource constraints and validation performed outside CI.\n"
+             "- [ ] **Code Quality and Style:** Keeps code and comments clear and concise, and updates relevant "
+             "documentation and examples.\n"
+             "- [ ] **Pull Request Contents:** Includes a brief summary and relevant links, supports claims with "
+             "evidence, explains root causes and implementation trade-offs, and follows the contributing guide.\n"
+             "</details>")
 # OPT-125m's config.json (its published fields), for the P2P tests that build a VllmConfig for
 # facebook/opt-125m: written into a test-only HF cache, never downloaded
 OPT_125M = {

@@ -115,7 +115,10 @@ def run_pr(args: argparse.Namespace) -> int:
     """``pdchaos upstream pr --diff vllm/33``: each named diff checked alone, then its folder written."""
     from pathlib import Path
 
-    from ..upstream import check, fetch_sdist
+    import tempfile
+
+    from ..upstream import check, fetch_sdist, own_test_files, own_tests
+    from ..upstream_gates import closure
     from ..upstream_pr import folder_problems, write_pr_folder
 
     repo = Path(__file__).resolve().parents[2]
@@ -147,8 +150,24 @@ def run_pr(args: argparse.Namespace) -> int:
             print(f"  {p.project}/{num}: not proven, no folder written")
             continue
         d = next(d for d in p.series() if d.name == r.name)
+        # upstream's own tests of the files it changes, on the release with it (and its Depends:) against
+        # the release alone: what a reviewer asks next
+        needed, _ = closure(d, p.series())
+        files = own_test_files(p, [*(needed or []), d])
+        own = None
+        if files:
+            print(f"  upstream's own tests of the changed files ({len(files)} files), with it and without ...", flush=True)
+            with tempfile.TemporaryDirectory(prefix="pdchaos-pr-own-") as tmp:
+                own, own_probs = own_tests(p, [*(needed or []), d], files, Path(tmp), args.jobs)
+            print(f"  upstream's own tests: {own.counts()} in {own.seconds:.0f} s", flush=True)
+            if own_probs:
+                bad += 1
+                for line in own_probs:
+                    print(f"  {line}")
+                print(f"  {p.project}/{num}: breaks upstream's own tests, no folder written")
+                continue
         when = time.strftime("%Y-%m-%d", time.gmtime())
-        folder = write_pr_folder(p, d, r, out_root, fetch_sdist(p), when)
+        folder = write_pr_folder(p, d, r, out_root, fetch_sdist(p), when, own=own, own_files=files)
         left = folder_problems(folder, p, own_names())
         print(f"  wrote {folder.relative_to(out_root.parent) if folder.is_relative_to(out_root.parent) else folder}"
               + (": " + "; ".join(left) if left else ""))

@@ -157,6 +157,7 @@ def clean_env() -> dict[str, str]:
             "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S + 900)  # the venv (links, the patched copy) + run.sh's own limit
 @pytest.mark.parametrize("target", ["upstream", "patched"])
 @pytest.mark.parametrize("report", PD_REPORTS)
 def test_standalone_run_shows_the_defect_on_upstream_only(report: str, target: str, venvs, tmp_path: Path) -> None:

@@ -87,7 +87,10 @@ UPSTREAM_ASCEND = {
 }
 # Neither ours nor upstream's code: tools, other libraries, environment variables
 OTHER = {"zmq.Again": "pyzmq", "REQ_RELAXED": "libzmq socket option", "vllm.general_plugins": "entry point group",
-         "PYTHONPATH": "environment"}
+         "PYTHONPATH": "environment",
+         "VLLM_ENGINE_KV_WAKE": "environment: vLLM diffs 01/04/18's opt-in switch (connector_patch/upstream/vllm)",
+         "VLLM_SHM_READER_ADAPTIVE_SPIN": "environment: vLLM diff 02's opt-in switch",
+         "PATCHED_VLLM_ENV": "the harness's patched-target node env (families/pd/vllm_node.py)"}
 BUILTINS = frozenset(dir(builtins))
 UPSTREAM_PATHS = (
     "vllm/", "vllm_ascend/", "kv_pool/ascend_store/", "kv_p2p/mooncake_layerwise_connector.py",

@@ -51,7 +51,11 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              "families/layerwise/stack.py",
              # the write-after-free watcher, loaded by vLLM itself in a decode node (a general plugin)
              "families/pd/node_instruments/pdchaos_waf/__init__.py",
-             "families/pd/node_instruments/pdchaos_waf/phases.py"}
+             "families/pd/node_instruments/pdchaos_waf/phases.py",
+             # copied into each P/D report's standalone/ folder and run there by a maintainer's own
+             # vLLM venv (families/pd/standalone.py), never imported by the harness
+             "families/pd/standalone_files/make_model.py",
+             "families/pd/standalone_files/cpu_shim/sitecustomize.py"}
 
 
 def _files(pkg: str) -> list[Path]:

@@ -58,10 +58,13 @@ def test_repro_of_a_cheap_scenario_writes_a_self_contained_folder(tmp_path: Path
     launches = re.findall(r"^- `([^`]+)` at (-?[\d.]+) s:", readme, re.MULTILINE)
     assert [role for role, _ in launches] == ["server", "workload", "server"]
     assert readme.count("PDCHAOS_FAMILY=lookup ") == 3 and "-m harness.cli node legacy-server" in readme
-    assert str(out / "runs") in readme  # the harness's paths, as they were
+    # the harness's paths, with no path of this machine (reports.repro.machine_paths)
+    from reports.repro import machine_paths
+
+    assert machine_paths(str(out / "runs")) in readme and str(out / "runs") not in readme
     # steps: the scenario YAML and the one command
     assert (out / "scenario.yaml").read_text() == SERVER_KILL.read_text()
-    assert f"pdchaos repro {SERVER_KILL} --target legacy --out {out}" in readme
+    assert machine_paths(f"pdchaos repro {SERVER_KILL} --target legacy --out {out}") in readme
     assert "```yaml\nname: server-kill\n" in readme
     # expected vs actual: the claim (hardened must hold every check) next to what legacy did, measured
     assert f"**legacy** (this run): verdict **{verdict}**, failing: `bounded_return`" in readme

@@ -4,20 +4,27 @@ files, built from the Go module proxy into a cache, idempotently (a second run b
 What and why:
 
 * etcd v3.6.6 (the 3.5 on PyPI is too old: the API server then turns off the watch progress
-  requests kwok's client relies on, and pods stay Pending), through a wrapper module that pins
-  etcd's own modules to the same release;
-* kube-apiserver, kube-controller-manager, kube-scheduler v1.34.4, through a wrapper module that
-  requires ``k8s.io/kubernetes`` and pins its staging modules (read from its go.mod at build time)
-  to v0.34.4; the version is set with ``-ldflags -X`` as the release build does, so clients can
-  parse it;
-* kwok v0.8.0 (plays the kubelet: node heartbeats and pod status) and its ``fast`` stages;
+  requests kwok's client relies on, and pods stay Pending), its own modules pinned to the same
+  release;
+* kube-apiserver, kube-controller-manager, kube-scheduler v1.34.4 (k8s.io/kubernetes with its
+  staging modules, read from its go.mod at build time, pinned to v0.34.4); the version is set with
+  ``-ldflags -X`` as the release build does, so clients can parse it. The tests need all three:
+  the k8s runtime under test creates Deployments, Services and LeaderWorkerSets and waits for their
+  pods, so the controllers (ReplicaSets, pods, default ServiceAccounts, namespace deletion) and the
+  scheduler (placement, and its "unschedulable" verdict a run must report) are the real ones;
+* kwok v0.7.0 (plays the kubelet: node heartbeats and pod status) and its ``fast`` stages, built
+  against the control plane's own v0.34.4 libraries (v0.8.0 needs 0.36's kubelet log API; v0.7.0
+  needs one constant 0.34 dropped, written out in our copy: KWOK_PATCH), so that
+* all five come from ONE wrapper module and ONE ``go build``: the Kubernetes libraries, gRPC and
+  etcd's client, which the five share, are compiled once (82 MB of Go source against 134 MB in
+  three builds, docs/ci.md);
 * the CRDs the k8s runtime's objects are validated against: Chaos Mesh's ``manifests/crd.yaml``
-  at a pinned commit (no semver tags on the proxy) and LeaderWorkerSet's.
+  at a pinned commit (no semver tags on the proxy) and LeaderWorkerSet's, fetched while the build
+  compiles.
 
 Everything lands in ``${PDCHAOS_K8S_HOME:-~/.cache/pdchaos/k8s}/<TAG>/`` (``bin/``, ``crds/``,
-``stamp.json`` written last). Go's module and build caches are the user's own (GOPATH, GOCACHE
-untouched), so a rebuild after a pin change is mostly linking. Measured on 2 cores: 6 min from
-empty Go caches (which grow by ~4.5 GB), 25 s into a new cache folder with warm ones; ~370 MB here.
+``stamp.json`` written last, with the build's times). Go's module and build caches are the user's
+own (GOPATH, GOCACHE untouched), so a rebuild after a pin change is mostly linking.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,7 +47,11 @@ from harness.setup import StepFailed
 ETCD = "v3.6.6"
 KUBERNETES = "v1.34.4"
 STAGING = "v0.34.4"  # k8s.io/api, k8s.io/apiserver, ... of the same release
-KWOK = "v0.8.0"
+KWOK = "v0.7.0"  # built against STAGING in the same module (v0.8.0 needs k8s 0.36: it does not compile so)
+# ... from a copy with one constant written out: apimachinery 0.34 dropped it (only client-go's watch-list
+# path reads it, off by default in 0.34, and the 1.34 API server no longer sends that annotation)
+KWOK_PATCH = ("pkg/utils/informer/informer.go", "metav1.InitialEventsListBlueprintAnnotationKey",
+              '"kubernetes.io/initial-events-list-blueprint"', 2)
 CHAOS_MESH = "v0.9.1-0.20260902003049-47411975a8cb"  # has manifests/crd.yaml (23 CRDs, v1alpha1)
 LWS = "v0.8.0"  # the LWS release built against k8s.io/api v0.34 (v0.9+ moved to 0.36)
 
@@ -204,7 +216,7 @@ class K8sStackStep:
         if not todo:
             return f"nothing to build: all present in {k8s_home()}"
         return (f"build/fetch {', '.join(todo)} with {go} into {k8s_home()} "
-                "(cold: ~6 min on 2 cores, ~5 GB of Go caches)")
+                "(one go build; cold: ~3.5 GB of Go caches, minutes on 2 cores)")
 
     def install(self) -> str:
         todo = missing()
@@ -219,23 +231,21 @@ class K8sStackStep:
         except OSError as exc:
             raise StepFailed(f"cannot write the k8s stack's cache {home}: {exc.strerror or exc}",
                              "set PDCHAOS_K8S_HOME to a writable folder and rerun `pdchaos setup --only k8s`") from None
-        done, t0 = [], time.monotonic()
+        done, t0, times = [], time.monotonic(), {}
         try:
             with tempfile.TemporaryDirectory(prefix="pdchaos-k8s-build-") as tmp:
-                if "etcd" in todo:
-                    _build_etcd(go, Path(tmp))
-                    done.append("etcd")
-                kube = [n for n in KUBE_BINARIES if n in todo]
-                if kube:
-                    _build_kube(go, Path(tmp), kube)
-                    done += kube
-                if "kwok" in todo:
-                    _build_kwok(go, Path(tmp))
-                    done.append("kwok")
                 files = [n for n in FILES if n in todo]
-                for n in files:
-                    _fetch_file(go, Path(tmp), n)
-                done += files
+                fetch = _Beside(lambda: [_fetch_file(go, Path(tmp), n) for n in files]) if files else None
+                names = [n for n in VERSIONS if n in todo]
+                if names:
+                    t1 = time.monotonic()
+                    _build(go, Path(tmp), names)
+                    times["go build"] = round(time.monotonic() - t1, 1)
+                    done += names
+                if fetch is not None:
+                    fetch.join()
+                    times["files"] = fetch.seconds
+                    done += files
         except StepFailed as exc:
             raise StepFailed(exc.why, exc.how or self.how()) from None
         except OSError as exc:  # a full disk, a folder gone under us
@@ -245,9 +255,12 @@ class K8sStackStep:
             raise StepFailed(f"built, but still missing or not at the pinned version: {', '.join(left)}", self.how())
         seconds = time.monotonic() - t0
         stamp_file().write_text(json.dumps({"pins": PINS, "built": done, "seconds": round(seconds, 1),
+                                            "times": times,
                                             "go": _go(go, ["env", "GOVERSION"], home, timeout=30).strip()},
                                            indent=1) + "\n")
-        return f"built {', '.join(done) or 'nothing (stamped)'} into {home} in {seconds:.0f} s"
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
+        return (f"built {', '.join(done) or 'nothing (stamped)'} into {home} in {seconds:.0f} s"
+                + (f" ({parts}, side by side)" if len(times) > 1 else ""))
 
 
 def step() -> K8sStackStep:
@@ -256,12 +269,52 @@ def step() -> K8sStackStep:
 
 # ----------------------------------------------------------------------------- the pieces
 
-def _wrapper(folder: Path, module: str, require: str, replace: list[str]) -> None:
-    """Our own recipe: a go.mod that requires one module and pins the others it must match."""
-    folder.mkdir()
-    pins = "\n".join(f"\t{m} => {m} {v}" for m, v in (r.split("@") for r in replace))
-    (folder / "go.mod").write_text(f"module pdchaos.local/{module}\n\ngo 1.24\n\nrequire {require}\n\n"
-                                   f"replace (\n{pins}\n)\n")
+class _Beside:
+    """``fn()`` in a thread (the CRD downloads while the build compiles); ``join()`` re-raises its
+    StepFailed or OSError here."""
+
+    def __init__(self, fn) -> None:
+        self.seconds = 0.0
+        self._exc: BaseException | None = None
+        self._t0 = time.monotonic()
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to join()
+                self._exc = exc
+            self.seconds = round(time.monotonic() - self._t0, 1)
+
+        self._thread = threading.Thread(target=run, name="k8s-files", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join(DOWNLOAD_TIMEOUT_S * len(FILES) + 60)
+        if self._thread.is_alive():
+            raise StepFailed(f"the CRD downloads did not finish within {DOWNLOAD_TIMEOUT_S * len(FILES):g} s")
+        if self._exc is not None:
+            raise self._exc
+
+
+def wrapper_gomod(module: str, staging: list[str], local: dict[str, str] | None = None) -> str:
+    """Our own recipe: a go.mod that requires the control plane's three modules and pins what must
+    match (the staging modules to STAGING, etcd's modules to ETCD); ``local``: module -> folder
+    replacements (our patched copies)."""
+    pins = [(m, f"{m} {STAGING}") for m in staging] + \
+           [(f"go.etcd.io/etcd/{m}", f"go.etcd.io/etcd/{m} {ETCD}") for m in ETCD_MODULES]
+    pins += [(m, d) for m, d in (local or {}).items()]
+    lines = "\n".join(f"\t{m} => {to}" for m, to in pins)
+    return (f"module pdchaos.local/{module}\n\ngo 1.24\n\nrequire (\n\tk8s.io/kubernetes {KUBERNETES}\n"
+            f"\tgo.etcd.io/etcd/server/v3 {ETCD}\n\tsigs.k8s.io/kwok {KWOK}\n)\n\nreplace (\n{lines}\n)\n")
+
+
+def version_ldflags() -> list[str]:
+    """``-X`` flags that set the Kubernetes version as hack/lib/version.sh does."""
+    major, minor = KUBERNETES[1:].split(".")[:2]
+    pkgs = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+    return [f"-X {pkg}.{k}={v}" for pkg in pkgs
+            for k, v in (("gitVersion", KUBERNETES), ("gitMajor", major), ("gitMinor", minor),
+                         ("gitTreeState", "clean"))]
 
 
 def _install_binary(built: Path, name: str) -> None:
@@ -272,46 +325,60 @@ def _install_binary(built: Path, name: str) -> None:
     os.replace(part, binary(name))
 
 
-def _build_etcd(go: str, tmp: Path) -> None:
-    d = tmp / "etcd"
-    _wrapper(d, "etcdbuild", f"go.etcd.io/etcd/server/v3 {ETCD}", [f"go.etcd.io/etcd/{m}@{ETCD}" for m in ETCD_MODULES])
-    _go(go, ["build", "-ldflags=-s -w", "-o", str(tmp / "etcd.out"), "go.etcd.io/etcd/server/v3"], d)
-    _install_binary(tmp / "etcd.out", "etcd")
-
-
 def staging_modules(gomod_text: str) -> list[str]:
     """The staging modules k8s.io/kubernetes' go.mod replaces with ./staging/src/... (those we pin)."""
     mods = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/", gomod_text, re.M)
     return [m for m in dict.fromkeys(mods) if m not in STAGING_LEFT_OUT]
 
 
-def _build_kube(go: str, tmp: Path, names: list[str]) -> None:
+def read_staging(go: str, tmp: Path) -> list[str]:
     info = _download(go, "k8s.io/kubernetes", KUBERNETES, tmp)
     staging = staging_modules(Path(info["GoMod"]).read_text())
     if len(staging) < 20:
         raise StepFailed(f"k8s.io/kubernetes {KUBERNETES}'s go.mod lists {len(staging)} staging modules, expected ~29")
-    d = tmp / "kube"
-    _wrapper(d, "kubebuild", f"k8s.io/kubernetes {KUBERNETES}", [f"{m}@{STAGING}" for m in staging])
-    major, minor = KUBERNETES[1:].split(".")[:2]
-    pkgs = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")  # what hack/lib/version.sh sets
-    ld = ["-s", "-w"] + [f"-X {pkg}.{k}={v}" for pkg in pkgs
-                         for k, v in (("gitVersion", KUBERNETES), ("gitMajor", major), ("gitMinor", minor),
-                                      ("gitTreeState", "clean"))]
-    out = tmp / "kube.out"
+    return staging
+
+
+# the main package of each binary; `go build -o DIR/` names a binary after its package's last path
+# element that is not a major version (etcd's server/v3 -> "server")
+PACKAGES = {"etcd": ("go.etcd.io/etcd/server/v3", "server"),
+            **{n: (f"k8s.io/kubernetes/cmd/{n}", n) for n in KUBE_BINARIES},
+            "kwok": ("sigs.k8s.io/kwok/cmd/kwok", "kwok")}
+
+
+def _kwok_copy(go: str, dest: Path) -> None:
+    """A writable copy of kwok's module with KWOK_PATCH applied (refused if the line moved)."""
+    src = _download(go, "sigs.k8s.io/kwok", KWOK, dest.parent)["Dir"]
+    shutil.copytree(src, dest, symlinks=True)
+    for root, dirs, _files in os.walk(dest):  # the module cache's folders are read-only
+        for n in dirs:
+            os.chmod(os.path.join(root, n), 0o755)
+    os.chmod(dest, 0o755)
+    rel, old, new, count = KWOK_PATCH
+    target = dest / rel
+    text = target.read_text()
+    if text.count(old) != count:
+        raise StepFailed(f"{rel} in sigs.k8s.io/kwok {KWOK} names {old} {text.count(old)} times, not {count}: "
+                         "the pinned patch no longer fits")
+    target.chmod(0o644)
+    target.write_text(text.replace(old, new))
+
+
+def _build(go: str, tmp: Path, names: list[str]) -> None:
+    """One ``go build`` of ``names`` in one wrapper module."""
+    d = tmp / "k8s"
+    d.mkdir()
+    local = {}
+    if "kwok" in names:
+        _kwok_copy(go, tmp / "kwok")
+        local["sigs.k8s.io/kwok"] = "../kwok"
+    (d / "go.mod").write_text(wrapper_gomod("k8sbuild", read_staging(go, tmp), local=local))
+    out = tmp / "out"
     out.mkdir()
-    _go(go, ["build", f"-ldflags={' '.join(ld)}", "-o", f"{out}/",
-             *[f"k8s.io/kubernetes/cmd/{n}" for n in names]], d)
+    _go(go, ["build", f"-ldflags={' '.join(['-s', '-w', *version_ldflags()])}", "-o", f"{out}/",
+             *[PACKAGES[n][0] for n in names]], d)
     for n in names:
-        _install_binary(out / n, n)
-
-
-def _build_kwok(go: str, tmp: Path) -> None:
-    gobin = tmp / "kwok.bin"
-    gobin.mkdir()
-    # kwok's version comes from the module version in its build info: a plain `go install` prints it
-    _go(go, ["install", "-ldflags=-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK}"], tmp,
-        env={"GOBIN": str(gobin)})
-    _install_binary(gobin / "kwok", "kwok")
+        _install_binary(out / PACKAGES[n][1], n)
 
 
 def _fetch_file(go: str, tmp: Path, name: str) -> None:

@@ -97,7 +97,11 @@ class _Placeholders:
 
         self._re = re
         self.ports: dict[str, str] = {}
-        self.paths = [(str(run_dir), "<run_dir>"), (sys.executable, "python3"), (os.path.expanduser("~"), "~")]
+        from ..nodeenv.venv import cache_root
+
+        # the cache as its default place names it (XDG_CACHE_HOME moves it), then the home
+        self.paths = [(str(run_dir), "<run_dir>"), (sys.executable, "python3"),
+                      (str(cache_root()), "~/.cache/pdchaos"), (os.path.expanduser("~"), "~")]
 
     def __call__(self, text: str) -> str:
         for real, name in self.paths:

@@ -18,6 +18,14 @@ REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(120)
 
 
+
+def _cached(shown: str) -> Path:
+    """A cache path as the dry run shows it (``~/.cache/pdchaos/...``) where it is on this machine
+    (``XDG_CACHE_HOME`` moves the cache)."""
+    from harness.nodeenv.venv import cache_root
+
+    return Path(shown.replace("~/.cache/pdchaos", str(cache_root()), 1))
+
 def test_patched_runs_only_when_asked_and_claims_what_hardened_claims() -> None:
     sc = load_scenario(REPO / "scenarios/ascend-cpu/layerwise-transfer-error.yaml")
     assert "patched" not in targets_of(sc)
@@ -36,7 +44,7 @@ def test_dry_run_starts_both_connector_nodes_on_the_copy() -> None:
     nodes = [ln for ln in res.stdout.splitlines() if "--impl patched" in ln]
     assert len(nodes) == 2 and all("--upstream-overlay ~/.cache/pdchaos/patched/vllm_ascend-" in ln
                                    for ln in nodes), res.stdout[-2000:]
-    overlay = Path(nodes[0].split("--upstream-overlay ")[1].split()[0]).expanduser()
+    overlay = _cached(nodes[0].split("--upstream-overlay ")[1].split()[0])
     assert (overlay / "vllm_ascend" / "distributed" / "kv_transfer" / "kv_p2p" / "mooncake_layerwise_rules.py").is_file()
 
 

@@ -22,6 +22,14 @@ REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(240)
 
 
+
+def _cached(shown: str) -> Path:
+    """A cache path as the dry run shows it (``~/.cache/pdchaos/...``) where it is on this machine
+    (``XDG_CACHE_HOME`` moves the cache)."""
+    from harness.nodeenv.venv import cache_root
+
+    return Path(shown.replace("~/.cache/pdchaos", str(cache_root()), 1))
+
 def _ascend_env_or_skip() -> None:
     from stacks.ascend_cpu.steps import AscendStackStep
 
@@ -54,7 +62,7 @@ def test_dry_run_gives_both_ends_the_copy_and_the_release_settings() -> None:
     assert "--deadline-ms 300" in server and "--backend-timeout-ms 150" in server
     assert config["target"] == "patched" and config["upstream_overlay"].startswith("~/.cache/pdchaos/patched/vllm_ascend-")
     assert config["deadline_ms"] == 300 and config["backend_timeout_ms"] == 150
-    overlay = Path(config["upstream_overlay"]).expanduser() / "vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store"
+    overlay = _cached(config["upstream_overlay"]) / "vllm_ascend/distributed/kv_transfer/kv_pool/ascend_store"
     assert (overlay / "lookup_server.py").is_file() and (overlay / "lookup_protocol.py").is_file()
 
 
@@ -82,7 +90,7 @@ def test_the_server_node_refuses_an_overlay_without_patched_or_that_is_not_one(a
 
 def test_the_patched_server_refuses_a_backend_deadline_the_release_refuses(tmp_path: Path) -> None:
     _ascend_env_or_skip()
-    overlay = Path(_dry_run("scenarios/ascend-cpu/lookup-baseline.yaml")[1]["upstream_overlay"]).expanduser()
+    overlay = _cached(_dry_run("scenarios/ascend-cpu/lookup-baseline.yaml")[1]["upstream_overlay"])
     res = subprocess.run([sys.executable, "-m", "harness.cli", "node", "ascend-lookup-server", "--endpoint",
                           f"ipc://{tmp_path}/lookup_rpc_port_5100_dp_rank0", "--impl", "patched", "--upstream-overlay",
                           str(overlay), "--deadline-ms", "300", "--backend-timeout-ms", "300"], cwd=REPO,

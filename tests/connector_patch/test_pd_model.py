@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -32,6 +33,10 @@ pytestmark = pytest.mark.timeout(300 * SCALE)
 
 @pytest.fixture(autouse=True)
 def _quiet_logs():
+    # every test from a fresh private copy of the connector module: state one test's runs leave in
+    # the module must not steer the next test's examples (the same file gave other results run in
+    # one process than test by test; found by the README's test command on a fresh machine)
+    pd_sim._MODULE = None
     log = logging.getLogger("vllm.pdchaos.hardened_mooncake")
     level, log.level = log.level, logging.CRITICAL
     yield
@@ -99,6 +104,8 @@ def test_a_duplicated_pull_after_a_failed_write_writes_into_freed_blocks() -> No
         for dt in (0.3, 0.3, 1.5):
             m.advance(dt)
         m.world.run_until(m.world.now() + 2.0)
-        assert any("wrote r1's KV into block 2, which D holds for nobody" in v for v in m.violations), m.violations
+        # which of the two requests' duplicate lands first is the simulated network's order
+        assert any(re.search(r"wrote r[12]'s KV into block \d+, which D holds for nobody", v)
+                   for v in m.violations), m.violations
     finally:
         m.world.close()

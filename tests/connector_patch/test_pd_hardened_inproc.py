@@ -233,7 +233,9 @@ def test_duplicate_failures_of_one_load_are_reported_once(inproc) -> None:
             # one P worker's ERROR fails the load while the other P worker could still write: one
             # failure report, then the release alone, after the second worker's last word
             _failed_once(req, RELEASED_LATER)
-            assert c["last_word_after_failure_s"][name] > 0, c["last_word_after_failure_s"]
+            # the second worker's last word comes with or after the failure (the same poll may read
+            # both: 0.0 s once in a fresh machine's full test run), never before it
+            assert c["last_word_after_failure_s"][name] >= 0, c["last_word_after_failure_s"]
             assert 0 <= c["released_after_last_word_s"][name] < 3.0, c["released_after_last_word_s"]
         else:
             # err_reqs naming the request is P's last word for it (P never writes a request it

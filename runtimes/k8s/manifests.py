@@ -32,12 +32,19 @@ CHAOS_API = "chaos-mesh.org/v1alpha1"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 RUN_DIR = "/var/run/pdchaos"  # the run folder inside a pod (an emptyDir): logs, journal parts
 READY_FILE = RUN_DIR + "/ready"  # what the node's readiness probe looks for
+# made by a stop that keeps the pod (pods.PodHandle, cluster.peers: pod-ip): the first process stays
+# when the node has ended, so the pod keeps its address and the node's ports refuse connections
+STOPPED_FILE = RUN_DIR + "/stopped"
 VLLM_KINDS = ("vllm",)
 CONTAINER = "node"  # the node's container in the pods the harness makes (attach mode: the user's own name)
 # The first process of the container: starts the node as its child, forwards SIGTERM to it and
 # exits with its code. A node that is not PID 1 can be frozen with `kill -STOP -1` through exec.
+# When the node ended because the harness stopped it and keeps the pod (STOPPED_FILE), it stays,
+# sleeping, until the pod is deleted: no restart brings the node back, the pod's address stays.
 ENTRY = ('trap \'kill -TERM "$child" 2>/dev/null\' TERM INT; "$@" & child=$!; '
-         'wait "$child"; status=$?; wait "$child" 2>/dev/null; exit "$status"')
+         'wait "$child"; status=$?; wait "$child" 2>/dev/null; '
+         f'if [ -e {STOPPED_FILE} ]; then trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done; fi; '
+         'exit "$status"')
 
 
 def dns_name(role: str) -> str:
@@ -163,7 +170,7 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
             "image": settings.image,
             "imagePullPolicy": settings.image_pull_policy,
             # a restarted container starts not ready (the emptyDir keeps the last one's file)
-            "command": ["sh", "-c", f"{mkdir} && rm -f {READY_FILE} && {ENTRY}", "pdchaos-node"],
+            "command": ["sh", "-c", f"{mkdir} && rm -f {READY_FILE} {STOPPED_FILE} && {ENTRY}", "pdchaos-node"],
             "args": args,
             "env": pod_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
             "ports": container_ports,

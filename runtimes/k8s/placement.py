@@ -84,6 +84,9 @@ class K8sPlacement(Placement):
             raise HarnessError("runtime k8s: a network-namespace pair cannot hold pods")
         self._ensure_namespace()
         objs = self.objects(launch)
+        for h in self.handles:  # the role's earlier pod, kept by a stop (its address): it goes now
+            if h.workload.get("metadata", {}).get("name") == objs[0]["metadata"]["name"]:
+                h.end_kept()
         for obj in objs:
             self.kube.apply(obj)
         selector = self.selector(launch.role)
@@ -100,7 +103,10 @@ class K8sPlacement(Placement):
                 except HarnessError:
                     pass
             raise
-        handle = PodHandle(self.kube, pod, objs[0], launch.name, log_path=launch.log_path, container=M.CONTAINER)
+        # where peers dial a node's pod address, a stop keeps the pod (pods.py): a deleted pod's
+        # address blackholes, where a stopped node's ports refuse (locally, or a Service's)
+        handle = PodHandle(self.kube, pod, objs[0], launch.name, log_path=launch.log_path, container=M.CONTAINER,
+                           keep_pod=self.settings.peers == "pod-ip")
         self.handles.append(handle)
         return handle
 

@@ -1,8 +1,14 @@
 """A node as a pod: the handle the topology, the faults and the checks hold (harness/runtime.py).
 
 ``instance`` is the pod's uid (a new one per start); ``alive`` is the pod running and not being
-deleted; ``stop`` deletes the role's workload (no replacement comes) and waits the pod out;
-``kill`` deletes the pod at once (grace 0) and its workload; ``freeze``/``thaw`` run
+deleted (and its node not ended by a stop that keeps the pod); ``stop`` deletes the role's workload
+(no replacement comes) and waits the pod out; ``kill`` deletes the pod at once (grace 0) and its
+workload. Where peers name a node by its pod's own address (``cluster.peers: pod-ip``) a deleted
+pod's address answers nothing at all (a blackhole, like a cut link), where a stopped process's port
+on a host, or a Service left with no ready pod, refuses at once: there ``stop`` and ``kill`` end the
+node's processes through exec (SIGTERM, SIGKILL after the grace; SIGKILL at once) and keep the pod,
+so its ports refuse as a stopped node's do locally; the pod goes when its role starts again or with
+the run's namespace (``keep_pod``). ``freeze``/``thaw`` run
 ``kill -STOP -1`` / ``kill -CONT -1`` in the container through exec (every process but the
 container's first, the small shell that started the node: manifests.ENTRY), as NVIDIA Dynamo's
 fault-tolerance suite stalls processes. Logs come from the API (the container's log).
@@ -16,9 +22,37 @@ from harness.errors import HarnessError
 from harness.runtime import NodeHandle
 
 from .client import Kube, KubeError
+from .manifests import READY_FILE, STOPPED_FILE
 
 STOP_TIMEOUT_S = 60.0
 FREEZE_EXEC_S = 30.0  # one exec of freeze or thaw (a loaded machine's kubelet takes seconds)
+# The node's processes in the container, counted with shell builtins only (no process of the
+# counting shell's own is counted): every process but the first (the entry shell), this shell and
+# its children, processes exec'd from outside (parent 0: another exec), and the entry shell's sleep
+# once the node ended (manifests.ENTRY). Sets n.
+NODE_PROCS = ('others() { n=0; for f in /proc/[0-9]*/stat; do p=${f#/proc/}; p=${p%/stat}; '
+              '[ "$p" = 1 ] || [ "$p" = $$ ] && continue; read -r line 2>/dev/null < "$f" || continue; '
+              'set -- ${line##*) }; [ "$2" = $$ ] || [ "$2" = 0 ] && continue; c=; '
+              'read -r c 2>/dev/null < "/proc/$p/comm"; [ "$2" = 1 ] && [ "$c" = sleep ] && continue; '
+              'n=$((n+1)); done; }; ')
+
+
+def stop_script(grace_s: float) -> str:
+    """End the node in its container and keep the pod: mark it stopped (manifests.STOPPED_FILE: the
+    entry shell stays), not ready, SIGTERM to every process but the first, SIGKILL to what is left
+    after ``grace_s`` (0: SIGKILL at once); prints how many of the node's processes are left."""
+    steps = max(0, int(grace_s * 10))
+    first = "KILL" if steps == 0 else "TERM"
+    return (NODE_PROCS + f"touch {STOPPED_FILE} && rm -f {READY_FILE} || exit 1; kill -{first} -1 2>/dev/null; "
+            f"i=0; others; while [ $n -gt 0 ] && [ $i -lt {steps} ]; do sleep 0.1; i=$((i+1)); others; done; "
+            "kill -KILL -1 2>/dev/null; sleep 0.2; others; echo $n")
+
+
+# whether a stop that keeps the pod took (an exec whose status the kubelet did not pass on may
+# still have done its work): how many of the node's processes are left, -1 without the stopped mark
+STOPPED_CHECK = NODE_PROCS + f"[ -e {STOPPED_FILE} ] || {{ echo -1; exit 0; }}; others; echo $n"
+
+
 # how many processes of the container are stopped (state T), from /proc
 STOPPED_COUNT = ("n=0; for f in /proc/[0-9]*/stat; do s=$(cut -d')' -f2 \"$f\" 2>/dev/null | cut -d' ' -f2); "
                  "[ \"$s\" = T ] && n=$((n+1)); done; echo \"$n\"")
@@ -41,8 +75,10 @@ def container_id(pod: dict, container: str) -> str | None:
 
 class PodHandle(NodeHandle):
     def __init__(self, kube: Kube, pod: dict, workload: dict, name: str, log_path: str | None = None,
-                 container: str = "node", follow: bool = True) -> None:
+                 container: str = "node", follow: bool = True, keep_pod: bool = False) -> None:
         self.kube, self.workload, self.name = kube, workload, name
+        self.keep_pod = keep_pod  # stop and kill end the node's processes and keep the pod (its address)
+        self.kept = False  # the node was ended that way: its pod is still there, not ready
         meta = pod["metadata"]
         self.pod_name, self.namespace, self._uid = meta["name"], meta["namespace"], meta["uid"]
         self.container = container
@@ -106,7 +142,7 @@ class PodHandle(NodeHandle):
 
     @property
     def alive(self) -> bool:
-        if self._ended:
+        if self._ended or self.kept:
             return False
         pod = self._pod()
         return bool(pod) and (pod.get("status") or {}).get("phase") in ("Pending", "Running") \
@@ -135,14 +171,42 @@ class PodHandle(NodeHandle):
             return  # never raises: the namespace's deletion at the end of the run removes what is left
         self._ended = True
 
+    def _end_processes(self, grace_s: float) -> bool:
+        """End the node's processes in its container and keep the pod (``keep_pod``); whether no
+        process of the node was seen left after. Never raises: False sends the caller to deleting
+        the pod, so the node is gone either way."""
+        try:
+            try:
+                out = self._exec(stop_script(grace_s), FREEZE_EXEC_S + grace_s)
+            except HarnessError:  # its status may be what was lost (a loaded kubelet): look again
+                out = self._exec(STOPPED_CHECK, FREEZE_EXEC_S)
+            left = int(out.strip().splitlines()[-1])
+        except (HarnessError, ValueError, IndexError):
+            return False
+        if left != 0:
+            return False
+        self.kept = True
+        return True
+
+    def end_kept(self) -> None:
+        """Delete the pod a stop kept (its role starts again, or the run ends): a no-op otherwise."""
+        if self.kept and not self._ended:
+            self._end(0)
+
     def stop(self, timeout_s: float = 5.0) -> int | None:
-        if not self._ended:
-            self._end(max(0, int(timeout_s)))
+        if self._ended or self.kept:
+            return None
+        if self.keep_pod and self._end_processes(max(0.0, timeout_s)):
+            return None
+        self._end(max(0, int(timeout_s)))
         return None
 
     def kill(self) -> int | None:
-        if not self._ended:
-            self._end(0)
+        if self._ended or self.kept:
+            return None
+        if self.keep_pod and self._end_processes(0.0):
+            return None
+        self._end(0)
         return None
 
     def _read_log(self, previous: bool = False, limit_bytes: int | None = None) -> str | None:

@@ -406,6 +406,66 @@ def test_attach_mode_drives_three_scenarios_against_a_plain_deployment(real, tmp
         core.delete_namespace(ATTACH_NS, _request_timeout=30)
 
 
+def test_a_stopped_node_keeps_its_pod_and_its_ports_refuse(real, tmp_path):
+    """Where peers dial a node's pod address (``cluster.peers: pod-ip``), a stop ends the node and
+    keeps its pod: a connection to its port is refused at once from another pod (a deleted pod's
+    address answers nothing: a blackhole), the pod is no longer ready, the handle not alive, and
+    starting the role again replaces the kept pod. The node is the fake prefill peer, whose stop is
+    what pd-fake-prefill-silent's heal does."""
+    from kubernetes import client
+
+    from harness.procs import node_command
+    from harness.runtime import Launch
+    from runtimes.k8s.placement import K8sPlacement
+    from runtimes.k8s.pods import pod_ready
+    from runtimes.k8s.settings import ClusterSettings
+
+    c, api = real["cluster"], real["api"]
+    core = client.CoreV1Api(api)
+    s = ClusterSettings(image=c.host_usr_image, image_pull_policy="Never", workload="deployment", cpu="100m",
+                        memory="256Mi", python="same", host_mounts=["/usr", "/etc/alternatives", "{pdchaos}",
+                                                                     "{python}"],
+                        peers="pod-ip", run_dir_from_host=True, ready_timeout_s=120)
+    core.create_namespaced_pod(NS, _pod_body(c, "dialer", {"app": "dialer"}, ["sleep", "3600"]), _request_timeout=30)
+    _wait(_running(core, "dialer"), 120, "dialer Running")
+    role, side = "fake-prefill:0", 8311
+    args = ["--bootstrap-port", "8310", "--side-port", str(side), "--mode", "silent", "--host", "0.0.0.0",
+            "--advertise-host", "$(POD_IP)", "--control", "ipc:///tmp/unused.sock"]
+    launch = Launch(role=role, kind="pd-fake-prefill", argv=node_command("pd-fake-prefill", args),
+                    name="node pd-fake-prefill", log_path=str(tmp_path / "fake.log"), ready_timeout_s=120,
+                    env={"PDCHAOS_FAMILY": "pd"}, workdir=str(tmp_path))
+    pl = K8sPlacement(f"keep{os.getpid()}", s, kubeconfig=c.kubeconfig)
+    dial = ("import socket,sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()\n"
+            "    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)\n")
+    try:
+        h = pl.start(launch)
+        ip = pl.pod_ip(role)
+        assert ip and h.alive and h.keep_pod
+
+        def connect() -> str:
+            return _exec(api, "dialer", ["python3", "-c", dial, ip, str(side)]).strip()
+
+        assert _wait(lambda: connect() == "connected", 30, "the fake peer's side port answers from another pod")
+        t0 = time.monotonic()
+        h.stop(2.0)
+        took = time.monotonic() - t0
+        assert h.kept and not h.alive and h.gone(0.0)
+        t1 = time.monotonic()
+        assert connect() == "ConnectionRefusedError", "a stopped node's port refuses, its address stays"
+        refused_in = time.monotonic() - t1
+        pod = core.read_namespaced_pod(h.pod_name, h.namespace, _request_timeout=10).to_dict()
+        assert pod["status"]["pod_ip"] == ip and pod["metadata"]["uid"] == h.instance
+        assert pod["status"]["container_statuses"][0]["restart_count"] == 0, "nothing restarted the node"
+        _wait(lambda: not pod_ready(pl.kube.get("v1", "Pod", h.pod_name, h.namespace)), 10, "the kept pod not ready")
+        print(f"stop in {took:.1f} s, a connection refused in {refused_in:.2f} s (through exec)")
+        h2 = pl.start(launch)  # the role again: the kept pod goes first
+        assert h2.instance != h.instance and h2.alive
+        assert pl.kube.get("v1", "Pod", h.pod_name, h.namespace) is None
+    finally:
+        assert pl.close() == []
+        core.delete_namespaced_pod("dialer", NS, grace_period_seconds=0, _request_timeout=30)
+
+
 def test_stop_leaves_the_host_as_found(real):
     c, before = real["cluster"], real["before"]
     folder = str(c.dir)

@@ -18,8 +18,9 @@ without a new harness run. The folder holds, for a maintainer who has only vLLM 
 
 Nothing in the folder imports pd-chaos; tests/families/pd/test_standalone_reports.py checks that
 and runs each folder for real against upstream (defect seen) and the patched vLLM (not seen).
-Reports of other families (store, layerwise, lookup) get a README that says what their standalone
-reproduction needs and that it is not written yet.
+Reports of other families (layerwise, lookup) get a README that says what their standalone
+reproduction needs and that it is not written yet; the store reports get theirs from
+families/lookup/store_standalone.py.
 """
 
 from __future__ import annotations
@@ -153,10 +154,9 @@ CASES: dict[str, Case] = {
 }
 
 # the other families' reports: what a standalone reproduction needs there
+# (store-* folders are written by families/lookup/store_standalone.py, never here)
+WRITTEN_ELSEWHERE = ("store-",)
 OTHERS = {
-    "store-": "vLLM's MooncakeStoreConnector and a `mooncake_master` (both in the vLLM + Mooncake venv this "
-              "project uses): two `vllm serve` with `--kv-transfer-config '{\"kv_connector\":"
-              "\"MooncakeStoreConnector\",...}'`, a MOONCAKE_CONFIG_PATH JSON and the lookup socket's fault",
     "layerwise-": "vllm-ascend's MooncakeLayerwiseConnector: an Ascend NPU, or on CPU vllm-ascend's own test "
                   "stubs (tests/ut/conftest.py: torch_npu, torch.npu, mooncake.engine) with the connector driven "
                   "in-process",
@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     env_text = collect_env(node_python()) if any(d.name.split("--")[0] in CASES for d in dirs) else ""
     for d in dirs:
         scenario = d.name.split("--")[0]
+        if scenario not in CASES and scenario.startswith(WRITTEN_ELSEWHERE):
+            continue
         write_standalone(d, scenario, env_text)
         print(f"{d.name}: {'standalone reproduction' if scenario in CASES else 'what it needs'}")
     return 0

@@ -1,0 +1,18 @@
+"""``pdchaos repro``'s hooks for the lookup family (harness/cli/repro.py and harness/family.py find
+this module beside family.py): the report's standalone/ folder, the defect with the upstream
+package alone. The store scenarios (scenarios/store/) have theirs in store_standalone.py; a
+scenario with no recipe gets no folder (None)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def write_standalone(scenario: Any, report_dir: Path) -> Path | None:
+    from . import store_standalone
+
+    if scenario.name in store_standalone.CASES:
+        env_text = store_standalone.collect_env(store_standalone.node_python())
+        return store_standalone.write_standalone(Path(report_dir), scenario.name, env_text)
+    return None

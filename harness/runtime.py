@@ -181,6 +181,14 @@ class Placement(abc.ABC):
         Locally the same URL; a cluster's forwards it (never cluster DNS from this machine)."""
         return url
 
+    def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str | None:
+        """Run ``python -m MODULE ARGS`` (a module of pd-chaos's) beside ``role``'s node, where
+        its peers are, so it reaches the addresses nodes announce to each other (a side channel a
+        bootstrap answer names), and return its stdout, or raise HarnessError; None: nowhere else,
+        the caller runs it itself (this machine reaches those addresses). A cluster runs it in the
+        role's pod."""
+        return None
+
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:
         """The fault as this runtime carries it out (``spec``: its scenario entry, ``index`` its
         place in the schedule): the fault itself, or one of the runtime's own that does the same

@@ -33,8 +33,9 @@ class K8sRuntime(Runtime):
     name = "k8s"
     commands = {"cluster": ("runtimes.k8s.cli", "a real single-node Kubernetes cluster on this machine (kubelet, "
                             "containerd, Chaos Mesh): up, status, down (needs `pdchaos setup --only k8s-node`)")}
-    # every pod is a host of its own: the run's "netns" link exists by construction
-    provides = frozenset(("stop", "kill", "freeze", "restart", "netns"))
+    # every pod is a host of its own: the run's "netns" link exists by construction; node_address:
+    # what must reach the addresses nodes announce to each other runs in a pod (run_beside)
+    provides = frozenset(("stop", "kill", "freeze", "restart", "netns", "node_address"))
     runs_here = False  # the image holds vLLM and the node stack; the model is in the cluster's cache
 
     def settings(self, data: Any) -> Any:
@@ -83,6 +84,9 @@ class K8sRuntime(Runtime):
                             f"(its roles {', '.join(roles) or 'none'}, or parameters Chaos Mesh cannot carry out)")
         if settings is not None and settings.mode == "attach":  # never delete a user's pod or workload
             for t, req in needs.items():
+                if "node_address" in req:
+                    return (f"runtime k8s, attach mode: fault {t!r} runs pd-chaos's code beside a node, in its "
+                            "pod, and the user's pods have no pd-chaos in them")
                 # node_down deletes the workload, kill the pod (a PodChaos pod-kill); restart (the
                 # container SIGKILLed, the kubelet starting it again in its pod) and freeze act inside it
                 bad = [r for r in req if r in ("stop", "kill")]

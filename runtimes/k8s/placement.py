@@ -174,6 +174,23 @@ class K8sPlacement(Placement):
     def reach(self, role: str, url: str) -> str:
         return self.forwards.url(role, url)
 
+    def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str | None:
+        # in the role's ready pod, with the interpreter its node runs under (pd-chaos installed)
+        import sys
+
+        from .pods import exec_in, pod_ready
+
+        try:
+            pods = [p for p in self.kube.list("v1", "Pod", namespace=self.namespace, selector=self.selector(role))
+                    if pod_ready(p)]
+        except HarnessError as exc:
+            raise HarnessError(f"run beside {role}: {exc}") from None
+        if not pods:
+            raise HarnessError(f"run beside {role}: no ready pod of the role")
+        python = sys.executable if self.settings.python == "same" else self.settings.python
+        return exec_in(self.kube, self.namespace, pods[0]["metadata"]["name"], M.CONTAINER,
+                       [python, "-m", module, *args], f"run beside {role} ({module})", timeout_s)
+
     # ------------------------------------------------------------------ faults
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:
         if spec.type not in M.TRANSLATED:
@@ -237,7 +254,7 @@ def render_run(run_id: str, target: str, launches: list[Launch], faults: list[tu
             notes.append(f"# fault {i} {ftype}: the workload of {params.get('node')} deleted, applied again at heal")
         else:
             notes.append(f"# fault {i} {ftype}: pd-chaos's own (its fake peers, proxy hooks or side channel), "
-                         "through the nodes' control channels")
+                         "through the nodes' control channels or run in a pod beside a node")
     text = "\n".join(out + notes) + "\n"
     return text + "".join("---\n" + yaml.dump(d, Dumper=_NoAliases, sort_keys=False, width=120) for d in docs)
 

@@ -127,3 +127,68 @@ def test_no_session_with_p_means_nothing_sent_and_no_effect(monkeypatch):
         assert ctx.events[-1][1]["session"] == 0 and ctx.tainted == ["prefill:0"]
     finally:
         http.shutdown()
+
+
+class BesidePlacement:
+    """A runtime whose nodes this machine cannot reach at the addresses they announce: the send
+    runs elsewhere, as ``python -m families.pd.side_faults`` in a process of its own (a cluster runs
+    that command in D's pod through exec)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self.calls.append((role, module))
+        out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                             timeout=timeout_s, cwd=Path(__file__).resolve().parents[3])
+        assert out.returncode == 0 and not out.stderr.strip(), out.stderr
+        return out.stdout
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_run_beside_d_the_module_sends_it_and_hands_back_its_counts(peer, answer) -> None:
+    router, bootstrap = peer
+    got: list = []
+
+    def serve() -> None:
+        if router.poll(15000):
+            frames = router.recv_multipart()
+            got.append(len(frames))
+            if answer:
+                router.send_multipart([frames[0], b"nack"])
+
+    t = threading.Thread(target=serve)
+    t.start()
+    ctx = Ctx(bootstrap)
+    ctx.placement = BesidePlacement()
+    fault = SideChannelGarbage(SideGarbageParams(frames=4), ctx)
+    fault.inject()
+    t.join(15)
+    assert ctx.placement.calls == [("decode:0", "families.pd.side_faults")]
+    assert got == [4]
+    assert fault.effect() == {"sent": 1, "answered": int(answer)}
+    assert ctx.tainted == ([] if answer else ["prefill:0"])
+    what, fields = ctx.events[-1]
+    assert what == "side_channel_garbage" and fields["answered"] is answer and (fields["reply_bytes"] == 4) is answer
+
+
+def test_run_beside_a_bootstrap_that_fails_is_one_error_and_taints_p() -> None:
+    ctx = Ctx("http://127.0.0.1:9")
+    ctx.placement = BesidePlacement()
+    with pytest.raises(RuntimeError, match=r"^side_channel_garbage: (ConnectionRefusedError|URLError|OSError)"):
+        SideChannelGarbage(SideGarbageParams(frames=3), ctx).inject()
+    assert ctx.tainted == ["prefill:0"]
+
+
+def test_the_module_refuses_bad_arguments_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "families.pd.side_faults", "http://x"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and json.loads(out.stdout) == {"error": "usage: BOOTSTRAP_URL FRAMES"}
+    assert out.stderr == ""

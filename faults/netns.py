@@ -13,7 +13,9 @@ Everything lives inside the two namespaces the pair creates: the addresses (a /3
 from 10.0.0.0/8 or 172.16.0.0/12, avoiding the host's own subnets), the iptables rules and the
 qdiscs. Nothing is changed in the host's namespace. ``cleanup()`` kills the processes started in
 the namespaces and deletes both (which deletes the veth); it runs on ``__exit__``, at interpreter
-exit (atexit) for pairs still alive, and is idempotent.
+exit (atexit) for pairs still alive, and is idempotent. A process killed outright (SIGKILL) runs
+none of that: each namespace has an owner record (``OWNERS_DIR``), and :func:`sweep_stale`
+removes the namespaces whose owner is gone (the next run does, and ``pdchaos doctor``).
 
 Directions: "a->b" stops packets sent by a to b (the rule sits in b's INPUT chain, as Jepsen
 does on the receiving node); "b->a" the reverse; "both" both. Modes: "drop" (packets vanish: the
@@ -163,6 +165,82 @@ def list_namespaces(prefix: str = "pdc-") -> list[str]:
     return [line.split()[0] for line in res.stdout.splitlines() if line.split() and line.startswith(prefix)]
 
 
+# --------------------------------------------------------------------------- owners
+# Each namespace a pair makes has an owner record (the making process's pid and start time), written
+# before the namespace exists and removed after it is gone: a run killed with SIGKILL leaves its
+# namespaces (and the iptables rules and qdiscs inside them) behind, and :func:`sweep_stale` tells
+# them from a live run's by their owner. A namespace without a record (made by an older pd-chaos, or
+# by hand) is never removed automatically, only named.
+
+OWNERS_DIR = "/run/pdchaos/netns"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22); None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _write_owner(ns: str) -> None:
+    os.makedirs(OWNERS_DIR, exist_ok=True)
+    with open(os.path.join(OWNERS_DIR, ns), "w", encoding="ascii") as fh:
+        fh.write(f"{os.getpid()} {_start_time(os.getpid()) or '?'}\n")
+
+
+def _drop_owner(ns: str) -> None:
+    try:
+        os.unlink(os.path.join(OWNERS_DIR, ns))
+    except OSError:
+        pass
+
+
+def owner_alive(ns: str) -> bool | None:
+    """Whether the process that made ``ns`` still runs (the same process: pid and start time);
+    None when ``ns`` has no owner record."""
+    try:
+        with open(os.path.join(OWNERS_DIR, ns), encoding="ascii") as fh:
+            pid, started = fh.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return pid.isdigit() and _start_time(int(pid)) == started
+
+
+def sweep_stale(prefix: str = "pdc-") -> tuple[list[str], list[str]]:
+    """Remove the namespaces (``prefix``...) whose owner is dead: the processes still inside are
+    killed, the namespace deleted (its veth, iptables rules and qdiscs go with it), its record
+    too. Returns (removed, of unknown owner: left alone). Needs root and ``ip``; quiet without."""
+    if not is_root() or shutil.which("ip") is None:
+        return [], []
+    removed, unknown = [], []
+    present = list_namespaces(prefix)
+    for ns in present:
+        alive = owner_alive(ns)
+        if alive is None:
+            unknown.append(ns)
+            continue
+        if alive:
+            continue
+        res = _run(["ip", "netns", "pids", ns], check=False)
+        for pid in (int(p) for p in res.stdout.split() if p.isdigit()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
+            removed.append(ns)
+            _drop_owner(ns)
+    try:  # records of namespaces that are gone (a run killed between its record and `ip netns add`)
+        for ns in os.listdir(OWNERS_DIR):
+            if ns.startswith(prefix) and ns not in present and owner_alive(ns) is False:
+                _drop_owner(ns)
+    except OSError:
+        pass
+    return removed, unknown
+
+
 # --------------------------------------------------------------------------- the pair
 
 _LIVE: "weakref.WeakSet[NetnsPair]" = weakref.WeakSet()
@@ -254,6 +332,7 @@ class NetnsPair:
             _LIVE.add(self)
         try:
             for side in ("a", "b"):
+                _write_owner(self.ns[side])  # first: a run killed next leaves nothing without an owner
                 _run(["ip", "netns", "add", self.ns[side]])
                 self._created.append(self.ns[side])
             self.subnet = pick_subnet(avoid=_host_networks())
@@ -288,7 +367,10 @@ class NetnsPair:
                     except ProcessLookupError:
                         pass
                 _run(["ip", "netns", "del", ns], check=False)
+                _drop_owner(ns)
                 self._created.remove(ns)
+            for ns in self.ns.values():  # also the record of one `ip netns add` never made
+                _drop_owner(ns)
             self._rules.clear()
             self._chains.clear()
             self._qdiscs.clear()

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import IO, Mapping, Sequence
 
+from nodekit.nodeio import PARENT_ENV
+
 from .errors import HarnessError
 from .runtime import NodeHandle
 
@@ -201,12 +203,15 @@ class ProcHandle(NodeHandle):
 
 def start_process(argv: Sequence[str], *, name: str | None = None, log_path: str | None = None,
                   ready_timeout_s: float | None = 10.0, env: Mapping[str, str] | None = None,
-                  cwd: str | None = None) -> ProcHandle:
+                  cwd: str | None = None, cancel: threading.Event | None = None) -> ProcHandle:
     """Start ``argv`` in its own process group; with ``ready_timeout_s`` wait for a ``READY`` line.
 
     stderr goes to ``log_path`` (appended) or to an anonymous temporary file (so an early exit can
     still be explained), never to our own terminal. Raises HarnessError when the program
-    cannot be started, exits before READY, or is not ready in time (it is stopped first)."""
+    cannot be started, exits before READY, or is not ready in time (it is stopped first).
+    ``cancel``: the run's interrupt (a signal to the harness); once set, the wait for READY ends
+    within a fifth of a second, the process group is killed and :class:`StartCancelled` raised (a
+    vLLM server's start takes minutes: an interrupted run must not wait for it)."""
     name = name or os.path.basename(str(argv[0]))
     # owned by the handle, closed by stop()/kill()
     log_fh = open(log_path, "a+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
@@ -214,6 +219,7 @@ def start_process(argv: Sequence[str], *, name: str | None = None, log_path: str
     if env:
         full_env.update(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env[PARENT_ENV] = str(os.getpid())  # a node whose runner died before it looked still sees it (nodeio)
     try:
         proc = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -228,7 +234,7 @@ def start_process(argv: Sequence[str], *, name: str | None = None, log_path: str
         handle._drain = _start_drain(proc, log_fh)
         return handle
     try:
-        _wait_ready(handle, ready_timeout_s)
+        _wait_ready(handle, ready_timeout_s, cancel)
     except BaseException:
         handle.kill()
         raise
@@ -237,13 +243,21 @@ def start_process(argv: Sequence[str], *, name: str | None = None, log_path: str
 
 
 def start_node(kind: str, args: Sequence[str] = (), log_path: str | None = None,
-               ready_timeout_s: float = 10.0, *, env: Mapping[str, str] | None = None) -> ProcHandle:
+               ready_timeout_s: float = 10.0, *, env: Mapping[str, str] | None = None,
+               cancel: threading.Event | None = None) -> ProcHandle:
     """``pdchaos node KIND ARGS...`` as a process; returns once it printed READY."""
     return start_process(node_command(kind, args), name=f"node {kind}", log_path=log_path,
-                         ready_timeout_s=ready_timeout_s, env=env)
+                         ready_timeout_s=ready_timeout_s, env=env, cancel=cancel)
 
 
-def _wait_ready(handle: ProcHandle, timeout_s: float) -> None:
+class StartCancelled(HarnessError):
+    """The run was interrupted while a process started: it was killed before it was ready."""
+
+
+_CANCEL_POLL_S = 0.2
+
+
+def _wait_ready(handle: ProcHandle, timeout_s: float, cancel: threading.Event | None = None) -> None:
     proc = handle.proc
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -252,10 +266,12 @@ def _wait_ready(handle: ProcHandle, timeout_s: float) -> None:
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
+            if cancel is not None and cancel.is_set():
+                raise StartCancelled(f"{handle.name}: start interrupted before it was ready")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise HarnessError(f"{handle.name}: not ready within {timeout_s:g} s{_tail(handle)}")
-            if not sel.select(timeout=remaining):
+            if not sel.select(timeout=remaining if cancel is None else min(remaining, _CANCEL_POLL_S)):
                 continue
             chunk = os.read(fd, 4096)
             if not chunk:  # stdout closed: the process is exiting

@@ -167,8 +167,13 @@ class Runner:
         self.results: list[Result] = []
         self.on_start: Callable[[str, str], None] | None = None
         self._stop = threading.Event()
+        self.interrupted_by: str | None = None  # what interrupted the run (a signal's name), once it was
 
-    def interrupt(self) -> None:
+    def interrupt(self, by: str | None = None) -> None:
+        """Stop: the run under way tears down (its journal ends ``interrupted``) and no other
+        starts. ``by`` names the cause (e.g. ``SIGTERM``) for the journal."""
+        if by and self.interrupted_by is None:
+            self.interrupted_by = by
         self._stop.set()
 
     @property
@@ -294,6 +299,8 @@ class _ScenarioRun:
             self.faults = [self.topo.placement.wrap_fault(make_fault(registry, f, self.topo), f, i)
                            for i, f in enumerate(self.sc.faults)]
             self.topo.start()
+            if self.runner.interrupted:  # came while the nodes started (the ones started are torn down)
+                raise _Interrupted()
             for i, fault in enumerate(self.faults):  # slow preparations happen before t0, not in the window
                 self.prepared.append(fault)
                 t_prep = time.monotonic()
@@ -338,9 +345,14 @@ class _ScenarioRun:
         except _Interrupted:
             reason = "interrupted"
         except Exception as exc:  # noqa: BLE001 - a harness failure is an error verdict, never a pass
-            reason = "error"
-            res.reason = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
+            if self.runner.interrupted:  # e.g. a node's start cut short by the interrupt: not the system's fault
+                reason = "interrupted"
+            else:
+                reason = "error"
+                res.reason = str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}"
         finally:
+            if reason == "interrupted":
+                self.topo.event("interrupted", by=self.runner.interrupted_by or "the caller")
             t_down = time.monotonic()
             self._teardown(reason)
             res.teardown_s = time.monotonic() - t_down

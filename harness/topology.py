@@ -258,6 +258,8 @@ class BaseTopology:
         launch = self.launch(kind, args, role=role, side=side, ready_timeout_s=ready_timeout_s, endpoints=endpoints,
                              log_path=str(self.logs / (log_name or f"{n:02d}-{kind}.log")))
         placement = self.placement if runtime is None else runtime.open(self.run_id)
+        if placement is not self.placement:
+            placement.cancel = self.placement.cancel  # the run's interrupt ends its wait too
         handle = placement.start(launch, self.netns)
         # the command as the harness started it (pdchaos repro shows it; never a prompt or a key)
         self.event("process_start", kind=kind, pid=handle.instance, role=launch.role, argv=list(launch.argv),

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable, Mapping, Sequence
 
 
@@ -102,8 +103,10 @@ def stop_on_signals() -> threading.Event:
 
     Nodes run in their own sessions (the runner signals whole groups), so a runner killed with
     SIGKILL sends nothing; a watcher thread notices the node was re-parented and stops it, so no
-    node outlives a crashed runner by more than a quarter second. (PR_SET_PDEATHSIG is tied to the
-    parent *thread*, and the runner starts nodes from its nemesis thread, which ends early.)"""
+    node outlives a crashed runner by more than a quarter second (and its group by more than
+    ``ORPHAN_GRACE_S``: see :func:`watch_parent`). (PR_SET_PDEATHSIG is tied to the parent
+    *thread*, and the runner starts nodes from short-lived threads: a node's start thread, the
+    nemesis.)"""
     ev = threading.Event()
 
     def handler(signum, frame):  # noqa: ARG001
@@ -115,18 +118,76 @@ def stop_on_signals() -> threading.Event:
     return ev
 
 
-def watch_parent(ev: threading.Event) -> None:
+#: set by the harness in the environment of each node it starts: its own pid (harness/procs.py)
+PARENT_ENV = "PDCHAOS_PARENT_PID"
+#: how long an orphaned node's own stop may take before its whole process group is killed
+ORPHAN_GRACE_S = 5.0
+_ORPHANED = threading.Event()
+
+
+def orphaned() -> bool:
+    """Whether this node's runner died (the parent watch saw it)."""
+    return _ORPHANED.is_set()
+
+
+def _expected_parent() -> int:
+    """The runner's pid: the one the harness put in the environment (then removed from it, so
+    this node's own children do not take it for theirs), when it is still our parent or no longer
+    alive; else (started by hand, or by another node) our parent now."""
+    named = os.environ.pop(PARENT_ENV, "")
+    now = os.getppid()
+    if not named.isdigit() or int(named) == now:
+        return now
+    try:
+        os.kill(int(named), 0)
+    except ProcessLookupError:
+        return int(named)  # the runner died before we looked: orphaned already
+    except PermissionError:
+        pass
+    return now  # alive and not our parent: someone else started us
+
+
+def watch_parent(ev: threading.Event, grace_s: float = ORPHAN_GRACE_S) -> None:
     """Set ``ev`` when this process is re-parented (its parent, the runner, died), checked every
-    quarter second by a daemon thread that ends once ``ev`` is set. The parent is read now."""
-    parent = os.getppid()
+    quarter second by a daemon thread that ends once ``ev`` is set.
+
+    Then the node stops as on SIGTERM, and when it leads its own process group (the runner starts
+    every node in a session of its own) that whole group is killed with SIGKILL ``grace_s``
+    later, or when the node's command ends (harness/cli/node.py, :func:`reap_if_orphaned`),
+    whichever comes first: children that neither watch their parent nor die with it (vLLM's
+    EngineCore and workers) go too, and a node stuck in a long call still ends."""
+    parent = _expected_parent()
 
     def watch() -> None:
-        while not ev.wait(0.25):
+        while not ev.is_set():
             if os.getppid() != parent:
+                _ORPHANED.set()
                 ev.set()
+                if grace_s is not None:
+                    time.sleep(grace_s)
+                    reap_if_orphaned()
                 return
+            ev.wait(0.25)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def reap_if_orphaned() -> None:
+    """When the runner died and this process leads its own group: SIGKILL that group (this
+    process too, after its output is flushed). Nothing otherwise (never a group we do not lead,
+    such as a shell's that started us by hand)."""
+    if not _ORPHANED.is_set() or os.getpgrp() != os.getpid():
+        return
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - the group goes anyway
+        pass
+    try:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    except OSError:
+        pass
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -169,6 +230,7 @@ def exit_now(rc: int) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
+    reap_if_orphaned()  # the runner died: the node's group goes with it
     os._exit(rc)
 
 

@@ -104,8 +104,24 @@ def collect() -> list[dict]:
         else:
             ok, why = False, "needs root, ip and tc"
         checks.append(_check(kind, ok, why, off))
+    checks.append(_leftovers())
     checks.extend(_family_steps())
     return checks
+
+
+def _leftovers() -> dict:
+    """What a run killed outright left on this machine (network namespaces with their iptables
+    rules, ipc folders): removed when their owner is gone (one line), named when unknown."""
+    from ..runtime import load_runtime
+
+    try:
+        removed, left = load_runtime().clean()
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        return _check("leftovers", False, f"could not look: {type(exc).__name__}: {exc}",
+                      "nothing; a killed run's namespaces stay until removed")
+    detail = "; ".join(["removed " + line for line in removed] + left) or "nothing left by a killed run"
+    return _check("leftovers", not left, detail, "nothing; they keep their addresses, veths and iptables rules "
+                  "until removed")
 
 
 def _family_steps() -> list[dict]:
@@ -130,7 +146,8 @@ def _family_steps() -> list[dict]:
     return out
 
 
-CHECK_NAMES = ("toxiproxy", "toxiproxy-pinned", "go", "root", "ip", "netns", "iptables", "tc", "tbf", "netem")
+CHECK_NAMES = ("toxiproxy", "toxiproxy-pinned", "go", "root", "ip", "netns", "iptables", "tc", "tbf", "netem",
+               "leftovers")
 
 
 def profile_runtimes(spec: str) -> list[tuple[Any, Any]]:

@@ -16,9 +16,10 @@ that guarantee switched off; it stops at the first re-proven finding (the mutant
 
 Exit 0 when no re-proven finding was made (with ``--mutant``: the mutant survived the budget), 1
 when one was (the mutant was killed), 2 on bad input or when the family's node stack is missing;
-130 when interrupted. A run that could not be judged (a harness error: e.g. a window no request
-crossed) is counted apart, never as a pass or a finding. The budget is checked before each run:
-the last run may end past it by its own length.
+128 + the signal's number when SIGINT, SIGTERM or SIGHUP interrupted it (130, 143, 129: the run
+under way torn down, every process stopped, ``explore.json`` written). A run that could not be
+judged (a harness error: e.g. a window no request crossed) is counted apart, never as a pass or
+a finding. The budget is checked before each run: the last run may end past it by its own length.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import UsageError
+from ..interrupts import Interrupts, sweep_leftovers
 
 
 def _budget(text: str) -> float:
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         target = args.target or next(t for t in family.targets if t != family.baseline_target)
     if target not in family.targets:
         raise UsageError(f"--target {target!r}: family {family.name} has targets {', '.join(family.targets)}")
+    sweep_leftovers(sys.stderr)  # what a run killed outright left here (its namespaces)
     run_dir = new_run_dir(args.runs_dir)
     checked: dict[str, str | None] = {}
 
@@ -123,67 +126,67 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"pdchaos explore: {checked['stack']}")
         return sc
 
-    with ExitStack() as stack:
-        pool = stack.enter_context(NodePool(run_dir))
-        runner = Runner(run_dir, targets=[target], services={"node_pool": pool},
-                        profiles={family.name: profile} if profile is not None else None)
+    # SIGINT, SIGTERM and SIGHUP from here to the end: a clean stop (harness/interrupts.py)
+    with Interrupts() as intr:
+        with ExitStack() as stack:
+            pool = stack.enter_context(NodePool(run_dir))
+            runner = Runner(run_dir, targets=[target], services={"node_pool": pool},
+                            profiles={family.name: profile} if profile is not None else None)
 
-        def run_one(path: Path, tgt: str):
-            return runner.run_one(load_scenario(path), tgt)
+            def run_one(path: Path, tgt: str):
+                return runner.run_one(load_scenario(path), tgt)
 
-        def on_signal(signum, frame):  # noqa: ARG001
-            runner.interrupt()
-            explorer.budget_s = 0.0  # no further run starts
+            explorer = Explorer(family, target, args.seed, args.budget, run_dir, run_one, load,
+                                say=lambda s: print(s, flush=True), shrink=not args.no_shrink, reprove=args.reprove,
+                                first=args.mutant is not None)
+            what = f"mutant {args.mutant} (as {target})" if args.mutant else f"target {target}"
+            print(f"explore: family {family.name}, {what}, seed {args.seed}, budget {args.budget:g} s, re-proving "
+                  f"{args.reprove} of {args.reprove}; run folder {run_dir}", flush=True)
 
-        explorer = Explorer(family, target, args.seed, args.budget, run_dir, run_one, load,
-                            say=lambda s: print(s, flush=True), shrink=not args.no_shrink, reprove=args.reprove,
-                            first=args.mutant is not None)
-        what = f"mutant {args.mutant} (as {target})" if args.mutant else f"target {target}"
-        print(f"explore: family {family.name}, {what}, seed {args.seed}, budget {args.budget:g} s, re-proving "
-              f"{args.reprove} of {args.reprove}; run folder {run_dir}", flush=True)
-        old_int, old_term = signal.signal(signal.SIGINT, on_signal), signal.signal(signal.SIGTERM, on_signal)
-        try:
+            def on_signal(name: str) -> None:
+                runner.interrupt(name)
+                explorer.budget_s = 0.0  # no further run starts
+
+            intr.on(on_signal)
             explorer.explore()
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
-    summary = explorer.summary()
-    if args.mutant is not None:
-        killer = next((f for f in summary["findings"] if f["status"] == "re-proven"), None)
-        summary["mutant"] = {"name": args.mutant, "killed": killer is not None,
-                             "time_to_kill_s": killer["proven_at_s"] if killer else None,
-                             "reported_at_s": killer["reported_at_s"] if killer else None,
-                             "reproduction": killer["reproduction"] if killer else None,
-                             "rate": killer["rate"] if killer else None}
-    dump_summary(summary, run_dir / "explore.json")
-    t = explorer.tally
-    by = {s: sum(f["status"] == s for f in summary["findings"]) for s in ("re-proven", "flaky", "not re-proven", "same")}
-    print(f"explore: {t.schedules} schedules ({t.runs} runs, {summary['elapsed_s']:.0f} s): {t.passes} passed, "
-          f"{len(t.findings)} failed ({by['re-proven']} re-proven {args.reprove} of {args.reprove} and by their "
-          f"file's re-run, {by['flaky']} flaky, {by['not re-proven']} not re-proven, {by['same']} the same as an "
-          f"earlier one), {t.errors} not judged (harness errors), {t.invalid} drawn schedules refused before running",
-          flush=True)
-    for f in summary["findings"]:
-        faults = f"{f['faults']} -> {f['shrunk_faults']} faults" if f["shrunk_faults"] is not None else \
-            f"{f['faults']} faults, not shrunk" + (f": the same as seed {f['same_as']}" if f.get("same_as") else "")
-        status = f["status"] if f["status"] != "same" else "the same"
-        rate = f"failed {f['rate'].replace('/', ' of ')} runs"
-        rerun = (f"; re-run from its file: {f['rerun']['verdict']}" if f["rerun"] else "")
-        why = f" ({f['why_not']})" if f["why_not"] else ""
-        note = f", {f['shrink_note']}" if f["shrink_note"] else ""
-        print(f"  {status} seed {f['seed']}: {f['verdict']} [{', '.join(f['checks'] or f['failing'])}] ({rate}, "
-              f"{faults}, {f['shrink_runs']} shrink runs{note}{rerun}){why}: {f['reproduction']}", flush=True)
-    for why in summary["error_reasons"][:5]:
-        print(f"  not judged: {why}", flush=True)
-    if runner.interrupted:
-        print("interrupted: every process of the run was stopped", file=sys.stderr)
-        return 130
-    if args.mutant is not None:
-        m = summary["mutant"]
-        open_ = [f for f in summary["findings"] if f["status"] in ("flaky", "not re-proven")]
-        print(f"mutant {args.mutant}: " + (f"KILLED at {m['time_to_kill_s']:.0f} s (failed {m['rate'].replace('/', ' of ')}"
-                                          f" runs, re-run from {m['reproduction']})" if m["killed"] else
-                                          f"not killed in {args.budget:g} s" + (
-                                              f" ({len(open_)} candidate(s) flaky or not re-proven: see above)"
-                                              if open_ else ": survived")), flush=True)
-    return 1 if t.reproven else 0
+        summary = explorer.summary()
+        if args.mutant is not None:
+            killer = next((f for f in summary["findings"] if f["status"] == "re-proven"), None)
+            summary["mutant"] = {"name": args.mutant, "killed": killer is not None,
+                                 "time_to_kill_s": killer["proven_at_s"] if killer else None,
+                                 "reported_at_s": killer["reported_at_s"] if killer else None,
+                                 "reproduction": killer["reproduction"] if killer else None,
+                                 "rate": killer["rate"] if killer else None}
+        dump_summary(summary, run_dir / "explore.json")
+        t = explorer.tally
+        by = {s: sum(f["status"] == s for f in summary["findings"]) for s in ("re-proven", "flaky", "not re-proven", "same")}
+        print(f"explore: {t.schedules} schedules ({t.runs} runs, {summary['elapsed_s']:.0f} s): {t.passes} passed, "
+              f"{len(t.findings)} failed ({by['re-proven']} re-proven {args.reprove} of {args.reprove} and by their "
+              f"file's re-run, {by['flaky']} flaky, {by['not re-proven']} not re-proven, {by['same']} the same as an "
+              f"earlier one), {t.errors} not judged (harness errors), {t.invalid} drawn schedules refused before running",
+              flush=True)
+        for f in summary["findings"]:
+            faults = f"{f['faults']} -> {f['shrunk_faults']} faults" if f["shrunk_faults"] is not None else \
+                f"{f['faults']} faults, not shrunk" + (f": the same as seed {f['same_as']}" if f.get("same_as") else "")
+            status = f["status"] if f["status"] != "same" else "the same"
+            rate = f"failed {f['rate'].replace('/', ' of ')} runs"
+            rerun = (f"; re-run from its file: {f['rerun']['verdict']}" if f["rerun"] else "")
+            why = f" ({f['why_not']})" if f["why_not"] else ""
+            note = f", {f['shrink_note']}" if f["shrink_note"] else ""
+            print(f"  {status} seed {f['seed']}: {f['verdict']} [{', '.join(f['checks'] or f['failing'])}] ({rate}, "
+                  f"{faults}, {f['shrink_runs']} shrink runs{note}{rerun}){why}: {f['reproduction']}", flush=True)
+        for why in summary["error_reasons"][:5]:
+            print(f"  not judged: {why}", flush=True)
+        if intr.signum is not None or runner.interrupted:
+            print(f"interrupted ({intr.name or 'SIGINT'}): every process of the run was stopped; run folder {run_dir}",
+                  file=sys.stderr)
+            return intr.exit_code or 128 + signal.SIGINT
+        if args.mutant is not None:
+            m = summary["mutant"]
+            open_ = [f for f in summary["findings"] if f["status"] in ("flaky", "not re-proven")]
+            print(f"mutant {args.mutant}: " + (f"KILLED at {m['time_to_kill_s']:.0f} s (failed {m['rate'].replace('/', ' of ')}"
+                                              f" runs, re-run from {m['reproduction']})" if m["killed"] else
+                                              f"not killed in {args.budget:g} s" + (
+                                                  f" ({len(open_)} candidate(s) flaky or not re-proven: see above)"
+                                                  if open_ else ": survived")), flush=True)
+        return 1 if t.reproven else 0

@@ -1,6 +1,8 @@
 """``pdchaos node KIND ...``: one node of a topology, as its own OS process.
 
-Every node serves until SIGTERM or SIGINT, then closes cleanly and exits 0. With ``--control``
+Every node serves until SIGTERM or SIGINT, then closes cleanly and exits 0; when its runner dies
+(the parent watch, nodekit/nodeio.py) it stops as on SIGTERM and its whole process group is
+killed as the command ends (or ``ORPHAN_GRACE_S`` after, when its own stop is slower). With ``--control``
 it also answers the harness's control channel (nodekit/control.py). When ready it prints one line
 ``READY`` on stdout (the runner's readiness signal, together with a control ping).
 """
@@ -92,4 +94,9 @@ def run(args: argparse.Namespace) -> int:
     mod.add_node_arguments(parser, args.kind)
     node_args = parser.parse_args(args.options)
     node_args.kind = args.kind
-    return int(mod.run_node(node_args) or 0)
+    try:
+        return int(mod.run_node(node_args) or 0)
+    finally:
+        from nodekit.nodeio import reap_if_orphaned
+
+        reap_if_orphaned()  # the runner died: what this node started goes with it

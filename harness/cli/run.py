@@ -4,7 +4,9 @@ and the legacy baseline).
 Exit 0 when every scenario/target run that ran ended as its scenario expects (a skipped run is
 reported, and is not a deviation), 1 on any deviation or error, and with ``--strict`` also on any
 skipped run; 2 on invalid input or a harness error (nothing is started before every scenario file
-validated); 130 when interrupted. A run the family's launch profile cannot make (``--profile``:
+validated); 128 + the signal's number when SIGINT, SIGTERM or SIGHUP interrupted it (130, 143,
+129: every process of the run stopped, the run under way torn down, its journal ending
+``interrupted``). A run the family's launch profile cannot make (``--profile``:
 e.g. a fault on a proxy phase the profile's connector does not have) is left out before anything
 starts, listed as ``not run: NAME [TARGET]: why`` (and in ``not_run.json``), never counted as a
 pass.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..interrupts import Interrupts, sweep_leftovers
 from ..progress import Progress
 from ..outputs import run_status, write_summary
 from ..plan import (WarmOrder, choose_profiles, scratch_topology, missing_setup, order_for_reuse, plan_for_reuse,
@@ -244,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
                              + "\n".join(need))
     if args.dry_run:
         return dry_run(scenarios, plan, profiles=profiles)
+    sweep_leftovers(sys.stderr)  # what a run killed outright left here (its namespaces)
     run_dir = new_run_dir(args.runs_dir)
     if left_out:
         import json
@@ -254,28 +258,27 @@ def run(args: argparse.Namespace) -> int:
         # one samples file per family: the first is bench_samples.json, the others bench_samples-<family>.json;
         # the reports show each (reports/load.py: Run.bench_views)
         run_bench(run_dir, args.bench, fam, run_dir / ("bench_samples.json" if i == 0 else f"bench_samples-{fam}.json"))
+    # SIGINT, SIGTERM and SIGHUP from here to the end: a clean stop (harness/interrupts.py), also
+    # while Toxiproxy, the node pool and the reports start or stop
+    with Interrupts() as intr:
+        return _run_plan(args, plan, profiles, run_dir, intr)
+
+
+def _run_plan(args: argparse.Namespace, plan: list, profiles: dict, run_dir: Path, intr: Interrupts) -> int:
     started_wall = datetime.now(timezone.utc).isoformat()
     t_start = time.monotonic()
     n_items = len(plan)
     progress = Progress(n_items, plain=args.plain or not sys.stdout.isatty())
+    results: list = []
     with ExitStack() as stack:
         toxiproxy = start_toxiproxy(list(dict.fromkeys(sc for sc, _ in plan)), stack, run_dir)
         pool = stack.enter_context(NodePool(run_dir))  # warm nodes between scenarios; stopped at the end
         runner = Runner(run_dir, targets=args.target, on_result=progress.result, toxiproxy=toxiproxy,
                         services={"node_pool": pool}, profiles=profiles)
         runner.on_start = progress.start
-
-        def on_signal(signum, frame):  # noqa: ARG001
-            runner.interrupt()
-
-        old_int = signal.signal(signal.SIGINT, on_signal)
-        old_term = signal.signal(signal.SIGTERM, on_signal)
-        try:
-            with progress:
-                results = runner.run_plan(plan, choose=WarmOrder.for_plan(plan, profiles, pool).choose)
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
+        intr.on(runner.interrupt)  # at once when a signal came while Toxiproxy started
+        with progress:
+            results = runner.run_plan(plan, choose=WarmOrder.for_plan(plan, profiles, pool).choose)
     elapsed = time.monotonic() - t_start
     write_summary(run_dir, results, started_wall, elapsed)
     if not args.no_report:
@@ -285,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
             reports.generate(run_dir)
         except Exception as exc:  # noqa: BLE001 - the verdicts stand without the pictures
             print(f"warning: reports not generated: {type(exc).__name__}: {exc}", file=sys.stderr)
-    interrupted = runner.interrupted
+    interrupted = intr.signum is not None or runner.interrupted
     progress.final(results, run_dir, elapsed)
     if args.quick and not args.no_report:
         for png in sorted((run_dir / "plots").glob("*--before-after*.png")):
@@ -293,8 +296,9 @@ def run(args: argparse.Namespace) -> int:
         if (run_dir / "summary.md").is_file():
             print(f"summary: {run_dir / 'summary.md'}", flush=True)
     if interrupted:
-        print("interrupted: every process of the run was stopped", file=sys.stderr)
-        return 130
+        print(f"interrupted ({intr.name or 'SIGINT'}): every process of the run was stopped; run folder {run_dir}",
+              file=sys.stderr)
+        return intr.exit_code or 128 + signal.SIGINT
     code, why = run_status((r.outcome for r in results), strict=args.strict)
     print(why, flush=True)
     return code

@@ -17,6 +17,8 @@ from .nodes import NODE_KINDS
 class EchoTopologySpec(Spec):
     socket: str = Field("echo.sock", pattern=r"^[a-z.]{1,20}$", description="ipc socket file name")
     start_delay: float = Field(0.0, ge=0, le=30, description="seconds the server's start takes (a slow cold start)")
+    ready_delay: float = Field(0.0, ge=0, le=120, description="seconds the server process takes to print READY")
+    stubborn_child: bool = Field(False, description="the server starts a child that ignores SIGTERM (as vLLM's)")
 
 
 class EchoWorkloadSpec(WorkloadSpec):
@@ -35,7 +37,10 @@ class EchoTopology(BaseTopology):
             args = ["--endpoint", self.endpoint, "--journal", str(self.journal_part("server")),
                     "--phases", str(self.run_dir / "server.phases.jsonl")]
             args += ["--uppercase"] if self.target == "shouting" else []
-            return NodeSpec("echo-server", args)
+            t = self.scenario.topology
+            args += ["--ready-delay", str(t.ready_delay)] if t.ready_delay else []
+            args += ["--stubborn-child"] if t.stubborn_child else []
+            return NodeSpec("echo-server", args, ready_timeout_s=10.0 + t.ready_delay)
         return super().node_spec(role)
 
     def phase_files(self) -> dict[str, Path]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 
 import zmq
@@ -20,10 +22,25 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
     p.add_argument("--uppercase", action="store_true")
     p.add_argument("--journal", help="this node's own journal part (the runner merges it)")
     p.add_argument("--phases", help="where it appends a phase event per echo served (harness/phases.py)")
+    p.add_argument("--ready-delay", type=float, default=0.0,
+                   help="seconds before READY (a slow cold start, as a vLLM server's: tests only)")
+    p.add_argument("--stubborn-child", action="store_true",
+                   help="start a child that ignores SIGTERM and never watches its parent (as vLLM's EngineCore)")
+
+
+# A child as vLLM's EngineCore is to its node: it ignores SIGTERM, never looks at its parent and
+# never exits on its own; only its process group's SIGKILL ends it.
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(1)\n"
 
 
 def run_node(args: argparse.Namespace) -> int:
     stop = stop_event()
+    child = None
+    if args.stubborn_child:
+        child = subprocess.Popen([sys.executable, "-c", STUBBORN], stdin=subprocess.DEVNULL)
+        print(f"stubborn child pid {child.pid}", file=sys.stderr, flush=True)  # the tests find it here
+    if stop.wait(args.ready_delay):  # asked to stop (or orphaned) before it was ready
+        return 0
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)

@@ -13,6 +13,7 @@ import zmq
 
 from nodekit.control import process_stats
 from nodekit.journal import JournalWriter
+from nodekit.nodeio import watch_parent
 
 
 def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: ARG001
@@ -23,6 +24,8 @@ def add_node_arguments(p: argparse.ArgumentParser, kind: str) -> None:  # noqa: 
 def run_node(args: argparse.Namespace) -> int:
     cfg = json.loads(open(args.config, encoding="utf-8").read())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    orphaned = threading.Event()
+    watch_parent(orphaned)  # the runner died (SIGKILL): stop issuing ops (before the baseline: its thread counts)
     jw = JournalWriter(args.journal)
     jw.write({"type": "probe", "node": "client", "kind": "echo-workload", "when": "baseline",
               "t": time.monotonic(), **process_stats(), "counters": {}})
@@ -39,7 +42,7 @@ def run_node(args: argparse.Namespace) -> int:
         rng = random.Random(cfg["seed"] * 100 + w)
         sock = None
         nxt = time.monotonic()
-        while time.monotonic() < t_end:
+        while time.monotonic() < t_end and not orphaned.is_set():
             if sock is None:
                 sock = ctx.socket(zmq.REQ)
                 sock.setsockopt(zmq.LINGER, 0)

@@ -8,8 +8,8 @@
   and a Service naming the role's ports. The container runs ``pdchaos node KIND ARGS`` under a
   small shell that forwards SIGTERM (so ``kill -STOP -1`` through exec freezes the node but not
   the pod's first process).
-* **Chaos Mesh objects** for the faults Chaos Mesh has (:func:`chaos_object`): kill and restart
-  -> ``PodChaos`` pod-kill; partition and refuse -> ``NetworkChaos`` partition with its direction;
+* **Chaos Mesh objects** for the faults Chaos Mesh has (:func:`chaos_object`): kill -> ``PodChaos``
+  pod-kill (a container-kill where peers dial pod addresses), restart -> container-kill; partition and refuse -> ``NetworkChaos`` partition with its direction;
   latency -> ``NetworkChaos`` delay; bandwidth limits -> ``NetworkChaos`` bandwidth; CPU pressure ->
   ``StressChaos``.
 
@@ -272,8 +272,8 @@ def why_not(fault_type: str, params: dict, settings: ClusterSettings) -> str | N
     if fault_type == "refuse":
         return ("refuse is a TCP reset at once; Chaos Mesh's partition drops packets silently (a timeout), "
                 "which is another fault")
-    if fault_type in ("kill", "node_down") and settings.peers == "pod-ip":
-        return (f"{fault_type} replaces the node's pod, and on this cluster (cluster.peers: pod-ip, no Service "
+    if fault_type == "node_down" and settings.peers == "pod-ip":
+        return ("node_down replaces the node's pod, and on this cluster (cluster.peers: pod-ip, no Service "
                 "routing) its peers would not learn the new pod's address")
     action = {"partition": "partition", "latency": "delay", "bandwidth": "bandwidth",
               "bandwidth_limit": "bandwidth"}.get(fault_type)
@@ -302,7 +302,12 @@ def chaos_object(fault_type: str, params: dict, roles: list[str], run_id: str, s
         hit = _matching(spec, roles)
         if not hit:
             return None
-        if fault_type == "restart":  # started again at once in place: the container, not the pod, is killed
+        # restart: started again at once in place, so the container, not the pod, is killed. So is a
+        # kill where peers dial the pod's own address (pod-ip): a new pod's address its peers would not
+        # learn, where the kubelet's restart keeps it; the node is dead (its ports refuse) until its
+        # container serves again, which the heal waits for, as a local kill's heal waits for the node
+        # it starts again (a vLLM server's start, 30-100 s, against a window of seconds)
+        if fault_type == "restart" or settings.peers == "pod-ip":
             return {"apiVersion": CHAOS_API, "kind": "PodChaos", "metadata": meta,
                     "spec": {"action": "container-kill", "mode": "all", "containerNames": [CONTAINER],
                              "selector": _selector(ns, run_id, hit)}}

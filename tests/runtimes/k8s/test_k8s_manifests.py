@@ -101,6 +101,21 @@ def test_lasting_objects_carry_a_duration_and_faults_are_refused_that_would_mean
     assert M.chaos_object("partition", {"for": 3}, ROLES, "r1", no_netem, 0) is not None
 
 
+def test_where_peers_dial_pod_addresses_a_kill_keeps_the_pod_and_node_down_is_refused() -> None:
+    """cluster.peers: pod-ip (no Service routing): a pod-kill's new pod would get an address its
+    peers never learn, so ``kill`` is a container-kill (the pod and its address stay, the node is
+    dead until its container serves again); ``node_down`` (the workload deleted and applied again)
+    is refused with that reason. With Services, ``kill`` stays a pod-kill."""
+    pod_ip = ClusterSettings(image="img:1", peers="pod-ip")
+    kill = M.chaos_object("kill", {"node": "prefill:0", "for": 3}, ROLES, "r1", pod_ip, 0)
+    assert kill["spec"]["action"] == "container-kill" and kill["spec"]["containerNames"] == [M.CONTAINER]
+    assert kill["spec"]["selector"] == M.chaos_object("kill", {"node": "prefill:0", "for": 3}, ROLES, "r1", S,
+                                                      0)["spec"]["selector"]
+    assert M.chaos_object("kill", {"node": "prefill:0"}, ROLES, "r1", S, 0)["spec"]["action"] == "pod-kill"
+    assert M.why_not("kill", {}, pod_ip) is None
+    assert "would not learn" in M.why_not("node_down", {}, pod_ip) and M.why_not("node_down", {}, S) is None
+
+
 def test_host_mounts_and_the_run_folder_from_the_host() -> None:
     """A single-node cluster: the node env, the model and pd-chaos mounted read-only at their own
     paths, the harness's interpreter, and the run folder itself, so every log lands there."""

@@ -93,7 +93,7 @@ CASES: dict[str, Case] = {
         repro_args=SERVER + ' --master-pgid "${PIDS[0]}"',
         bug="`LookupKeyClient` sends each lookup on one REQ socket and waits in `recv()` with no timeout. "
             "Whatever stops worker rank 0 from answering stops the scheduler: a frozen worker, or, as here, "
-            "the Mooncake master it asks (SIGSTOP for 20 s: a stalled host, a long GC pause, a network "
+            "the Mooncake master it asks (SIGSTOP for 10 s: a stalled host, a long GC pause, a network "
             "partition). Freezing worker rank 0 itself would stop the model too, so the master is frozen: "
             "only the lookup waits on it.",
         expected="The lookup gives up at a deadline (a cache miss) and the request is computed without the "

@@ -1,7 +1,7 @@
 """The server answers prompt 1 (its KV is saved to the pool). Then the Mooncake master is frozen
-(SIGSTOP of its process group) for 20 s; 1 s into the freeze prompt 2 is sent, which the scheduler
+(SIGSTOP of its process group) for 10 s; 1 s into the freeze prompt 2 is sent, which the scheduler
 looks up in the pool (over the admin channel, worker rank 0 asks the master); the master is thawed
-(SIGCONT) when the 20 s are over.
+(SIGCONT) when the 10 s are over.
 
     python repro.py --server URL --master-pgid PGID
 """
@@ -14,7 +14,7 @@ import time
 
 from store_client import complete, result
 
-FREEZE_S = 20.0
+FREEZE_S = 10.0
 SEND_AFTER_S = 1.0
 
 

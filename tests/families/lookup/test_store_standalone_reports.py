@@ -216,3 +216,23 @@ def test_store_standalone_run_shows_the_defect_on_upstream_only(report: str, tar
     want_seen = target == "upstream"
     assert proc.returncode == (1 if want_seen else 0), result[0]
     assert result[0].startswith("RESULT: defect seen" if want_seen else "RESULT: defect not seen"), result[0]
+
+
+@pytest.mark.timeout(400)
+def test_pdchaos_repro_writes_the_folder_for_a_store_scenario_only(tmp_path: Path) -> None:
+    """The lookup family's repro hook (harness/cli/repro.py calls it after a run): a store scenario
+    gets its standalone folder, with collect-env of the node env; a scenario without a recipe none."""
+    from types import SimpleNamespace
+
+    from families.lookup import repro
+
+    if not node_env().installed():
+        pytest.skip("the P/D node env is not installed: pdchaos setup")
+    assert repro.write_standalone(SimpleNamespace(name="server-kill"), tmp_path / "other") is None
+    assert not (tmp_path / "other").exists()
+    out = repro.write_standalone(SimpleNamespace(name="store-two-engines"), tmp_path / "store")
+    assert out == tmp_path / "store" / "standalone"
+    assert (out / "run.sh").read_text() == S.run_sh(S.CASES["store-two-engines"])
+    text = (out / "README.md").read_text()
+    assert "vLLM Version" in text and "mooncake-transfer-engine" in text, text[:2000]
+    assert not re.search(r"(?<![\w.~$<])/(root|work|tmp|home)/", text)

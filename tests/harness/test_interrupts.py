@@ -275,3 +275,52 @@ def test_namespaces_of_a_killed_run_are_swept_and_others_kept(tmp_path: Path) ->
         kept.cleanup()
         subprocess.run(["ip", "netns", "del", stranger], timeout=10)
     assert not (Path(netns.OWNERS_DIR) / kept.a).exists(), "a clean teardown removes its owner records"
+
+
+@pytest.mark.timeout(90)
+def test_a_closed_terminal_is_a_clean_stop(tmp_path: Path) -> None:
+    """The harness runs on a terminal of its own (a pty, it the session leader) and the terminal
+    goes away (its master closed): the kernel's SIGHUP stops the run cleanly, the writes that come
+    after (progress, the summary) fail nothing, exit 129, no process of the run left."""
+    import pty
+
+    sc = tmp_path / "tty.yaml"
+    sc.write_text(textwrap.dedent(SCENARIO).replace("NAME", "tty").replace("READY", "0").lstrip())
+    runs = tmp_path / "runs"
+    pid, master = pty.fork()
+    if pid == 0:  # the child: a new session with the pty as its controlling terminal
+        try:
+            os.chdir(ROOT)
+            os.execve(sys.executable, PDCHAOS + ["run", str(sc), "--runs-dir", str(runs), "--no-report"], _env())
+        finally:
+            os._exit(127)
+    try:
+        pids = wait_for(lambda: (lambda p: p if any("SIG_IGN" in _cmdline(x) for x in p) else None)(ours(tmp_path, pid)),
+                        30.0)
+        assert pids, "the node never started"
+        assert wait_for(lambda: list(runs.glob("*/tty/plain/ops.part.jsonl")), 30.0)
+        pids |= ours(tmp_path, pid)
+        os.close(master)  # the terminal is gone
+        master = -1
+        end = time.monotonic() + 30
+        status = None
+        while time.monotonic() < end:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the harness did not end within 30 s of its terminal closing")
+    finally:
+        if master >= 0:
+            os.close(master)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP
+    assert [p for p in pids if _live(p)] == []
+    recs = journal_of(runs, "tty")
+    assert recs[-1]["reason"] == "interrupted"
+    assert any(r.get("what") == "interrupted" and r.get("by") == "SIGHUP" for r in recs)

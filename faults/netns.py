@@ -173,6 +173,11 @@ def list_namespaces(prefix: str = "pdc-") -> list[str]:
 # by hand) is never removed automatically, only named.
 
 OWNERS_DIR = "/run/pdchaos/netns"
+OWNERS_ENV = "PDCHAOS_NETNS_OWNERS"  # another folder (tests: a sweep of their own that no other run's sweep sees)
+
+
+def owners_dir() -> str:
+    return os.environ.get(OWNERS_ENV) or OWNERS_DIR
 
 
 def _start_time(pid: int) -> str | None:
@@ -185,14 +190,14 @@ def _start_time(pid: int) -> str | None:
 
 
 def _write_owner(ns: str) -> None:
-    os.makedirs(OWNERS_DIR, exist_ok=True)
-    with open(os.path.join(OWNERS_DIR, ns), "w", encoding="ascii") as fh:
+    os.makedirs(owners_dir(), exist_ok=True)
+    with open(os.path.join(owners_dir(), ns), "w", encoding="ascii") as fh:
         fh.write(f"{os.getpid()} {_start_time(os.getpid()) or '?'}\n")
 
 
 def _drop_owner(ns: str) -> None:
     try:
-        os.unlink(os.path.join(OWNERS_DIR, ns))
+        os.unlink(os.path.join(owners_dir(), ns))
     except OSError:
         pass
 
@@ -201,7 +206,7 @@ def owner_alive(ns: str) -> bool | None:
     """Whether the process that made ``ns`` still runs (the same process: pid and start time);
     None when ``ns`` has no owner record."""
     try:
-        with open(os.path.join(OWNERS_DIR, ns), encoding="ascii") as fh:
+        with open(os.path.join(owners_dir(), ns), encoding="ascii") as fh:
             pid, started = fh.read().split()[:2]
     except (OSError, ValueError):
         return None
@@ -233,7 +238,7 @@ def sweep_stale(prefix: str = "pdc-") -> tuple[list[str], list[str]]:
             removed.append(ns)
             _drop_owner(ns)
     try:  # records of namespaces that are gone (a run killed between its record and `ip netns add`)
-        for ns in os.listdir(OWNERS_DIR):
+        for ns in os.listdir(owners_dir()):
             if ns.startswith(prefix) and ns not in present and owner_alive(ns) is False:
                 _drop_owner(ns)
     except OSError:

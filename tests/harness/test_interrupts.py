@@ -241,12 +241,15 @@ time.sleep(120)
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not _NETNS_OK, reason=f"isolated hosts unavailable: {_NETNS_WHY}")
-def test_namespaces_of_a_killed_run_are_swept_and_others_kept(tmp_path: Path) -> None:
+def test_namespaces_of_a_killed_run_are_swept_and_others_kept(tmp_path: Path, monkeypatch) -> None:
     """A process that made a namespace pair with a partition rule in it is killed outright: the
     sweep removes both namespaces (the rule with them) and their owner records, and names the
-    local runtime's clean line; a live owner's pair and a namespace of unknown owner stay."""
+    local runtime's clean line; a live owner's pair and a namespace of unknown owner stay. The
+    owner records go to a folder of this test's (the runs other tests start sweep the default one:
+    to them these namespaces have no owner, and they leave them alone)."""
     from harness.runtime import load_runtime
 
+    monkeypatch.setenv(netns.OWNERS_ENV, str(tmp_path / "owners"))
     maker = subprocess.Popen([sys.executable, "-c", MAKER], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=_env())
     kept = netns.NetnsPair().create()  # this process owns it: alive
     stranger = f"pdc-unowned-{os.getpid()}"
@@ -267,14 +270,14 @@ def test_namespaces_of_a_killed_run_are_swept_and_others_kept(tmp_path: Path) ->
         assert len(removed) == 1 and names[0] in removed[0] and names[1] in removed[0], removed
         assert any(stranger in line for line in left), left
         assert not any(kept.a in line for line in removed + left)
-        assert not (Path(netns.OWNERS_DIR) / names[0]).exists()
+        assert not (tmp_path / "owners" / names[0]).exists()
     finally:
         if maker.poll() is None:
             maker.kill()
             maker.wait()
         kept.cleanup()
         subprocess.run(["ip", "netns", "del", stranger], timeout=10)
-    assert not (Path(netns.OWNERS_DIR) / kept.a).exists(), "a clean teardown removes its owner records"
+    assert not (tmp_path / "owners" / kept.a).exists(), "a clean teardown removes its owner records"
 
 
 @pytest.mark.timeout(90)
@@ -324,3 +327,76 @@ def test_a_closed_terminal_is_a_clean_stop(tmp_path: Path) -> None:
     recs = journal_of(runs, "tty")
     assert recs[-1]["reason"] == "interrupted"
     assert any(r.get("what") == "interrupted" and r.get("by") == "SIGHUP" for r in recs)
+
+
+PARTITIONED = """
+name: partitioned
+family: lookup
+seed: 41
+deadline: 200ms
+cap: 60s
+topology: {transport: tcp, link: netns, groups: 2}
+workload: {duration: 30s, concurrency: 1, rate: 20}
+faults:
+  - {type: partition, at: 500ms, for: 25s, direction: both}
+triggers: [{type: ops_in_window, fault: 0}]
+expect: {hardened: pass, legacy: pass}
+"""
+
+
+def _owned_by(pid: int, d: Path) -> list[str]:
+    """The namespaces whose owner record (in the folder ``d``) names ``pid``."""
+    return sorted(p.name for p in d.glob("pdc-*") if p.read_text().split()[:1] == [str(pid)]) if d.is_dir() else []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _NETNS_OK, reason=f"isolated hosts unavailable: {_NETNS_WHY}")
+def test_a_run_sigkilled_inside_a_partition_leaves_nothing_after_the_next_run(tmp_path: Path) -> None:
+    """A real lookup run on a network-namespace link, SIGKILLed while its partition (iptables DROP
+    rules inside the namespaces) is on: its nodes stop by themselves, its two namespaces and their
+    rules stay (nothing of its teardown ran), and the next ``pdchaos run`` removes them with one
+    line naming them."""
+    sc = tmp_path / "partitioned.yaml"
+    sc.write_text(textwrap.dedent(PARTITIONED).lstrip())
+    runs = tmp_path / "runs"
+    owners = tmp_path / "owners"  # this test's own (see the test above)
+    env = {**_env(), netns.OWNERS_ENV: str(owners)}
+    proc = subprocess.Popen(PDCHAOS + ["run", str(sc), "--runs-dir", str(runs), "--no-report", "--plain",
+                                       "--target", "hardened"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, cwd=ROOT)
+    try:
+        def partitioned() -> bool:
+            for path in runs.glob("*/partitioned/hardened/journal.jsonl"):
+                if any(r.get("type") == "fault" and r.get("phase") == "start" for r in J.read_journal(path)):
+                    return True
+            return False
+
+        assert wait_for(partitioned, 60.0), "the partition never started"
+        spaces = _owned_by(proc.pid, owners)
+        assert len(spaces) == 2, spaces
+        children = {p for p in _all_pids() if (st := _stat(p)) is not None and int(st[1]) == proc.pid}
+        assert len(children) >= 2  # the lookup server and the workload (inside the namespaces)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_for(lambda: not [p for p in children if _live(p)], 8.0), "nodes outlived the harness by 8 s"
+    assert set(spaces) <= set(netns.list_namespaces())
+    rules = subprocess.run(["ip", "netns", "exec", spaces[0], "iptables", "-S", netns.CHAIN], capture_output=True,
+                           text=True, timeout=10).stdout + subprocess.run(
+        ["ip", "netns", "exec", spaces[1], "iptables", "-S", netns.CHAIN], capture_output=True, text=True,
+        timeout=10).stdout
+    assert "DROP" in rules, "the partition's rules were left in the namespaces"
+    toy = tmp_path / "next.yaml"
+    toy.write_text(textwrap.dedent(SCENARIO).replace("NAME", "next").replace("READY", "0")
+                   .replace("duration: 40s", "duration: 300ms").replace("stubborn_child: true", "stubborn_child: false")
+                   .lstrip())
+    nxt = subprocess.run(PDCHAOS + ["run", str(toy), "--runs-dir", str(tmp_path / "runs2"), "--no-report", "--plain"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert nxt.returncode == 0, nxt.stdout + nxt.stderr
+    (line,) = [ln for ln in nxt.stderr.splitlines() if ln.startswith("removed: ")]
+    assert all(ns in line for ns in spaces) and "a killed run left" in line, line
+    assert not set(spaces) & set(netns.list_namespaces())
+    assert _owned_by(proc.pid, owners) == []

@@ -154,8 +154,10 @@ CASES: dict[str, Case] = {
 }
 
 # the other families' reports: what a standalone reproduction needs there
-# (store-* folders are written by families/lookup/store_standalone.py, never here)
-WRITTEN_ELSEWHERE = ("store-",)
+# (store-* folders are written by families/lookup/store_standalone.py, lookup-* by
+# families/lookup/ascend_standalone.py, the layerwise ones with a run.sh by families/layerwise/standalone.py:
+# never here)
+WRITTEN_ELSEWHERE = ("store-", "lookup-")
 OTHERS = {
     "layerwise-": "vllm-ascend's MooncakeLayerwiseConnector: an Ascend NPU, or on CPU vllm-ascend's own test "
                   "stubs (tests/ut/conftest.py: torch_npu, torch.npu, mooncake.engine) with the connector driven "
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     env_text = collect_env(node_python()) if any(d.name.split("--")[0] in CASES for d in dirs) else ""
     for d in dirs:
         scenario = d.name.split("--")[0]
-        if scenario not in CASES and scenario.startswith(WRITTEN_ELSEWHERE):
+        if scenario not in CASES and (scenario.startswith(WRITTEN_ELSEWHERE) or (d / "standalone" / "run.sh").is_file()):
             continue
         write_standalone(d, scenario, env_text)
         print(f"{d.name}: {'standalone reproduction' if scenario in CASES else 'what it needs'}")

@@ -55,7 +55,10 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              # copied into each P/D report's standalone/ folder and run there by a maintainer's own
              # vLLM venv (families/pd/standalone.py), never imported by the harness
              "families/pd/standalone_files/make_model.py",
-             "families/pd/standalone_files/cpu_shim/sitecustomize.py"}
+             "families/pd/standalone_files/cpu_shim/sitecustomize.py",
+             # the same for the reports on vllm-ascend's code (stacks/ascend_cpu/standalone.py)
+             "families/lookup/standalone_files/lookup_parts.py",
+             "families/layerwise/standalone_files/scenarios/layerwise-listener-garbage.py"}
 
 
 def _files(pkg: str) -> list[Path]:

@@ -423,16 +423,25 @@ class NetnsPair:
         self._chains.add(side)
 
     def partition(self, direction: Direction = "both", mode: Mode = "drop",
-                  tag: str | None = None) -> list[tuple[str, list[str]]]:
+                  tag: str | None = None, ports: Sequence[int] = (),
+                  port_side: Side = "b") -> list[tuple[str, list[str]]]:
         """Cut the link; returns the rules added (give them to :meth:`heal` to remove just these).
         ``tag`` (letters, digits, ``-``) marks each rule with an iptables comment, so that
-        :meth:`stopped` can count the packets these rules stopped."""
+        :meth:`stopped` can count the packets these rules stopped. ``ports``: cut only the TCP
+        traffic of these ports of ``port_side`` (packets sent to them, and packets sent from
+        them, as ``direction`` says); every other port keeps working."""
         if tag is not None and not re.fullmatch(r"[A-Za-z0-9-]{1,40}", tag):
             raise ValueError(f"tag: {tag!r}: letters, digits and '-' only (at most 40)")
         if direction not in ("a->b", "b->a", "both"):
             raise ValueError(f"direction: {direction!r}: expected 'a->b', 'b->a' or 'both'")
         if mode not in ("drop", "reject"):
             raise ValueError(f"mode: {mode!r}: expected 'drop' or 'reject'")
+        if port_side not in ("a", "b"):
+            raise ValueError(f"port_side: {port_side!r}: expected 'a' or 'b'")
+        ports = list(ports)
+        for port in ports:
+            if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+                raise ValueError(f"ports: {port!r}: expected a TCP port number (1-65535)")
         senders: list[Side] = ["a", "b"] if direction == "both" else [direction[0]]  # type: ignore[list-item]
         added: list[tuple[str, list[str]]] = []
         with self._lock:
@@ -440,7 +449,14 @@ class NetnsPair:
                 receiver = self.other(sender)
                 self._ensure_chain(receiver)
                 src = ["-s", self.ip[sender]]
-                if mode == "drop":
+                if ports:
+                    # to port_side's ports from the other side, from them back: TCP of those ports only
+                    which = "--dport" if sender != port_side else "--sport"
+                    verdict = ["DROP"] if mode == "drop" else ["REJECT", "--reject-with", "tcp-reset"]
+                    specs = [[*src, "-p", "tcp", which, str(port), "-j", *verdict] for port in ports]
+                    if mode == "reject":  # a refusal of the other side's rule coming back passes (as below)
+                        specs.insert(0, [*src, "-p", "tcp", "--tcp-flags", "RST", "RST", "-j", "RETURN"])
+                elif mode == "drop":
                     specs = [[*src, "-j", "DROP"]]
                 else:
                     # Refusals coming back (a RST, an ICMP unreachable) pass: with "both", the other

@@ -27,7 +27,7 @@ class PDFamily(Family):
     baseline_target = "upstream"
     Topology = PDTopologySpec
     Workload = PDWorkloadSpec
-    fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults", f"{PKG}.side_faults")
+    fault_modules = (f"{PKG}.faults", f"{PKG}.fake_faults", f"{PKG}.side_faults", f"{PKG}.port_faults")
     check_modules = (f"{PKG}.checks",)
     primary_ops = ("complete",)
     op_kinds = ("complete", "reset")  # reset: the workload's prefix-cache resets (workload.resets)

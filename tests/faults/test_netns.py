@@ -247,6 +247,40 @@ def test_reverse_and_both_directions(link):
     assert req(pair, client)["ok"] is True
 
 
+@pytest.mark.timeout(30)
+def test_one_port_only_each_way(link):
+    """REJECT and DROP on one port of b: that port is cut as the direction says, b's other port
+    works meanwhile, and the counters see the stopped packets."""
+    pair, client = link
+    rules = pair.partition("a->b", "reject", tag="one-port", ports=[SINK_PORT])
+    assert all("--dport" in spec and str(SINK_PORT) in spec for _, spec in rules if "REJECT" in spec)
+    t = client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=3)
+    assert t["result"] == "refused" and t["ms"] < 1000
+    assert req(pair, client)["ok"] is True  # the other port of b answers
+    assert pair.stopped("one-port") >= 1
+    pair.heal(rules)
+    assert client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=3)["result"] == "ok"
+    # b's answers from that port vanish (the rule sits in a, on the source port): a connect times out
+    rules = pair.partition("b->a", "drop", tag="one-port-back", ports=[SINK_PORT])
+    assert pair.rules("a") and not pair.rules("b")
+    assert client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=0.5)["result"] == "timeout"
+    assert req(pair, client)["ok"] is True
+    assert pair.stopped("one-port-back") >= 1
+    pair.heal(rules)
+    # both ways, refused: the other side's refusals pass (a RST from b's port is not swallowed in a)
+    both = pair.partition("both", "reject", ports=[SINK_PORT])
+    assert {side for side, _ in both} == {"a", "b"}
+    assert client.call(op="tcp", host=pair.ip_b, port=SINK_PORT, timeout_s=3)["result"] == "refused"
+    assert req(pair, client)["ok"] is True
+    pair.heal(both)
+    assert pair.rules("a") == [] and pair.rules("b") == []
+    for bad in ([0], [70000], ["80"], [True]):
+        with pytest.raises(ValueError, match="ports"):
+            pair.partition("a->b", "drop", ports=bad)
+    with pytest.raises(ValueError, match="port_side"):
+        pair.partition("a->b", "drop", ports=[SINK_PORT], port_side="c")
+
+
 @pytest.mark.timeout(20)
 def test_heal_removes_only_the_given_rules(link):
     pair, client = link

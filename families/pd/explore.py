@@ -50,7 +50,17 @@ PROXY_FAULTS = ("abort_after_prefill", "abort_while_decode_waits", "hold_after_p
                 "fake_prefill_peer")
 FAKE_MODES = ("garbage", "error", "unknown", "other", "silent", "bootstrap_500", "unknown_engine")
 TOXICS = ("latency", "bandwidth", "reset_peer", "slicer", "timeout")  # on P's bootstrap link (Toxiproxy)
-NETNS = ("partition", "refuse", "bandwidth_limit")  # between P's namespace and D's
+PORT_FAULTS = ("refuse_port", "partition_port")  # iptables on one port of P (families/pd/port_faults.py)
+NETNS = ("partition", "refuse", "bandwidth_limit") + PORT_FAULTS  # between P's namespace and D's
+PORTS = ("side_channel", "side_channel", "bootstrap", "http")  # D's pulls go to the side channel: drawn most
+# faults that reach P or a fake peer at a loopback address the harness's namespace shares with them:
+# with P in a namespace of its own they cannot (read, not measured), so a netns link never draws them
+NOT_ON_NETNS = ("fake_prefill_peer", "side_channel_garbage")
+STORE = "store"  # the KV pool's store master (topology.kv_pool, launch profile cpu-store)
+STORE_SHARE = 0.08  # of the schedules: a KV pool (no warm nodes: P, D and the master start cold each time)
+STORE_KINDS = ("abort_after_prefill", "abort_while_decode_waits", "hold_after_prefill")  # hooks the store proxy takes
+OVERLAP_SHARE = 0.3  # of the schedules: a freeze of another node inside the first fault's window
+PREFIX_SHARE = 0.25  # of the workloads: a shared-prefix mix
 DIRECTIONS = ("client->server", "server->client", "both")
 NODES = ("prefill:0", "decode:0")
 HEAL_S = 2.0  # the slowest heal here (the fake prefill peer's stop)
@@ -94,6 +104,8 @@ def _fault(rng: random.Random, kind: str, concurrency: int = 2) -> dict:
         return {"type": kind, "timeout": rng.choice([0.0, 1.0]), "stream": stream}
     if kind in ("partition", "refuse"):
         return {"type": kind, "direction": rng.choice(DIRECTIONS)}
+    if kind in PORT_FAULTS:
+        return {"type": kind, "port": rng.choice(PORTS), "direction": rng.choice(DIRECTIONS)}
     if kind == "bandwidth_limit":
         return {"type": kind, "rate_kbit": rng.choice([64, 512]), "direction": rng.choice(DIRECTIONS)}
     raise ValueError(kind)
@@ -109,12 +121,32 @@ def _link_of(faults: list[dict]) -> str:
     return "toxiproxy" if kinds & set(TOXICS) else "netns" if kinds & set(NETNS) else "direct"
 
 
+def _topology_of(faults: list[dict]) -> dict:
+    """A fault on the store master needs the KV pool (launch profile cpu-store: no phase journal, no
+    warm nodes), every other fault the link it acts on."""
+    if any(f.get("node") == STORE for f in faults):
+        return {"link": "direct", "kv_pool": True}
+    return {"link": _link_of(faults)}
+
+
+def _prefix_mix(rng: random.Random, prompt_tokens: int) -> dict:
+    """A shared-prefix mix: prompts start with one of 1-3 prefixes of a quarter to three quarters
+    of their length. Prefix caching is off on the nodes, so each request's blocks are still its own
+    on P and D and D pulls all of them; the pull groups requests by P's engine id and scheduler step,
+    not by their prompts (docs/interleavings.md, the wider generator)."""
+    share = rng.choice([0.25, 0.5, 0.75])
+    return {"shared_prefix_tokens": max(8, min(prompt_tokens - 8, int(prompt_tokens * share))),
+            "prefix_groups": rng.choice([1, 1, 2, 3])}
+
+
 def cover(rng: random.Random) -> list[dict]:
     """Each fault kind alone once (each fake-peer mode and each node's stop count as a kind), in a
     seeded order, before explore's random combinations: every kind is tried in any budget that
-    runs this many schedules. The kinds on the plain link come first (they share warm nodes), then
-    the toxics, then the namespace faults (a fresh pair each), then a kill of each node (a cold
-    start each)."""
+    runs this many schedules. The kinds on the plain link come first (they share warm nodes), with
+    P and D frozen at once and a shared-prefix mix after them, then the toxics, then the namespace
+    faults (a fresh pair each; each port fault on P's side channel), then the store master frozen
+    and killed (a KV pool: P, D and the master start cold), then a kill of each node (a cold start
+    each)."""
     kinds: list[dict] = [{"type": "stop", "node": n} for n in NODES]
     # each node frozen at a phase of its own: P as it starts writing, D as its pull goes out
     kinds += [{"type": "stop", "node": n, "upon": {"phase": ph, "offset": 0.0, "within": PHASE_WITHIN[0]}}
@@ -124,7 +156,9 @@ def cover(rng: random.Random) -> list[dict]:
         if kind not in ("stop", "fake_prefill_peer"):
             kinds.append(_fault(rng, kind))
     rng.shuffle(kinds)
-    later = [_fault(rng, k) for k in TOXICS] + [_fault(rng, k) for k in NETNS]
+    # each port fault on P's side channel (where D's pulls go; issue 43, 7a), both ways
+    later = [_fault(rng, k) for k in TOXICS] + [_fault(rng, k) for k in NETNS if k not in PORT_FAULTS]
+    later += [{"type": k, "port": "side_channel", "direction": "both"} for k in PORT_FAULTS]
     out = []
     for f in kinds + later:
         concurrency = rng.choice([1, 2, 4])
@@ -137,9 +171,74 @@ def cover(rng: random.Random) -> list[dict]:
         out.append({"workload": {"duration": duration, "concurrency": concurrency, "rate": rate,
                                  "request_timeout": 30.0},
                     "faults": [{**f, "at": at, "for": length}], "topology": {"link": _link_of([f])}})
+    # on the plain link too (warm nodes): P and D frozen at once, a shared-prefix mix
+    out[len(kinds):len(kinds)] = [_overlap_schedule(rng), _prefix_schedule(rng)]
+    out += [_store_schedule(rng, kind) for kind in ("stop", "kill")]  # the KV pool's: a cold start each
     for node in NODES:
         out.append(_kill_schedule(rng, node))
     return out
+
+
+def _overlap_schedule(rng: random.Random) -> dict:
+    """P and D frozen at once: D's freeze starts inside P's and outlasts it."""
+    at = round(rng.uniform(1.0, 3.0), 1)
+    return {"workload": {"duration": 18.0, "concurrency": 2, "rate": 2.0, "request_timeout": 30.0},
+            "faults": [{"type": "stop", "node": "prefill:0", "at": at, "for": 4.0},
+                       {"type": "stop", "node": "decode:0", "at": round(at + 2.0, 1), "for": 4.0}],
+            "topology": {"link": "direct"}}
+
+
+def _prefix_schedule(rng: random.Random) -> dict:
+    """A shared-prefix mix of 400-token prompts under a freeze of P."""
+    return {"workload": {"duration": 16.0, "concurrency": 4, "rate": 4.0, "request_timeout": 30.0,
+                         "prompt_tokens": 400, "output_tokens": 16, **_prefix_mix(rng, 400)},
+            "faults": [{"type": "stop", "node": "prefill:0", "at": round(rng.uniform(1.0, 4.0), 1), "for": 6.0}],
+            "topology": {"link": "direct"}}
+
+
+def _store_schedule(rng: random.Random, kind: str | None = None) -> dict:
+    """P and D through a KV pool: the store master frozen or killed (restarted empty at heal; the
+    first fault), maybe a freeze of P or D inside its window, maybe a proxy hook the store proxy
+    takes. Never keyed on a phase (the phase journal wraps vLLM's Mooncake connector, not the store
+    connector)."""
+    concurrency = rng.choice([1, 2])
+    rate = concurrency * rng.choice([0.5, 1.0])
+    duration = float(rng.choice([16, 18, 20]))
+    workload = {"duration": duration, "concurrency": concurrency, "rate": rate, "request_timeout": 30.0,
+                "prompt_tokens": rng.choice([64, 200, 400]), "output_tokens": rng.choice([8, 16])}
+    gap = concurrency / rate + HEAL_S + 1.0
+    length = float(rng.choice([4, 6, 8]))
+    master = {"type": kind or rng.choice(("stop", "stop", "kill")), "node": STORE,
+              "at": round(rng.uniform(0.5, duration - gap - length), 1), "for": length}
+    faults = [master]
+    if kind is None and rng.random() < 0.5:
+        _add_overlapping(rng, faults, master, duration, gap, concurrency / rate)
+    if kind is None and rng.random() < 0.3:
+        f = _fault(rng, rng.choice(STORE_KINDS), concurrency)
+        f["for"] = float(rng.choice([2, 3, 4]))
+        latest = duration - gap - f["for"]
+        if latest >= 0.5:
+            f["at"] = round(rng.uniform(0.5, latest), 1)
+            if not _clashes(f, faults) and _recovery_ok(faults + [f], duration, concurrency / rate):
+                faults.append(f)
+    faults.sort(key=lambda f: f["at"])
+    return {"workload": workload, "faults": faults, "topology": _topology_of(faults)}
+
+
+def _add_overlapping(rng: random.Random, faults: list[dict], first: dict, duration: float, gap: float,
+                     need: float) -> bool:
+    """A freeze of another node (never ``first``'s) that starts inside ``first``'s window: two
+    faults overlapping on different nodes. Added when it fits (no clash, recovery after it)."""
+    nodes = [n for n in NODES if n != first.get("node")]
+    length = float(rng.choice([2, 3, 4]))
+    at = round(first["at"] + rng.uniform(0.2, max(0.2, first["for"] - 0.5)), 1)
+    if at + length > duration - gap:
+        return False
+    f = {"type": "stop", "node": rng.choice(nodes), "at": at, "for": length}
+    if _clashes(f, faults) or not _recovery_ok(faults + [f], duration, need):
+        return False
+    faults.append(f)
+    return True
 
 
 def _kill_schedule(rng: random.Random, node: str) -> dict:
@@ -151,14 +250,18 @@ def _kill_schedule(rng: random.Random, node: str) -> dict:
 
 def signature(schedule: dict) -> str:
     """The fault kinds of a schedule (a stop or kill names its node, a fake peer its mode, a
-    network fault its direction): two findings with the same kinds and failing checks are one
+    network fault its direction, a port fault its port too; a shared-prefix mix is named): two findings with the same kinds and failing checks are one
     defect until shown otherwise."""
     parts = []
     for f in schedule["faults"]:
         extra = f.get("node") or f.get("mode") or f.get("direction") or f.get("stream")
+        if f.get("port"):  # a port fault: which port of P, and which way
+            extra = f"{f['port']},{f['direction']}"
         if f.get("upon"):  # the same fault at a phase is another interleaving
             extra = f"{extra}@{f['upon']['phase']}"
         parts.append(f"{f['type']}({extra})" if extra else f["type"])
+    if (schedule.get("workload") or {}).get("shared_prefix_tokens"):  # the same faults over another mix
+        parts.append("shared_prefix")
     return "+".join(sorted(parts))
 
 
@@ -216,16 +319,25 @@ def _recovery_ok(faults: list[dict], duration: float, need: float) -> bool:
 def draw(rng: random.Random) -> dict:
     if rng.random() < KILL_SHARE:
         return _kill_schedule(rng, rng.choice(NODES))
+    if rng.random() < STORE_SHARE:
+        return _store_schedule(rng)
     link = rng.choice(LINKS)
     concurrency = rng.choice([1, 2, 4, 8])
     rate = min(4.0, concurrency * rng.choice([0.5, 1.0]))
     duration = float(rng.choice([14, 16, 18, 20]))
     workload = {"duration": duration, "concurrency": concurrency, "rate": rate, "request_timeout": 30.0,
                 "prompt_tokens": rng.choice([64, 200, 200, 400]), "output_tokens": rng.choice([8, 16, 16, 32])}
+    if rng.random() < PREFIX_SHARE:
+        workload.update(_prefix_mix(rng, workload["prompt_tokens"]))
     gap = concurrency / rate + HEAL_S + 1.0  # recovery: every worker's first op after the last heal
-    kinds = KINDS + LINK_KINDS[link] * 2
+    kinds = tuple(k for k in KINDS if link != "netns" or k not in NOT_ON_NETNS) + LINK_KINDS[link] * 2
+    overlap = rng.random() < OVERLAP_SHARE
     faults: list[dict] = []
     for n in range(rng.choice([1, 1, 2, 2, 3])):
+        if overlap and len(faults) == 1 and not faults[0].get("upon"):
+            overlap = False
+            if _add_overlapping(rng, faults, faults[0], duration, gap, concurrency / rate):
+                continue
         # the link's own kinds first: a schedule on a toxiproxy or netns link has at least one of them
         kind = rng.choice(LINK_KINDS[link]) if n == 0 and LINK_KINDS[link] else rng.choice(kinds)
         if kind == "side_channel_garbage" and any(f["type"] == kind for f in faults):
@@ -247,8 +359,10 @@ def draw(rng: random.Random) -> dict:
         faults.append(f)
     if not faults:  # one stop of either node, early: every schedule has a fault
         faults.append({**_fault(rng, "stop"), "at": 1.0, "for": 3.0})
+    if overlap and len(faults) == 1 and not faults[0].get("upon"):  # a one-fault schedule drawn to overlap
+        _add_overlapping(rng, faults, faults[0], duration, gap, concurrency / rate)
     faults.sort(key=lambda f: f["at"])
-    return {"workload": workload, "faults": faults, "topology": {"link": _link_of(faults)}}
+    return {"workload": workload, "faults": faults, "topology": _topology_of(faults)}
 
 
 DURATIONS = ("at", "for", "after", "seconds", "latency", "jitter", "delay", "timeout")  # written as durations
@@ -271,7 +385,8 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     topology = dict(schedule.get("topology") or {})
     if topology.get("link") == "direct":
         del topology["link"]
-    killed = any(f["type"] == "kill" for f in faults)
+    killed = any(f["type"] == "kill" and f.get("node") != STORE for f in faults)  # a vLLM node's cold start
+    pool = bool(topology.get("kv_pool"))
     # 3.5 s with no request starting: room for two of the nodes' samples with nothing in flight
     # after the last requests end (1.5 s left 10 of 38 drawn runs at concurrency 4-8 without a
     # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
@@ -286,7 +401,7 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         "name": name, "family": "pd",
         "description": f"drawn by pdchaos explore (seed {seed})",
         "seed": seed, "deadline": "15s" if topology.get("link") == "netns" else "10s", "tolerance": "2s",
-        "cap": "500s" if killed else "300s",
+        "cap": "500s" if killed else "600s" if pool else "300s",  # a KV pool: P, D and the master start cold
         "targets": [target],
     }
     if topology:
@@ -304,6 +419,8 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         checks["no_busy_wait"] = {"enabled": False}
     if killed:  # the restart's length is the machine's (30 s-2 min): not a bound on the connector
         checks["recovery"] = {"enabled": False}
+    if pool:  # each node's store client opens new connections to a master that froze or restarted
+        checks["no_leaks"] = {"slack": 10}  # (+5 to +8 descriptors measured: scenarios/pd-store/)
     if checks:
         doc["checks"] = checks
     return doc

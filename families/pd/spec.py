@@ -84,6 +84,11 @@ class PDWorkloadSpec(WorkloadSpec):
     prompt_tokens: int = Field(200, ge=8, le=400, description="approximate prompt length in tokens (unique "
                                                             "prompts, so D really pulls)")
     output_tokens: int = Field(16, ge=1, le=64, description="max_tokens, greedy (temperature 0)")
+    shared_prefix_tokens: int = Field(0, ge=0, le=384, description="a shared-prefix mix: every prompt starts "
+                                      "with one of `prefix_groups` prefixes of about this many tokens (whole "
+                                      "words), then words of its own (each prompt is still unique); 0: none")
+    prefix_groups: int = Field(1, ge=1, le=8, description="how many shared prefixes (prompts take them in "
+                                                         "turn); with shared_prefix_tokens only")
     request_timeout: Duration = Field(30.0, description="the client gives up after this: the op is recorded "
                                                       "as stalled, with how long it hung")
     pauses: list[PauseSpec] = Field(default_factory=list, description="times (from the workload's start, as a "
@@ -109,6 +114,11 @@ class PDWorkloadSpec(WorkloadSpec):
             if not 0 <= x < planned:
                 raise ValueError(f"lead_prompts[{i}] = {x}: not a prompt of this run (0 .. {planned - 1}: "
                                  f"duration x rate)")
+        if self.shared_prefix_tokens and self.shared_prefix_tokens > self.prompt_tokens - 8:
+            raise ValueError(f"shared_prefix_tokens {self.shared_prefix_tokens}: at most prompt_tokens - 8 "
+                             f"({self.prompt_tokens - 8}), so that each prompt keeps words of its own")
+        if self.prefix_groups > 1 and not self.shared_prefix_tokens:
+            raise ValueError("prefix_groups: needs shared_prefix_tokens")
         if len(set(self.lead_prompts)) != len(self.lead_prompts):
             raise ValueError("lead_prompts: an index is named twice")
         for i, r in enumerate(self.resets):

@@ -344,6 +344,8 @@ class PDTopology(BaseTopology):
             pauses["resets"] = [[r.at, self.placement.reach(f"{r.node}:0", self.url(f"{r.node}:0"))] for r in w.resets]
         if w.lead_prompts:
             pauses["lead_prompts"] = list(w.lead_prompts)
+        if w.shared_prefix_tokens:
+            pauses.update(shared_prefix_tokens=w.shared_prefix_tokens, prefix_groups=w.prefix_groups)
         # the workload runs beside the harness: it reaches the nodes as the harness does (a cluster's
         # port-forwards; the same URLs locally)
         return {**pauses, "proxy_url": self.placement.reach("proxy", self.url("proxy")),

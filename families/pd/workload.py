@@ -30,6 +30,10 @@ optional:
                        past the prepared ones
 =====================  ====================================================================
 
+Optional too, a shared-prefix mix: ``shared_prefix_tokens`` (prompt i starts with prefix ``i %
+prefix_groups``, whole words of at most this many tokens, then words of its own) and
+``prefix_groups`` (default 1).
+
 Before READY: ``ceil(duration_s * rate * 1.2) + concurrency`` unique prompts of words from the
 tiny model's corpus vocabulary (stacks/vllm_cpu/build_tiny_model.py, so they tokenize densely),
 and each prompt's reference: the greedy output of D alone for that prompt and ``max_tokens``,
@@ -220,22 +224,48 @@ def cut_at_tokens(words: list[str], token_strs: list[str], limit: int) -> tuple[
     return n_words, n_tokens
 
 
+def make_prefixes(cfg: dict, deadline: float) -> list[list[str]]:
+    """The words of each shared prefix (``prefix_groups`` of them, each the longest word prefix
+    of at most ``shared_prefix_tokens`` tokens); none without ``shared_prefix_tokens``."""
+    n = int(cfg.get("shared_prefix_tokens") or 0)
+    if n <= 0:
+        return []
+    rng = random.Random(f"pd-workload-prefixes:{cfg['seed']}")  # the prompts' own draw is left as it was
+    vocab = vocabulary()
+    out: list[list[str]] = []
+    for _ in range(max(1, int(cfg.get("prefix_groups") or 1))):
+        words = [rng.choice(vocab) for _ in range(n)]
+        rest = deadline - time.monotonic()
+        if rest <= 0:
+            raise PrepareError("shared prefixes not ready within the preparation time")
+        n_words, _ = cut_at_tokens(words, tokenize(cfg["decode_url"], cfg["model"], " ".join(words),
+                                                   min(rest, 30.0)), n)
+        if n_words == 0:
+            raise PrepareError(f"shared_prefix_tokens {n}: no whole word fits")
+        out.append(words[:n_words])
+    return out
+
+
 def make_prompts(cfg: dict, count: int, deadline: float) -> list[tuple[str, int]]:
-    """``count`` unique prompts of about ``prompt_tokens`` tokens: (text, tokens)."""
+    """``count`` unique prompts of about ``prompt_tokens`` tokens: (text, tokens). With a
+    shared-prefix mix, prompt i starts with prefix ``i % prefix_groups`` and goes on with words of
+    its own (at least one)."""
     rng = random.Random(f"pd-workload-prompts:{cfg['seed']}")
     vocab = vocabulary()
     target = int(cfg["prompt_tokens"])
+    prefixes = make_prefixes(cfg, deadline)
     out: list[tuple[str, int]] = []
     seen: set[str] = set()
     while len(out) < count:
-        words = [rng.choice(vocab) for _ in range(target + 8)]  # every word is at least one token
+        prefix = prefixes[len(out) % len(prefixes)] if prefixes else []
+        words = prefix + [rng.choice(vocab) for _ in range(target + 8 - len(prefix))]  # a word is >= 1 token
         rest = deadline - time.monotonic()
         if rest <= 0:
             raise PrepareError(f"prompts not ready within the preparation time ({len(out)} of {count})")
         strs = tokenize(cfg["decode_url"], cfg["model"], " ".join(words), min(rest, 30.0))
         n_words, n_tokens = cut_at_tokens(words, strs, target)
         text = " ".join(words[:n_words])
-        if n_words == 0 or text in seen:
+        if n_words <= len(prefix) or text in seen:
             continue
         seen.add(text)
         out.append((text, n_tokens))

@@ -115,15 +115,17 @@ def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrun
     tally = ex.explore()
     covering = E.cover(random.Random(1))
     kinds = {E.signature(c) for c in covering}
-    # two stops, two stops keyed on a phase, each fake-peer mode, 5 other kinds, toxics, netns, two kills
-    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + len(E.TOXICS) + len(E.NETNS) + 2
+    # two stops, two stops keyed on a phase, each fake-peer mode, 5 other kinds, P and D frozen at
+    # once, a shared-prefix mix, toxics, netns (the port faults among them), the store master's two, two kills
+    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + 2 + len(E.TOXICS) + len(E.NETNS) + 2 + 2
 
     def sig(sc) -> str:  # noqa: ANN001
         return E.signature({"faults": [{"type": f.type, **{k: getattr(f, k) for k in ("node", "mode", "direction",
-                                                                                        "stream")
+                                                                                        "stream", "port")
                                                            if isinstance(getattr(f, k, None), str)},
                                         **({"upon": f.upon.model_dump()} if f.upon is not None else {})}
-                                       for f in sc.faults]})
+                                       for f in sc.faults],
+                            "workload": {"shared_prefix_tokens": sc.model.workload.shared_prefix_tokens}})
 
     first = [sig(sc) for sc in runs[:len(covering)]]
     assert {x.split("(")[0] for x in first} == {x.split("(")[0] for x in kinds}, first  # every kind alone first
@@ -413,19 +415,22 @@ def test_a_repeat_of_a_flaky_finding_is_settled_again(tmp_path: Path) -> None:
     def fails(sc, path, nth):  # noqa: ANN001
         if not _stops_d(sc):
             return False
-        if not first_seen:
+        # the flaky one: the first that also aborts after prefill (a kind pair the wider generator
+        # draws again in this budget; a lone stop of D is rarer now, most get a second fault)
+        if not first_seen and any(f.type == "abort_after_prefill" for f in sc.faults):
             first_seen.append(str(path))
-        return nth != 3 if str(path) == first_seen[0] else True  # the first one flaky, later ones always
+        return nth != 3 if first_seen and str(path) == first_seen[0] else True  # flaky once, others always
 
     from families.pd import explore as E
 
-    ex = Explorer(FAM, "hardened", seed=11, budget_s=2 * 3600, out_dir=tmp_path,
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=5 * 3600, out_dir=tmp_path,
                   run_one=_stand_in_runner(clock, calls, fails), load=_load, say=lines.append, clock=clock,
                   reprove=3, shrink=False)
     tally = ex.explore()
-    flaky = tally.findings[0]
+    flaky = next(f for f in tally.findings if str(Path(f.drawn)) == first_seen[0])
     assert flaky.status == "flaky", "\n".join(lines)
-    alike = [f for f in tally.findings[1:] if E.signature(f.schedule) == E.signature(flaky.schedule)
+    later = tally.findings[tally.findings.index(flaky) + 1:]
+    alike = [f for f in later if E.signature(f.schedule) == E.signature(flaky.schedule)
              and f.failing == flaky.failing]
     assert alike and alike[0].same_as is None and alike[0].status == "re-proven", [(f.seed, f.status) for f in alike]
     assert all(f.same_as == alike[0].seed and f.status == "same" for f in alike[1:])

@@ -2,7 +2,8 @@
 whatever the seed, a drawn schedule renders to a scenario file the real schema and ``pdchaos
 validate`` accept (its link fits its faults, every window leaves time for recovery), and it keeps
 the generator's own rules (no two proxy faults at once, no two process faults on one node at once,
-one toxic and one namespace fault at a time, a kill alone). No nodes run."""
+one toxic and one namespace fault at a time, a kill of a vLLM node alone, the store master's faults
+on a KV pool, no loopback peer on a namespace link), and it draws every kind it has. No nodes run."""
 
 from __future__ import annotations
 
@@ -41,8 +42,17 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
     link = s["topology"]["link"]
     kinds = {f["type"] for f in faults}
     assert link == ("toxiproxy" if kinds & set(E.TOXICS) else "netns" if kinds & set(E.NETNS) else "direct")
-    if "kill" in kinds:
+    pool = any(f.get("node") == E.STORE for f in faults)  # the store master's faults need the KV pool
+    assert bool(s["topology"].get("kv_pool")) == pool
+    if pool:  # the store proxy's hooks only, never keyed (no phase journal in the store connector)
+        assert kinds <= {"stop", "kill"} | set(E.STORE_KINDS) and not any(f.get("upon") for f in faults), s
+    if any(f["type"] == "kill" and f["node"] != E.STORE for f in faults):  # a vLLM node's kill: alone
         assert len(faults) == 1 and s["workload"]["duration"] >= 45
+    if link == "netns":  # loopback peers a namespace cuts off
+        assert not kinds & set(E.NOT_ON_NETNS), s
+    for f in faults:
+        if f["type"] in E.PORT_FAULTS:
+            assert f["port"] in E.PORTS and f["direction"] in E.DIRECTIONS
     for i, a in enumerate(faults):
         for b in faults[i + 1:]:
             if a.get("upon") or b.get("upon"):  # a keyed window, from its arming to its latest end, is alone
@@ -61,6 +71,11 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
     assert [t.fault for t in sc.model.triggers if t.type == "phase_keyed"] == \
         [i for i, f in enumerate(faults) if f.get("upon")]
     assert [f.type for f in sc.faults] == [f["type"] for f in faults]
+    assert bool(sc.model.topology.kv_pool) == pool
+    w = s["workload"]  # a shared-prefix mix keeps words of each prompt's own
+    assert sc.model.workload.shared_prefix_tokens == w.get("shared_prefix_tokens", 0)
+    if w.get("shared_prefix_tokens"):
+        assert 8 <= w["shared_prefix_tokens"] <= w["prompt_tokens"] - 8 and 1 <= w["prefix_groups"] <= 3
     for f, g in zip(sc.faults, faults):
         assert abs(f.at - g["at"]) < 1e-6 and abs(f.for_ - g["for"]) < 1e-6
         if g.get("upon"):  # only phases every target shows, only on freezes, never in a pause
@@ -72,11 +87,44 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
             assert f.upon is None
 
 
+def test_the_wider_kinds_are_drawn() -> None:
+    """Over 600 seeds: REJECT and DROP on each of P's ports, each way; the store master frozen and
+    killed, alone and with a freeze of P or D inside its window; two faults overlapping on two
+    different nodes; shared-prefix mixes; and an abort storm."""
+    draws = [E.draw(random.Random(seed)) for seed in range(600)]
+    faults = [f for d in draws for f in d["faults"]]
+    ports = {(f["type"], f["port"]) for f in faults if f["type"] in E.PORT_FAULTS}
+    assert ports == {(k, p) for k in E.PORT_FAULTS for p in set(E.PORTS)}
+    assert {f["direction"] for f in faults if f["type"] in E.PORT_FAULTS} == set(E.DIRECTIONS)
+    store = [d for d in draws if d["topology"].get("kv_pool")]
+    assert 0.03 * len(draws) <= len(store) <= 0.15 * len(draws)
+    assert {f["type"] for d in store for f in d["faults"] if f["node" if "node" in f else "type"] == E.STORE} == \
+        {"stop", "kill"}
+    assert {f.get("node") for d in store for f in d["faults"]} >= {E.STORE, *E.NODES}
+
+    def on_two_nodes(d: dict) -> bool:
+        fs = d["faults"]
+        return any(_overlap(a, b) and a.get("node") and b.get("node") and a["node"] != b["node"]
+                   for i, a in enumerate(fs) for b in fs[i + 1:])
+
+    both = [d for d in draws if on_two_nodes(d)]
+    assert len(both) >= 0.03 * len(draws)
+    assert {frozenset(f["node"] for f in d["faults"] if f.get("node")) for d in both} >= \
+        {frozenset(E.NODES), frozenset({E.STORE, "prefill:0"}), frozenset({E.STORE, "decode:0"})}
+    mixes = [d["workload"] for d in draws if d["workload"].get("shared_prefix_tokens")]
+    assert 0.1 * len(draws) <= len(mixes) <= 0.4 * len(draws)
+    assert {w["prefix_groups"] for w in mixes} == {1, 2, 3}
+    assert any(f["type"] == "abort_while_decode_waits" and f["count"] >= 8 for f in faults)  # a storm
+
+
 def test_some_drawn_freezes_are_keyed_on_phases() -> None:
-    faults = [f for seed in range(300) for f in E.draw(random.Random(seed))["faults"]]
+    draws = [E.draw(random.Random(seed)) for seed in range(600)]
+    faults = [f for d in draws for f in d["faults"]]
     keyed = [f for f in faults if f.get("upon")]
-    stops = [f for f in faults if f["type"] == "stop"]
-    assert 0.1 * len(stops) <= len(keyed) <= 0.6 * len(stops), (len(keyed), len(stops))
+    # the freezes a phase could key: on P or D, not on a KV pool (a freeze drawn inside another
+    # fault's window, on another node, is never keyed either: about half of these)
+    stops = [f for d in draws if not d["topology"].get("kv_pool") for f in d["faults"] if f["type"] == "stop"]
+    assert 0.05 * len(stops) <= len(keyed) <= 0.6 * len(stops), (len(keyed), len(stops))
     assert {f["upon"]["phase"] for f in keyed} == set(E.PHASES)
     assert {f["node"] for f in keyed} == set(E.NODES)
     assert E.signature({"faults": keyed[:1]}) == f"stop({keyed[0]['node']}@{keyed[0]['upon']['phase']})"
@@ -102,13 +150,20 @@ def test_the_covering_round_has_every_kind_of_every_link_and_validates(tmp_path:
     cover = E.cover(random.Random(5))
     kinds = {f["type"] for c in cover for f in c["faults"]}
     assert kinds == set(E.KINDS) | set(E.TOXICS) | set(E.NETNS) | {"kill"}
+    # each new kind once: each port fault on P's side channel, the store master frozen and killed,
+    # P and D frozen at once, a shared-prefix mix
+    assert sorted(E.signature(c) for c in cover if any(f["type"] in E.PORT_FAULTS for f in c["faults"])) == \
+        ["partition_port(side_channel,both)", "refuse_port(side_channel,both)"]
+    assert [E.signature(c) for c in cover if c["topology"].get("kv_pool")] == ["stop(store)", "kill(store)"]
+    assert [E.signature(c) for c in cover if len(c["faults"]) > 1] == ["stop(decode:0)+stop(prefill:0)"]
+    assert sum(bool(c["workload"].get("shared_prefix_tokens")) for c in cover) == 1
     # each node frozen at a phase once (P as it starts writing, D as its pull goes out)
     assert sorted((f["node"], f["upon"]["phase"]) for c in cover for f in c["faults"] if f.get("upon")) == \
         [("decode:0", "d_pull_out"), ("prefill:0", "p_write_started")]
-    assert {f["node"] for c in cover for f in c["faults"] if f["type"] == "kill"} == set(E.NODES)
+    assert {f["node"] for c in cover for f in c["faults"] if f["type"] == "kill"} == {*E.NODES, E.STORE}
     # the plain link's kinds first (warm nodes), kills last (a cold start each)
-    links = [c["topology"]["link"] for c in cover[:-2]]
-    assert links == sorted(links, key=["direct", "toxiproxy", "netns"].index)
+    links = [c["topology"]["link"] + ("+pool" if c["topology"].get("kv_pool") else "") for c in cover[:-2]]
+    assert links == sorted(links, key=["direct", "toxiproxy", "netns", "direct+pool"].index)
     assert [f["type"] for c in cover[-2:] for f in c["faults"]] == ["kill", "kill"]
     for i, c in enumerate(cover):
         write_scenario(E.render(c, f"cover-{i}", "hardened", i), tmp_path / f"cover-{i}.yaml")

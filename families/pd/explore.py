@@ -20,9 +20,21 @@ those the link allows:
 - ``side_channel_garbage`` at most once (an upstream P's listener it kills stays dead);
 - with ``link: toxiproxy``: a toxic on the bootstrap link (latency, bandwidth, reset_peer, slicer,
   timeout; either stream), at most one at a time (one Toxiproxy proxy);
-- with ``link: netns``: ``partition`` (iptables DROP) or ``refuse`` (REJECT), one way or both, or a
-  ``bandwidth_limit``, at most one at a time; the deadline is 15 s (a new connection's SYN is
-  retried at 15 s: pd-partition-prefill-decode).
+- with ``link: netns``: ``partition`` (iptables DROP) or ``refuse`` (REJECT), one way or both, a
+  ``bandwidth_limit``, or ``refuse_port``/``partition_port`` on one port of P only (its side
+  channel, where D's pulls go, most often; its bootstrap server; its HTTP server:
+  families/pd/port_faults.py), at most one at a time; the deadline is 15 s (a new connection's SYN
+  is retried at 15 s: pd-partition-prefill-decode); never ``fake_prefill_peer`` or
+  ``side_channel_garbage`` (they reach a peer at a loopback address a namespace cuts off);
+- on a KV pool (8 % of the schedules, ``topology.kv_pool``: launch profile cpu-store, P, D and a
+  real ``mooncake_master``, no warm nodes): the store master frozen or killed (restarted empty at
+  heal) first, maybe a freeze of P or D inside its window, maybe a hook the store proxy takes;
+  never keyed on a phase (the phase journal wraps vLLM's Mooncake connector, not the store one);
+- faults overlapping on different nodes: in 30 % of the schedules a freeze of another node starts
+  inside the first fault's window (P and D, or the master and P or D);
+- a shared-prefix mix in 25 % of the workloads (``shared_prefix_tokens``, ``prefix_groups``): prefix
+  caching is off on the nodes, so the requests' blocks stay their own on P and D and D pulls all
+  of them; the pull groups requests by P's engine id and scheduler step, never by prompt.
 
 Phase-keyed timing (harness/phases.py): a share of the freezes (``stop``) are keyed on a protocol
 phase instead of a fixed time: armed at their drawn ``at``, they start 0, 50 or 200 ms after the

@@ -13,6 +13,7 @@ and the members of those nodes' process groups.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -400,3 +401,48 @@ def test_a_run_sigkilled_inside_a_partition_leaves_nothing_after_the_next_run(tm
     assert all(ns in line for ns in spaces) and "a killed run left" in line, line
     assert not set(spaces) & set(netns.list_namespaces())
     assert _owned_by(proc.pid, owners) == []
+
+
+TOXIC = """
+name: toxic
+family: lookup
+seed: 43
+deadline: 200ms
+cap: 60s
+topology: {transport: tcp, link: toxiproxy, groups: 2}
+workload: {duration: 30s, concurrency: 1, rate: 20}
+faults:
+  - {type: latency, at: 500ms, for: 25s, latency: 400ms, stream: downstream}
+triggers: [{type: ops_in_window, fault: 0}]
+expect: {hardened: pass, legacy: pass}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("toxiproxy-server") is None, reason="toxiproxy-server is not installed")
+def test_toxiproxy_and_the_nodes_die_with_a_sigkilled_harness(tmp_path: Path) -> None:
+    """A real lookup run through Toxiproxy, SIGKILLed while its latency toxic is on: every child of
+    the harness (toxiproxy-server, the lookup server, the workload) is gone within seconds."""
+    sc = tmp_path / "toxic.yaml"
+    sc.write_text(textwrap.dedent(TOXIC).lstrip())
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(PDCHAOS + ["run", str(sc), "--runs-dir", str(runs), "--no-report", "--plain",
+                                       "--target", "hardened"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), cwd=ROOT)
+    try:
+        def toxic_on() -> bool:
+            return any(r.get("type") == "fault" and r.get("phase") == "start"
+                       for path in runs.glob("*/toxic/hardened/journal.jsonl") for r in J.read_journal(path))
+
+        assert wait_for(toxic_on, 60.0), "the toxic never started"
+        children = {p for p in _all_pids() if (st := _stat(p)) is not None and int(st[1]) == proc.pid}
+        assert any("toxiproxy-server" in _cmdline(p) for p in children), [_cmdline(p) for p in children]
+        assert len(children) >= 3
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert wait_for(lambda: not [p for p in children if _live(p)], 8.0), \
+        [_cmdline(p) for p in children if _live(p)]

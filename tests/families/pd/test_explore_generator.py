@@ -180,3 +180,17 @@ def test_pdchaos_validate_passes_drawn_schedules(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "harness.cli", "validate", str(tmp_path)], capture_output=True,
                        text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_a_store_schedule_renders_as_the_pd_store_suite_runs() -> None:
+    """A KV pool's schedule: topology kv_pool, the written suite's descriptor slack (a store client
+    reopens its connections after the master froze or restarted: +5 to +8 measured), a cap for three
+    cold starts; a kill of the master is no vLLM restart, so recovery stays judged."""
+    rng = random.Random(3)
+    for kind in ("stop", "kill"):
+        doc = E.render(E._store_schedule(rng, kind), f"store-{kind}", "hardened", 1)
+        assert doc["topology"] == {"kv_pool": True} and doc["cap"] == "600s"
+        assert doc["checks"]["no_leaks"] == {"slack": 10} and "recovery" not in doc["checks"]
+        assert [(f["type"], f["node"]) for f in doc["faults"]] == [(kind, E.STORE)]
+    plain = E.render(E._kill_schedule(rng, "decode:0"), "kill-d", "hardened", 1)
+    assert plain["checks"]["recovery"] == {"enabled": False} and "no_leaks" not in plain["checks"]

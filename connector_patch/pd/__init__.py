@@ -10,6 +10,8 @@ tested on their own. The vLLM subclass that calls them is
   longer write into them.
 - :mod:`.pull`: which requests of one pull D cancels at P (all of a failed pull, only the aborted
   ones otherwise).
+- :mod:`.write`: P's write in chunks, each asked first whether the pull's connection dropped or P
+  shuts down (issue 43, 7a).
 - :mod:`.settings`: the connector's settings (``kv_connector_extra_config``), the check of
   ``kv_transfer_params``, the idle sleep and the rate-limited failure log.
 - :mod:`.terminal`: P's bounded, expiring records of requests it will never send (aborted,

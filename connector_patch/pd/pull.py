@@ -35,39 +35,59 @@ class PeerWatch:
     for ``after_loss_s`` (D's heartbeat timeout): a port that refuses for that long is a process
     that is gone. A blip whose rule REJECTs (refusals) for longer still reads as P gone: D cannot
     tell the two apart from its side alone. P closes that gap from its side: it never writes for a
-    pull whose connection dropped (:class:`RequesterLinks`), and sees the loss sooner than this."""
+    pull whose connection dropped (:class:`RequesterLinks`), and sees the loss sooner than this.
 
-    def __init__(self, refused_limit: int = 2, after_loss_s: float = 1.5):
-        if refused_limit < 1 or after_loss_s < 0:
-            raise ValueError("refused_limit >= 1 and after_loss_s >= 0")
+    A write P had started before it saw the loss is cut at its next chunk
+    (:mod:`connector_patch.pd.write`), and P's keepalive sees a refusing link only up to a probe
+    interval after the link began to refuse, which may be after D's rule above held (a link that
+    blackholed long enough for D's heartbeat timeout, then refuses: D reads P as gone 0.2 s into the
+    refusals). So once P got the pull, "gone" also waits ``fence_s`` after the first refusal that
+    followed the loss (:data:`GONE_FENCE_S`): P's keepalive has seen the loss by then and its write
+    has ended or been cut (issue 43, 7a). Only the blocks wait: the load failed at the loss."""
+
+    def __init__(self, refused_limit: int = 2, after_loss_s: float = 1.5, fence_s: float = 0.0):
+        if refused_limit < 1 or after_loss_s < 0 or fence_s < 0:
+            raise ValueError("refused_limit >= 1, after_loss_s >= 0 and fence_s >= 0")
         self.refused_limit = refused_limit
         self.after_loss_s = after_loss_s
+        self.fence_s = fence_s
         self.connected = False
         self.ever_connected = False
         self.refused = 0
         self.lost_at: float | None = None
+        self.refused_at: float | None = None  # the first refusal since the connection was lost
         self._scheduled = False  # the RETRIED that follows DISCONNECTED is pending
 
     def on_connected(self, now: float) -> None:  # noqa: ARG002 - every event takes the time
         self.connected = self.ever_connected = True
-        self.refused, self.lost_at, self._scheduled = 0, None, False
+        self.refused, self.lost_at, self.refused_at, self._scheduled = 0, None, None, False
 
     def on_disconnected(self, now: float) -> None:
         self.connected = False
-        self.refused, self.lost_at, self._scheduled = 0, now, True
+        self.refused, self.lost_at, self.refused_at, self._scheduled = 0, now, None, True
 
-    def on_retried(self, now: float) -> None:  # noqa: ARG002
+    def on_retried(self, now: float) -> None:
         if self._scheduled:  # the reconnect scheduled at the disconnect: no attempt was refused
             self._scheduled = False
             return
         self.refused += 1
+        if self.refused_at is None:
+            self.refused_at = now
+
+    def gone_at(self) -> float | None:
+        """When :meth:`gone` will hold if nothing else happens (None: not until more refusals)."""
+        if self.refused < self.refused_limit:
+            return None
+        if not self.ever_connected:
+            return float("-inf")
+        if self.lost_at is None:
+            return None
+        first = self.refused_at if self.refused_at is not None else self.lost_at
+        return max(self.lost_at + self.after_loss_s, first + self.fence_s)
 
     def gone(self, now: float) -> bool:
-        if self.refused < self.refused_limit:
-            return False
-        if not self.ever_connected:
-            return True
-        return self.lost_at is not None and now - self.lost_at >= self.after_loss_s
+        at = self.gone_at()
+        return at is not None and now >= at
 
 
 # P's side channel (a ZMQ ROUTER): TCP keepalive probes after 1 s of silence on a connection, from
@@ -81,6 +101,10 @@ class PeerWatch:
 # pd-mixed-upstream-decode: 1.06 of a core, 0.09 without).
 KEEPALIVE_IDLE_S = 1
 KEEPALIVE_UNANSWERED = 60
+# D: a pull P got settles on "P gone" only this long after the first refusal that followed its
+# loss: P's keepalive probe (every KEEPALIVE_IDLE_S) has met the reset by then, and the write it
+# had started, cut at its next chunk (write.CHUNK_S, about 0.1 s), has ended (issue 43, 7a)
+GONE_FENCE_S = KEEPALIVE_IDLE_S + 1.0
 
 
 def side_channel_options() -> list[tuple[str, int]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import queue
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -42,12 +43,13 @@ from vllm.v1.request import RequestStatus
 
 from connector_patch.pd.ledger import LoadLedger, flatten_blocks
 from connector_patch.pd import patch_output_aggregator
-from connector_patch.pd.pull import (PeerWatch, RequesterLinks, cancel_targets, pull_socket_options,
+from connector_patch.pd.pull import (GONE_FENCE_S, PeerWatch, RequesterLinks, cancel_targets, pull_socket_options,
                                      side_channel_options)
 from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch import quiet
 from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
 from connector_patch.pd.terminal import TerminalRecords
+from connector_patch.pd.write import ChunkSizer, GuardedPtrs, WriteGuard, chunks as write_chunks
 
 logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's log format and level
 
@@ -69,6 +71,8 @@ CANCEL_WAIT_MS = 1000  # a cancel round waits this long for P's acknowledgement
 CANCEL_EVERY_S = 2.0  # and is repeated, first after this long, then twice as long each time, until
 CANCEL_EVERY_MAX_S = 16.0  # the pull settles (a P that connects again is asked at once)
 DROPPED_CANCEL_ROUNDS = 3  # a load dropped before its pull opened: P is told in at most this many rounds
+WRITE_CUT = -1001  # _send_blocks' result for a write P cut (not a transfer engine code): a failed write
+SHUTDOWN_WRITE_WAIT_S = 2.0  # P's shutdown waits at most this long for a cut write's chunk to end
 UNSETTLED_POLL_MS = 1000  # a failed pull waiting for P's last word wakes at least this often (250 before
 # it failed: an abort must reach it at once); each wake costs CPU while a silent P holds it (issue 30, item 14)
 
@@ -229,6 +233,10 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
         self._wake = quiet.WakeEvent()  # set on a load outcome or a served pull; wakes a quietly waiting engine
         self._links = RequesterLinks()  # P: the side channel's connections (pull.py)
         self._link_mon = None  # P: a plain socket reading the side channel's monitor without waiting
+        self._writing: set[WriteGuard] = set()  # P: writes in the executor now (write.py)
+        self._write_cond = threading.Condition()  # guards _writing and _writes_active (loop and executor)
+        self._writes_active = 0
+        self._closing = False  # P: shutdown began; no chunk starts any more
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.xfer_stats = HardenedStats()
 
@@ -447,7 +455,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
             poller = zmq.asyncio.Poller()
             poller.register(sock, zmq.POLLIN)
             poller.register(mon, zmq.POLLIN)
-            watch = PeerWatch(_REFUSED_LIMIT, self.settings.heartbeat_timeout_ms / 1000.0)
+            # once P got the pull, "gone" waits GONE_FENCE_S after the first refusal: P's write has
+            # ended or been cut by then (pull.py, write.py; issue 43, 7a)
+            watch = PeerWatch(_REFUSED_LIMIT, self.settings.heartbeat_timeout_ms / 1000.0, GONE_FENCE_S)
             while not settled:
                 now = time.monotonic()
                 if code is None and now >= deadline:
@@ -485,6 +495,9 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                         break
                     continue
                 until = min(deadline if code is None else bound, next_cancel if cancelling else bound)
+                gone_at = watch.gone_at()
+                if gone_at is not None:
+                    until = min(until, gone_at)
                 cap = UNSETTLED_POLL_MS if unsettled else 250
                 ready = dict(await poller.poll(timeout=max(1, min(cap, int((until - now) * 1000)))))
                 if mon in ready:
@@ -748,23 +761,93 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
     async def _build_transfer_params(self, ready_reqs, *args, **kwargs):
         """Right before P writes: a request aborted or cancelled meanwhile is answered, not written;
         so is every request of a pull whose connection dropped (its answer can no longer reach D,
-        and D may have read P as gone and freed the blocks: issue 30, item 4)."""
+        and D may have read P as gone and freed the blocks: issue 30, item 4). The write itself
+        carries a guard (write.py): cut before its next chunk if that connection drops while it
+        runs, or P shuts down (issue 43, 7a)."""
         self._read_links()
-        if ready_reqs and self._links.lost(_PULL_LINK.get()):
-            now = time.monotonic()
-            for _, m in ready_reqs:
-                self.terminal.record(m.transfer_id, "cancelled", now)  # a pull on a new connection: answered
-                m.pdchaos_aborted = True  # freed (P's blocks) when no pull waits on it any more
-            self._note("p_requester_lost", len(ready_reqs))
+        link = _PULL_LINK.get()
+        if ready_reqs and self._links.lost(link):
+            self._lost(ready_reqs)
             return [], [], [], [d for d, _ in ready_reqs], LOST_MSG
         aborted = [(d, m) for d, m in ready_reqs if getattr(m, "pdchaos_aborted", False)]
-        if not aborted:
-            return await super()._build_transfer_params(ready_reqs, *args, **kwargs)
         live = [(d, m) for d, m in ready_reqs if not getattr(m, "pdchaos_aborted", False)]
         src, dst, lengths, err_reqs, err_msg = await super()._build_transfer_params(live, *args, **kwargs)
-        err_reqs = list(err_reqs) + [d for d, _ in aborted]
-        err_msg = ABORTED_MSG if err_msg is None else f"{ABORTED_MSG}; {err_msg}"
+        if aborted:
+            err_reqs = list(err_reqs) + [d for d, _ in aborted]
+            err_msg = ABORTED_MSG if err_msg is None else f"{ABORTED_MSG}; {err_msg}"
+        if src:  # upstream hands these to _send_blocks next, in the executor, with no await between
+            errs = set(err_reqs)
+            guard = WriteGuard(link, [m for d, m in live if d not in errs])
+            src = GuardedPtrs(src)
+            src.guard = guard
+            with self._write_cond:
+                self._writing.add(guard)
+            if self._links.lost(link):  # dropped during the await above
+                self._cut(guard, "requester_lost")
         return src, dst, lengths, err_reqs, err_msg
+
+    def _lost(self, ready_reqs) -> None:
+        """These requests' pull lost its connection: never written from now on (a pull on a new
+        connection is answered at once), P's blocks freed once no pull waits on them."""
+        now = time.monotonic()
+        for _, m in ready_reqs:
+            self.terminal.record(m.transfer_id, "cancelled", now)
+            m.pdchaos_aborted = True
+        self._note("p_requester_lost", len(ready_reqs))
+
+    def _cut(self, guard: WriteGuard, reason: str) -> None:
+        """Cut a write in the executor before its next chunk (on P's sender loop)."""
+        if guard.cut(reason) and reason == "requester_lost":
+            self._lost([(None, m) for m in guard.metas])
+
+    def _send_blocks(self, remote_session, src_ptrs, dst_ptrs, lengths) -> int:
+        """Upstream's write (in P's sender executor), in chunks (write.py): before each, the write's
+        guard is asked; a cut write stops there and fails (WRITE_CUT), as a transfer engine error
+        does. Nothing is logged per write (upstream's lines carry D's address); counted instead."""
+        guard = getattr(src_ptrs, "guard", None)
+        with self._write_cond:
+            self._writes_active += 1
+        try:
+            t0 = time.perf_counter()
+            sizer = ChunkSizer()
+            ret = 0
+            for c_src, c_dst, c_len in write_chunks(list(src_ptrs), dst_ptrs, lengths, sizer):
+                if self._closing or (guard is not None and guard.is_cut()):
+                    ret = WRITE_CUT
+                    break
+                t = time.perf_counter()
+                ret = self.engine.batch_transfer_sync_write(remote_session, c_src, c_dst, c_len)
+                if ret != 0:
+                    break
+                sizer.wrote(sum(c_len), time.perf_counter() - t)
+            if ret == 0:
+                self.xfer_stats.record_transfer(duration_s=time.perf_counter() - t0, total_bytes=sum(lengths),
+                                                num_descs=len(src_ptrs))
+            else:
+                self.xfer_stats.record_failed_transfer()
+                self._note("p_write_cut" if ret == WRITE_CUT else "p_write_failed")
+            return ret
+        finally:
+            with self._write_cond:
+                self._writing.discard(guard)
+                self._writes_active -= 1
+                self._write_cond.notify_all()
+
+    def shutdown(self):
+        """P: the writes in the executor are cut before their next chunk, and waited for (at most
+        SHUTDOWN_WRITE_WAIT_S), before upstream's shutdown terminates the ZMQ context. That closes
+        the side channel, whose refusals D reads as P gone; upstream left the executor writing on
+        after it (shutdown(wait=False)), into blocks D may free by then (issue 43, 7a)."""
+        cond = getattr(self, "_write_cond", None)
+        if cond is not None:
+            self._closing = True
+            with cond:
+                guards = list(self._writing)
+            for g in guards:
+                g.cut("shutdown")
+            with cond:
+                cond.wait_for(lambda: self._writes_active <= 0, timeout=SHUTDOWN_WRITE_WAIT_S)
+        super().shutdown()
 
     async def _watch_links(self, amon) -> None:
         """Read the side channel's monitor as its events come. Read only when a pull arrived, its
@@ -789,6 +872,11 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 self._links.on_accepted(int(msg["value"]))
             elif msg["event"] == zmq.EVENT_DISCONNECTED:
                 self._links.on_disconnected(int(msg["value"]))
+                with self._write_cond:
+                    writing = list(self._writing)
+                for guard in writing:  # a write whose requester dropped stops at its next chunk
+                    if self._links.lost(guard.link):
+                        self._cut(guard, "requester_lost")
 
     async def fetch_finished_sending_reqs(self):
         now = time.perf_counter()

@@ -32,10 +32,18 @@ every bound):
   names it waits at P (one that does, waiting for its siblings' prefills, holds them until it
   ends: within the abort timeout).
 
-Fault spaces: ``FULL = False`` leaves out the two ways into defect 7a (issue 43, not fixed): writes
-longer than D's 1.5 s "P gone" delay and a blackhole that turns into refusals (D reads P as gone
-0.2 s in, P's keepalive sees the reset only ~1 s in). ``FULL = True`` has them; the model then
-finds 7a (tests/connector_patch/test_pd_model.py keeps it as a named, strict xfail).
+Fault spaces: ``FULL = False`` leaves out the two ways into defect 7a (issue 43): writes longer
+than D's 1.5 s "P gone" delay and a blackhole that turns into refusals (D reads P as gone 0.2 s
+in, P's keepalive sees the reset only ~1 s in). ``FULL = True`` has them (and a D bound that leaves
+P a whole write after its abort timeout, as the real 60 s margin does). Before 7a's fix the model
+found it there; now the full space keeps the invariants, and :func:`directed_7a` puts a write in
+flight in each of 7a's interleavings by hand (the bounded examples no longer reach them: measured,
+neither half of the fix broken, nor both, is caught within 150 full-space examples at TP 1).
+
+P's write goes through the hardened worker's own ``_send_blocks`` (chunks, each asked whether the
+pull's connection dropped) in pd_sim's executor, a thread that runs in strict turns with the loop;
+each chunk is :meth:`PDModel.write_chunk`, which checks the blocks it names at its start and as it
+lands.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ BOOT_MAX_S = 2.0
 DEADLINE_S = DEADLINE_MS / 1000.0
 REPORT_BY_S = DEADLINE_S + 0.25 + 2 * STEP_S  # the ledger's deadline, seen at the next step
 FREE_BY_S = BOOT_MAX_S + ABORT_S + MARGIN_S + 2.0 + 1.0  # bound + the close's monitor read + slack
-P_FREE_BY_S = ABORT_S + 3 * STEP_S
+FULL_WRITE_S = 2.5  # the full space's long writes
+P_FREE_BY_S = ABORT_S + 3 * STEP_S  # plus the run's longest write: P keeps blocks it is writing (``sending``)
 MAX_LINK_CHANGES = 3  # per run: most of a run is requests, prefills and time, around a few faults
 MAX_FAULTS = 3
 SEEN: dict[str, int] = defaultdict(int)  # how often each path ran, over every example (not vacuous)
@@ -87,9 +96,13 @@ class PDModel(RuleBasedStateMachine):
         self.violations: list[str] = []
         self.world.loop.set_exception_handler(self._crash)
         self.bootstrap_s = 0.0
-        self.write_s = 0.05
+        self.write_s = self.write_max = 0.05
         self.cut: set[int] = set()
         self.d = mod.HardenedMooncakeConnectorWorker(pd_sim.config(self.world, self, 0, False), "d-engine", None)
+        # D's bound on a pull (abort timeout + BOUND_MARGIN_S: 60 s on real nodes, MARGIN_S here) must
+        # leave P a whole write after its abort timeout: in the full space a write takes 2.5 s
+        self.margin_s = MARGIN_S + (FULL_WRITE_S if self.FULL else 0.0)
+        self.d.bound_s = ABORT_S + self.margin_s
         self.sched = object.__new__(mod.HardenedMooncakeConnectorScheduler)
         self.sched._loading, self.sched._to_cancel, self.sched._eos_held = {}, set(), set()
         self.p = [mod.HardenedMooncakeConnectorWorker(pd_sim.config(self.world, self, r, True), ENGINE, None)
@@ -103,7 +116,9 @@ class PDModel(RuleBasedStateMachine):
         self.reqs: dict[str, dict] = {}
         self.metas: dict[str, PullReqMeta] = {}
         self.new_loads: list[str] = []
-        self.wrote: dict[tuple[str, int], float] = {}
+        self.wrote: dict[tuple[str, int], float] = {}  # (request, P rank) -> when its write landed whole
+        self.landed: dict[tuple[str, int], int] = defaultdict(int)  # bytes of it landed so far
+        self.writes: list[int] = []  # each write's bytes (new_write)
         self.p_kept: dict[tuple[str, int], float] = {}  # (request, rank) -> when P's prefill kept its blocks
         self.p_acked: dict[tuple[str, int], float] = {}
         self.n = 0
@@ -137,28 +152,48 @@ class PDModel(RuleBasedStateMachine):
             del self.owner[b]
             self.free.add(b)
 
-    async def write(self, rank: int, meta, d_ids: list[str]) -> int:
-        """P's transfer engine writing D's blocks (upstream: run_in_executor(_send_blocks)): chunks
-        that each land after ``write_s / 3``; a cut write fails (returns -1)."""
-        chunks = 3
-        blocks = {d: [b for g in meta.req_blocks[d][1] for b in g] for d in d_ids}
-        for i in range(chunks + 1):
-            for d in d_ids:
-                for b in blocks[d]:
-                    if self.owner.get(b) != d:
-                        self._violate(f"P rank {rank} wrote {d}'s KV into block {b}, which D holds for "
-                                      f"{self.owner.get(b) or 'nobody (freed)'}")
-                        return -1
-            if i == chunks:
-                break
-            if rank in self.cut:
-                self.cut.discard(rank)
-                SEEN["write_cut"] += 1
-                return -1
-            await asyncio.sleep(self.write_s / chunks)
-        for d in d_ids:
-            self.wrote[(d, rank)] = self.world.now()
-        SEEN["written"] += len(d_ids)
+    def new_write(self, total_bytes: int) -> int:
+        """A write P is about to hand its executor (pd_sim's _build_transfer_params): its id."""
+        self.writes.append(total_bytes)
+        return len(self.writes) - 1
+
+    def write_chunk(self, rank: int, src, dst, lengths) -> int:
+        """P's transfer engine writing one chunk of D's blocks (upstream: run_in_executor(_send_blocks),
+        the hardened P in chunks): it takes its share of the write's ``write_s`` and lands at the
+        end; every block it names must be its request's at D when it starts and when it lands. A
+        cut write (the transfer engine fails) returns -1. Runs in the executor's thread, in turns
+        with the world's loop (pd_sim.SimExecutor)."""
+        parts: dict[tuple[str, int], int] = defaultdict(int)  # (request, block) -> bytes
+        wid = None
+        for s_ptr, d_ptr, n in zip(src, dst, lengths):
+            w_r_b = s_ptr // pd_sim.PTR_STRIDE
+            wid, rid = w_r_b // 1_000_000, f"r{w_r_b // 1000 % 1000}"
+            parts[(rid, d_ptr // pd_sim.PTR_STRIDE)] += n
+        total = sum(parts.values())
+
+        def check() -> bool:
+            for d, b in parts:
+                if self.owner.get(b) != d:
+                    self._violate(f"P rank {rank} wrote {d}'s KV into block {b}, which D holds for "
+                                  f"{self.owner.get(b) or 'nobody (freed)'}")
+                    return False
+            return True
+
+        if not check():
+            return -1
+        if rank in self.cut:
+            self.cut.discard(rank)
+            SEEN["write_cut"] += 1
+            return -1
+        pd_sim.executor_sleep(self.write_s * total / max(1, self.writes[wid]))
+        if not check():
+            return -1
+        for (d, b), n in parts.items():
+            self.landed[(d, rank)] += n
+            if self.landed[(d, rank)] >= len(self.reqs[d]["blocks"]) * pd_sim.BLOCK_BYTES and (d, rank) not in self.wrote:
+                self.wrote[(d, rank)] = self.world.now()
+                SEEN["written"] += 1
+        SEEN["chunks"] += 1
         return 0
 
     def _d_sent(self, data: bytes) -> None:
@@ -249,7 +284,8 @@ class PDModel(RuleBasedStateMachine):
     def profile(self, delay: float, jitter: bool, bootstrap_s: float, seed: int, data) -> None:
         """The run's network and P: latency (with jitter each message draws its own, up to it, so
         messages on different connections overtake each other), write time, bootstrap time."""
-        write_s = data.draw(st.sampled_from([0.05, 0.3, 2.5] if self.FULL else [0.05, 0.3]), label="write_s")
+        write_s = data.draw(st.sampled_from([0.05, 0.3, FULL_WRITE_S] if self.FULL else [0.05, 0.3]), label="write_s")
+        self.write_max = max(self.write_max, write_s)
         self.world.delay, self.write_s, self.bootstrap_s = delay, write_s, bootstrap_s
         self.world.jitter_seed(seed if jitter else None)
 
@@ -347,7 +383,8 @@ class PDModel(RuleBasedStateMachine):
         elif kind == "cut":
             self.cut.add(data.draw(st.integers(0, self.P_TP - 1), label="rank"))
         elif kind == "write_time":
-            self.write_s = data.draw(st.sampled_from([0.05, 0.3, 2.5] if self.FULL else [0.05, 0.3]), label="write_s")
+            self.write_s = data.draw(st.sampled_from([0.05, 0.3, FULL_WRITE_S] if self.FULL else [0.05, 0.3]), label="write_s")
+            self.write_max = max(self.write_max, self.write_s)
         else:
             self.bootstrap_s = data.draw(st.sampled_from([0.0, 0.3, BOOT_MAX_S]), label="bootstrap_s")
 
@@ -365,13 +402,13 @@ class PDModel(RuleBasedStateMachine):
                 continue
             if r["state"] == "waiting" and now > t + REPORT_BY_S:
                 raise AssertionError(f"{rid}: no terminal state {now - t:.2f} s after its load started")
-            if r["state"] in ("failed", "aborted") and r["freed"] is None and now > t + FREE_BY_S:
+            if r["state"] in ("failed", "aborted") and r["freed"] is None and now > t + FREE_BY_S + self.margin_s - MARGIN_S:
                 raise AssertionError(f"{rid} ({r['state']}) still holds its blocks {now - t:.2f} s after its load")
         for (rid, rank), t in self.p_kept.items():
             if t is None:
                 continue
             ack = self.p_acked.get((rid, rank))
-            if now > t + P_FREE_BY_S:
+            if now > t + P_FREE_BY_S + self.write_max:
                 raise AssertionError(f"P rank {rank} still keeps {rid}'s blocks {now - t:.2f} s after its prefill")
             if ack is not None and now > max(t, ack) + 3 * STEP_S:
                 raise AssertionError(f"P rank {rank} still keeps {rid}'s blocks {now - max(t, ack):.2f} s after "
@@ -385,7 +422,7 @@ class PDModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            end = self.world.now() + FREE_BY_S + P_FREE_BY_S + 1.0
+            end = self.world.now() + FREE_BY_S + self.margin_s + P_FREE_BY_S + self.write_max + 1.0
             while self.world.now() < end and not self.violations:
                 self.world.run_until(self.world.now() + 0.5)
                 self.within_bounds()
@@ -403,3 +440,57 @@ class PDModel(RuleBasedStateMachine):
 def model(p_tp: int, full: bool = False, dup_pulls: bool = False) -> type:
     name = f"PDModelTP{p_tp}{'Full' if full else ''}{'DupPulls' if dup_pulls else ''}"
     return type(name, (PDModel,), {"P_TP": p_tp, "FULL": full, "DUP_PULLS": dup_pulls})
+
+
+class _Draw:
+    """Hypothesis' data object for a hand-written run: hands out the given values in order."""
+
+    def __init__(self, *values) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy, label=None):
+        return self.values.pop(0)
+
+
+def directed_7a(case: str) -> dict:
+    """Defect 7a's two interleavings (issue 43), run by hand on the real code at TP 1, each with
+    the one write of one request (2 MiB) in flight when D may read P as gone:
+
+    - ``refuse``: the write takes 6 s and starts 0.3 s before P's side-channel link starts refusing
+      (D's connection reset at once, P's keepalive sees it 1 s later). Without P's cut, D's fence
+      (2 s after the first refusal) ends before the write does.
+    - ``blackhole``: the link blackholes while the pull waits for P's prefill; the prefill ends
+      2.1 s in and P, which cannot see a blackhole for a minute, starts a 2.5 s write; 1.5 s later
+      the link refuses: D's connection was lost long enough ago, so two refusals (0.2 s) read as P
+      gone, while P's keepalive needs 1 s to see the reset. Without D's fence the blocks go while
+      P writes (P's cut comes a second late).
+
+    Returns what happened: the violations, the bytes that landed, when D freed the blocks (seconds
+    from the start), P's counts."""
+    m = model(1, full=True)()
+    try:
+        m.profile(0.001, False, 0.0, 0, _Draw(6.0 if case == "refuse" else FULL_WRITE_S))
+        m.d.bound_s = ABORT_S + 60.0  # the real margin: D's bound is never what ends these
+        t0 = m.world.now()
+        m.new_requests(1, 1)
+        if case == "refuse":
+            m.prefill_ready(_Draw("r0"))
+            m.advance(0.3)  # the pull reached P, whose write began
+            m.link(_Draw(0, "refuse"))
+        else:
+            m.advance(0.3)  # the pull waits at P for its prefill
+            m.link(_Draw(0, "blackhole"))
+            m.advance(1.5)  # D lost the connection (its heartbeat timeout)
+            m.advance(0.6)
+            m.prefill_ready(_Draw("r0"))  # P, which cannot see a blackhole for a minute, writes
+            m.advance(1.5)
+            m.link(_Draw(0, "refuse"))
+        for _ in range(20):
+            m.advance(0.6)
+        r = m.reqs["r0"]
+        return {"violations": list(m.violations), "landed": m.landed.get(("r0", 0), 0),
+                "bytes": pd_sim.BLOCK_BYTES, "state": r["state"],
+                "freed_s": None if r["freed"] is None else round(r["freed"] - t0, 2),
+                "d": dict(m.d.failures.totals), "p": dict(m.p[0].failures.totals)}
+    finally:
+        m.world.close()

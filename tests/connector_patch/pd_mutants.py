@@ -14,6 +14,7 @@ from connector_patch.pd.ledger import LoadLedger
 from connector_patch.pd.pull import PeerWatch, RequesterLinks
 from connector_patch.pd.settle import Settlements
 from connector_patch.pd.terminal import TerminalRecords
+from connector_patch.pd.write import WriteGuard
 
 
 def _gone_on_refusals_alone(mod, patch) -> None:
@@ -198,6 +199,19 @@ def _cancelled_prefill_kept(mod, patch) -> None:
     patch(mod.HardenedMooncakeConnectorWorker, "record_send_reqs", record_send_reqs)
 
 
+def _write_never_cut(mod, patch) -> None:
+    """WriteGuard: P's write runs to its end once started, its requester's link checked only before
+    it (defect 7a's P half): a write in flight when the side channel starts refusing lands after D's
+    fence."""
+    patch(WriteGuard, "is_cut", lambda self: False)
+
+
+def _gone_without_fence(mod, patch) -> None:
+    """GONE_FENCE_S: D reads P as gone on the old rule alone (defect 7a's D half): after a
+    blackhole, two refusals free the blocks a second before P's keepalive can see the reset."""
+    patch(mod, "GONE_FENCE_S", 0.0)
+
+
 BOTH = (1, 2)
 # name -> (what it breaks, TP sizes it is caught at within the bounded examples, install)
 MUTANTS = {
@@ -211,6 +225,14 @@ MUTANTS = {
     "failure-reported-as-ok": ("LoadLedger._finish's failure", BOTH, _failure_reported_as_ok),
     "abort-frees-at-once": ("_cancelled's settlement", BOTH, _abort_frees_at_once),
     "cancelled-prefill-kept": ("record_send_reqs' terminal check", BOTH, _cancelled_prefill_kept),
+}
+
+# Defect 7a's two halves (issue 43): the bounded examples do not reach them (measured: neither, nor
+# both together, within 150 examples of the full space at TP 1), so each is asserted against the
+# hand-written run that needs it (pd_model.directed_7a): name -> (what it breaks, the run, install)
+DIRECTED = {
+    "write-never-cut": ("WriteGuard: P's requester checked only before the write", "refuse", _write_never_cut),
+    "gone-without-fence": ("GONE_FENCE_S: D's fence after the first refusal", "blackhole", _gone_without_fence),
 }
 
 # Not caught within the bounded examples (measured, 150-190 examples at TP 1 and 2, 2026-12-07), or not

@@ -27,6 +27,7 @@ D's pull learns it from a reset at once and from a blackhole after its heartbeat
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 import itertools
 import pickle
@@ -52,6 +53,8 @@ RECONNECT_S = 0.1  # ZMQ_RECONNECT_IVL
 P_DETECT_S = 1.0  # P's keepalive: a reset is seen at the next probe, 1 s after the link's last traffic
 P_KEEPALIVE_GIVEUP_S = 61.0  # 1 s idle + 60 unanswered probes
 ENGINE = "p-engine"
+BLOCK_BYTES = 2 * 1024 * 1024  # one block's KV in P's write (a few layers of a small model)
+PTR_STRIDE = 4 * 1024 * 1024  # a descriptor's pointers: block (and write, request) times this, plus the offset
 
 
 # ------------------------------------------------------------------ a loop on a virtual clock
@@ -414,6 +417,7 @@ class World:
         self.d_send_hooks: list = []
         self.p_send_hooks: list = []
         self.seen: dict[str, int] = {}
+        self.turns: set[_Turn] = set()  # executor calls waiting for the world's time
 
     def jitter_seed(self, seed) -> None:
         import random
@@ -588,6 +592,9 @@ class World:
         self.loop.run_until_complete(_sleep())
 
     def close(self) -> None:
+        turns, self.turns = list(self.turns), set()
+        for turn in turns:  # a write still waiting for its time: it ends with the world
+            turn.abandoned = True
         for task in asyncio.all_tasks(self.loop):
             task.cancel()
         try:
@@ -595,6 +602,99 @@ class World:
         except Exception:  # noqa: BLE001 - teardown of a finished run
             pass
         self.loop.close()
+        for turn in turns:
+            turn.to_thread.release()  # raises _Abandoned in its thread, which then ends
+
+
+# ------------------------------------------------------------------ P's sender executor, in turns
+class _Abandoned(Exception):
+    """The world closed while a write waited for its time."""
+
+
+class _Turn:
+    """One call in the executor: a thread of its own that runs only while the loop waits for it
+    (strict turns), so the world stays deterministic; :func:`executor_sleep` hands virtual time
+    back to the loop."""
+
+    def __init__(self, world: "World") -> None:
+        self.world = world
+        self.to_thread = threading.Semaphore(0)
+        self.to_loop = threading.Semaphore(0)
+        self.wants: float | None = None  # seconds the thread waits for, when it gave the turn back
+        self.abandoned = False
+
+    def give_to_thread(self) -> None:
+        """(loop) Run the thread until it waits for time or ends; then schedule its wake-up."""
+        self.to_thread.release()
+        self.to_loop.acquire()
+        if self.wants is not None:
+            dt, self.wants = self.wants, None
+            self.world.turns.add(self)
+            self.world.loop.call_later(dt, self._wake)
+
+    def _wake(self) -> None:
+        self.world.turns.discard(self)
+        self.give_to_thread()
+
+    def sleep(self, dt: float) -> None:
+        """(thread) Wait ``dt`` of the world's time."""
+        self.wants = max(0.0, dt)
+        self.to_loop.release()
+        self.to_thread.acquire()
+        if self.abandoned:
+            raise _Abandoned()
+
+
+_CURRENT = threading.local()
+
+
+def executor_sleep(dt: float) -> None:
+    """Called in an executor thread (the transfer engine's write): the world's time passes."""
+    _CURRENT.turn.sleep(dt)
+
+
+class SimExecutor(concurrent.futures.Executor):
+    """P's ``_sender_executor``: upstream hands ``_send_blocks`` to it with ``run_in_executor``."""
+
+    def __init__(self, world: "World") -> None:
+        self.world = world
+
+    def submit(self, fn, /, *args, **kwargs):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        turn = _Turn(self.world)
+
+        def body() -> None:
+            _CURRENT.turn = turn
+            turn.to_thread.acquire()
+            try:
+                try:
+                    result, exc = fn(*args, **kwargs), None
+                except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+                    result, exc = None, e
+                if not turn.abandoned:
+                    try:
+                        fut.set_result(result) if exc is None else fut.set_exception(exc)
+                    except concurrent.futures.InvalidStateError:
+                        pass  # its task was cancelled meanwhile
+            finally:
+                turn.to_loop.release()
+
+        threading.Thread(target=body, daemon=True, name="sim-sender-executor").start()
+        turn.give_to_thread()
+        return fut
+
+    def shutdown(self, wait=True, *, cancel_futures=False) -> None:
+        pass
+
+
+class SimEngine:
+    """P's transfer engine: ``batch_transfer_sync_write`` is the model's (``PDModel.write_chunk``)."""
+
+    def __init__(self, model, rank: int) -> None:
+        self.model, self.rank = model, rank
+
+    def batch_transfer_sync_write(self, session, src, dst, lengths) -> int:
+        return self.model.write_chunk(self.rank, src, dst, lengths)
 
 
 # ------------------------------------------------------------------ upstream's worker, modelled
@@ -631,6 +731,8 @@ class UpstreamWorker:
                      "region_shared_groups", "region_row_offsets"):
             setattr(self, name, [])
         self.xfer_stats = None
+        self.engine = SimEngine(self.sim, self.tp_rank)
+        self._sender_executor = SimExecutor(self.world)
 
     async def register_worker_with_bootstrap(self) -> None:
         pass
@@ -717,11 +819,13 @@ class UpstreamWorker:
                     if not m.need_send:
                         m.need_send = 1  # one D rank pulls each P rank
                     ready_reqs.append((d, m))
-            src, _dst, _len, err_reqs, err_msg = await self._build_transfer_params(ready_reqs, meta)
+            src, dst, lengths, err_reqs, err_msg = await self._build_transfer_params(ready_reqs, meta)
             err_set = set(err_reqs)
             ok = [(d, m) for d, m in ready_reqs if d not in err_set]
             if src:
-                if await self.sim.write(self.tp_rank, meta, [d for d, _ in ok]) != 0:
+                ret = await self.sender_loop.run_in_executor(self._sender_executor, self._send_blocks, "d0:0",
+                                                             src, dst, lengths)
+                if ret != 0:
                     err_reqs = list(err_reqs) + [d for d, _ in ok]
                     err_set |= {d for d, _ in ok}
                     err_msg = "Mooncake transfer engine returned -1"
@@ -738,7 +842,28 @@ class UpstreamWorker:
                          err_msg=err_msg))))
 
     async def _build_transfer_params(self, ready_reqs, meta, *args, **kwargs):
-        return [d for d, _ in ready_reqs], [], [], [], None
+        """One descriptor per block of each request: D's address (the block, times PTR_STRIDE) and
+        P's, which names the write and the request (the model's write_chunk reads them back)."""
+        src, dst, lengths = [], [], []
+        blocks = {d: [b for g in meta.req_blocks[d][1] for b in g] for d, _ in ready_reqs}
+        wid = self.sim.new_write(sum(len(v) for v in blocks.values()) * BLOCK_BYTES)
+        for d, _ in ready_reqs:
+            for b in blocks[d]:
+                src.append(((wid * 1000 + int(d[1:])) * 1000 + b) * PTR_STRIDE)
+                dst.append(b * PTR_STRIDE)
+                lengths.append(BLOCK_BYTES)
+        return src, dst, lengths, [], None
+
+    def _send_blocks(self, remote_session, src_ptrs, dst_ptrs, lengths) -> int:  # upstream's
+        ret = self.engine.batch_transfer_sync_write(remote_session, src_ptrs, dst_ptrs, lengths)
+        if ret == 0:
+            self.xfer_stats.record_transfer(duration_s=0.0, total_bytes=sum(lengths), num_descs=len(src_ptrs))
+        else:
+            self.xfer_stats.record_failed_transfer()
+        return ret
+
+    def shutdown(self) -> None:  # upstream's: the context, then the executor without waiting
+        pass
 
 
 class UpstreamScheduler:
@@ -764,6 +889,12 @@ class _Stats:  # MooncakeKVConnectorStats
 
     def record_failed_recv(self) -> None:
         self.data.setdefault("failed", []).append(1)
+
+    def record_transfer(self, duration_s: float, total_bytes: int, num_descs: int) -> None:
+        self.data.setdefault("bytes", []).append(total_bytes)
+
+    def record_failed_transfer(self) -> None:
+        self.data.setdefault("failed_transfers", []).append(1)
 
     def record_kv_expired_req(self) -> None:
         pass

@@ -653,22 +653,46 @@ def test_prefill_answers_after_a_thousand_idle_connections(inproc) -> None:
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.xfail(strict=True, reason="issue 43, 7a (not fixed): D settles a connected pull on 'P gone' "
-                   "(refused, connection lost 1.5 s) while P's write, checked against its link only before "
-                   "it started, still runs in the executor")
 def test_p_never_writes_into_blocks_d_freed_while_its_write_was_in_flight(inproc) -> None:
-    """7a: the real hardened P starts a 3 s write for D's pull; right after, the side-channel link
-    (only it) goes down as under a REJECT rule. D reads P as gone at 1.7 s, fails X, frees its 3
-    blocks, Y runs on them; P's write lands at 3 s. Measured on 7d48c02 and after: all 3 of Y's
-    blocks overwritten by P's KV."""
+    """7a: the real hardened P starts a 3 s write for D's pull (a slow link: the bytes land as they
+    go); right after, the side-channel link (only it) goes down as under a REJECT rule. D fails X
+    at once (the connection lost: the client's error) and frees its 3 blocks only once P's write
+    has ended: P sees the connection drop (toxiproxy closes it here; under a REJECT rule its
+    keepalive, ~0.9 s) and cuts the write at its next chunk, and D holds a pull P got for a fence
+    after the first refusal. Y then runs on X's blocks, untouched. Measured: the error at 0.12 s,
+    the write cut at 0.34 s (one 64 KiB chunk of 576 KiB), the blocks freed at 3.12 s. (On
+    7d48c02..29d2a5d: D freed the blocks at 1.68 s, Y ran on them, P's write, one call in the
+    executor, ran on to 3.02 s and overwrote all 3 of Y's blocks.)"""
     from faults.toxiproxy import find_binary
 
     if find_binary() is None:
         pytest.skip("toxiproxy-server is not installed here: run `pdchaos setup`")
     c = _case(inproc, "write_in_flight")
-    assert c["write_started"] and c["write_ended"] and c["x_freed_before_write_ended"], c
+    assert c["write_started"] and c["write_ended"] and c["x_freed"], c
+    assert c["x_error_after_s"] < 1.0, c  # bounded return: the error at the loss, not at the fence
+    assert c["x_freed_after_write_ended"], c  # only the blocks waited
+    assert c["write_ret"] == -1001 and 0 < c["written_bytes"] < c["write_bytes"], c  # cut, not finished
+    assert c["write_ended_after_cut_s"] < 2.5, c  # P's keepalive (~0.9 s) and one chunk (~0.1 s)
+    assert c["p_failures"].get("p_write_cut") == 1 and c["p_failures"].get("p_requester_lost") == 1, c
     assert c["y_reuses_x_blocks"] == c["y_blocks"] > 0 and c["y_blocks_intact_before"] == c["y_blocks"], c
     assert c["y_blocks_overwritten_by_p"] == 0 and c["y_blocks_intact"] == c["y_blocks"], c
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_p_shutting_down_never_writes_after_its_context_is_gone(inproc) -> None:
+    """7a, P's shutdown: the real hardened P is 0.3 s into a 3 s write when its worker shuts down.
+    Upstream's shutdown terminates the ZMQ context first (the side channel closes: D may read P as
+    gone) and leaves the executor writing (on 29d2a5d: the context terminated at once, the write
+    ended 2.71 s later, every byte written). The hardened one cuts the write before its next chunk
+    and waits for it before the context goes (measured: both 0.05 s after the shutdown began, one
+    64 KiB chunk of 576 KiB written). Upstream's term() itself then blocks (its asyncio listener
+    never sees ContextTerminated), before and after the fix: not asserted here."""
+    c = _case(inproc, "shutdown_while_writing")
+    assert c["write_started"] and c["write_ended"], c
+    assert c["context_terminated_after_s"] is not None and not c["wrote_after_context_gone"], c
+    assert c["write_ret"] == -1001 and 0 < c["written_bytes"] < c["write_bytes"], c
+    assert c["write_ended_after_shutdown_s"] < 1.0 and c["context_terminated_after_s"] < 2.5, c
+    assert c["p_failures"].get("p_write_cut") == 1, c
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -685,16 +709,23 @@ def test_sixty_pulls_held_open_to_a_silent_peer_cost_little_cpu(inproc) -> None:
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_the_write_after_free_watcher_sees_a_write_into_blocks_reassigned_at_once(inproc) -> None:
-    """7a's watcher half: in the same interleaving, the P/D write-after-free watcher (the real
-    pdchaos_waf.Watcher, stepped as the decode worker steps it) sees P's write although X's 3 blocks
-    went to Y at once (no poison can stay there): it compares them between steps, when nothing of
-    vLLM writes KV. Before, those blocks counted freed_handed_out_at_once and nothing watched them."""
+    """7a's watcher half: the same interleaving with both halves of 7a's fix switched off for the
+    case (P's write never cut, D's fence 0: the defect as it was), so P's write lands in Y's blocks.
+    The P/D write-after-free watcher (the real pdchaos_waf.Watcher, stepped as the decode worker
+    steps it) sees it although X's 3 blocks went to Y at once (no poison can stay there): it
+    compares them between steps, when nothing of vLLM writes KV. Before, those blocks counted
+    freed_handed_out_at_once and nothing watched them. With the fix, the same watcher counts no
+    late write."""
     from faults.toxiproxy import find_binary
 
     if find_binary() is None:
         pytest.skip("toxiproxy-server is not installed here: run `pdchaos setup`")
-    c = _case(inproc, "write_in_flight")
+    c = _case(inproc, "write_in_flight_unfixed")
+    assert not c["x_freed_after_write_ended"] and c["written_bytes"] == c["write_bytes"], c  # the defect
+    assert c["y_blocks_intact_before"] == c["y_blocks"] == 3 and c["y_blocks_intact"] == 0, c  # all 3 hit
     waf = c["waf"]
     assert waf["errors"] == 0 and waf["tensors"] == 2, waf
     assert waf["freed_handed_out_at_once"] == waf["reassigned_watched"] == c["y_blocks"] == 3, waf
-    assert waf["late_writes_reassigned"] == c["y_blocks_overwritten_by_p"] == waf["late_writes"], (waf, c)
+    assert waf["late_writes_reassigned"] == waf["late_writes"] == 3, (waf, c)
+    fixed = _case(inproc, "write_in_flight")["waf"]
+    assert fixed["errors"] == 0 and fixed["reassigned_watched"] == 3 and fixed["late_writes"] == 0, fixed

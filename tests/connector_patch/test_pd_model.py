@@ -4,9 +4,11 @@ P at TP 1 to 4, links that refuse or blackhole, connection resets, messages dela
 lost or duplicated, writes that take time or are cut, aborts and deadlines at any step.
 
 The unmutated code must keep every invariant (test_pd_model_mutants.py: each rule mutant must
-not). Derandomized: the same examples on every run. Two known findings stay named and visible: defect
-7a (issue 43, not fixed; a strict xfail in the full fault space) and a duplicated pull after a
-failed write (a hand-written run that must show it).
+not). Derandomized: the same examples on every run. Defect 7a (issue 43: P's write in flight while
+D reads P as gone) is fixed: the full fault space (writes of 2.5 s, a blackhole that turns into
+refusals) keeps the invariants, and two hand-written runs put a write in flight in each of 7a's
+interleavings (each half of the fix is needed in one: test_pd_model_mutants.py). A known finding
+stays visible: a duplicated pull after a failed write (a hand-written run that must show it).
 
 ``PDCHAOS_MODEL_SCALE`` (the nightly's long profile, schedule_nightly_cpu.yaml) multiplies every
 example count; the default keeps this file near a minute on 2 busy cores.
@@ -99,22 +101,28 @@ def test_the_real_code_keeps_the_invariants(p_tp) -> None:
     _fresh("_invariants", p_tp)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 43, 7a (not fixed): P checks its requester link before a write, not while it "
-                          "runs; D reads a refusing P as gone 0.2 s into refusals after a blackhole, P's "
-                          "keepalive sees the reset only ~1 s in")
 def test_defect_7a_long_writes_and_a_blackhole_turning_to_refusals() -> None:
+    """The full fault space keeps every invariant (before the fix of 7a, 940310a..29d2a5d: P wrote
+    into blocks D had freed within these 150 examples at TP 1)."""
     _fresh("_defect_7a")
 
 
-class _Draw:
-    """Hypothesis' data object for a hand-written run: hands out the given values in order."""
+@pytest.mark.parametrize("case", ["refuse", "blackhole"])
+def test_defect_7a_a_write_in_flight_when_d_may_read_p_as_gone(case) -> None:
+    """7a's two interleavings by hand (pd_model.directed_7a): no write lands in a freed block; D
+    frees the blocks only after P's write ended; the load failed at once. ``refuse``: P cut its 6 s
+    write when its keepalive saw the reset (only part of it landed). ``blackhole``: D's fence held
+    the blocks past the write's end."""
+    out = pd_model.directed_7a(case)
+    assert out["violations"] == [] and out["state"] == "failed" and out["freed_s"] is not None, out
+    if case == "refuse":
+        assert 0 < out["landed"] < out["bytes"] and out["p"].get("p_write_cut") == 1, out
+        assert out["d"] == {"peer_gone": 1}, out
+    else:
+        assert out["landed"] == out["bytes"], out
 
-    def __init__(self, *values) -> None:
-        self.values = list(values)
 
-    def draw(self, strategy, label=None):
-        return self.values.pop(0)
+_Draw = pd_model._Draw
 
 
 def test_a_duplicated_pull_after_a_failed_write_writes_into_freed_blocks() -> None:

@@ -33,6 +33,19 @@ def test_each_rule_mutant_is_caught(monkeypatch, name, p_tp) -> None:
         _run(pd_model.model(p_tp), MUTANT_EXAMPLES * SCALE)
 
 
+@pytest.mark.parametrize("name", sorted(pd_mutants.DIRECTED))
+def test_each_half_of_7a_is_needed(monkeypatch, name) -> None:
+    """Each half of 7a's fix (P cuts its write, D's fence) is broken alone, and the hand-written
+    run that needs it sees P write into a freed block; the other run still passes (each half
+    alone covers it)."""
+    _, case, install = pd_mutants.DIRECTED[name]
+    install(pd_sim.hardened_module(), monkeypatch.setattr)
+    out = pd_model.directed_7a(case)
+    assert any("which D holds for nobody" in v for v in out["violations"]), out
+    other = "blackhole" if case == "refuse" else "refuse"
+    assert pd_model.directed_7a(other)["violations"] == [], other
+
+
 def test_at_least_ten_mutants_at_tp1_and_tp2() -> None:
     both = [n for n, (_, tps, _) in pd_mutants.MUTANTS.items() if {1, 2} <= set(tps)]
     assert len(both) >= 10, both

@@ -26,12 +26,12 @@ class Pull:
     """A DEALER as D's pull opens it, its monitor fed to a PeerWatch; also counts refusals the
     way the connector did before issue 30's item 4 (every CONNECT_RETRIED)."""
 
-    def __init__(self, ctx: zmq.Context, port: int, after_loss_s: float):
+    def __init__(self, ctx: zmq.Context, port: int, after_loss_s: float, fence_s: float = 0.0):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.mon = self.sock.get_monitor_socket(EVENTS)
         self.sock.connect(f"tcp://127.0.0.1:{port}")
-        self.watch = PeerWatch(2, after_loss_s)
+        self.watch = PeerWatch(2, after_loss_s, fence_s)
         self.old_refused = 0
         self.old_gone_at: float | None = None
         self.refusals_when_old_gone: int | None = None  # real refusals (the new count) at that moment
@@ -79,12 +79,13 @@ def _refusing_port() -> socket.socket:
     return s
 
 
-def _connected_then_lost(ctx: zmq.Context, after_loss_s: float) -> tuple[Pull, int, socket.socket]:
+def _connected_then_lost(ctx: zmq.Context, after_loss_s: float,
+                         fence_s: float = 0.0) -> tuple[Pull, int, socket.socket]:
     """A pull connected to a listening P whose port then closes (P gone, or a blip). The port is
     then held bound, not listening (see _refusing_port), until the caller closes the socket."""
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    pull = Pull(ctx, port, after_loss_s=after_loss_s)
+    pull = Pull(ctx, port, after_loss_s=after_loss_s, fence_s=fence_s)
     pull.pump(0.3)
     assert pull.watch.connected
     router.close(linger=0)
@@ -152,11 +153,53 @@ def test_a_port_that_listens_again_within_the_window_is_not_gone() -> None:
         ctx.destroy(linger=0)  # also when an assertion failed before a socket was closed
 
 
+def test_a_pull_p_got_is_gone_only_a_fence_after_the_first_refusal() -> None:
+    """Issue 43, 7a: once P got the pull, "gone" also waits the fence after the first refusal that
+    followed the loss (P's keepalive sees a refusing link within its 1 s probe interval, and its
+    write in flight is cut at the next chunk by then). Real libzmq events: the port closes, the
+    reconnects are refused; with a 0.2 s loss window and a 1.0 s fence, not gone at 0.5 s, gone
+    1.0 s after the first refusal, not before."""
+    ctx = zmq.Context()
+    try:
+        pull, _, held = _connected_then_lost(ctx, after_loss_s=0.2, fence_s=1.0)
+        pull.pump(0.5)
+        w = pull.watch
+        assert w.refused >= 2 and w.refused_at is not None, (w.refused, w.refused_at)
+        assert not w.gone(time.monotonic())  # the old rule held at 0.2 s
+        assert w.gone_at() == max(w.lost_at + 0.2, w.refused_at + 1.0)
+        took = pull.gone_within(2.0)
+        assert took is not None and time.monotonic() - w.refused_at >= 1.0, took
+        pull.close()
+        held.close()
+    finally:
+        ctx.destroy(linger=0)  # also when an assertion failed before a socket was closed
+
+
+def test_the_fence_is_for_pulls_p_got_only() -> None:
+    """A pull that never connected is gone after two refusals, fence or not (P never got it)."""
+    w = PeerWatch(2, 1.5, 2.0)
+    w.on_retried(10.0)
+    w.on_retried(10.1)
+    assert w.gone(10.1) and w.gone_at() == float("-inf")
+    w = PeerWatch(2, 1.5, 2.0)
+    w.on_connected(10.0)
+    w.on_disconnected(11.0)
+    w.on_retried(11.0)  # the reconnect scheduled at the loss: no refusal
+    w.on_retried(11.1)
+    w.on_retried(11.2)
+    assert w.refused_at == 11.1 and w.gone_at() == 13.1
+    assert not w.gone(13.0) and w.gone(13.1)
+    w.on_connected(13.05)  # back before the fence ended: never gone
+    assert w.gone_at() is None and not w.gone(20.0)
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         PeerWatch(0, 1.0)
     with pytest.raises(ValueError):
         PeerWatch(2, -1.0)
+    with pytest.raises(ValueError):
+        PeerWatch(2, 1.0, -0.1)
 
 
 def test_p_tells_a_pull_on_a_dropped_connection_from_one_on_a_new_connection() -> None:

@@ -1832,17 +1832,67 @@ def case_monitor_backlog() -> dict:
             "reply": reply}
 
 
-WRITE_S = 3.0  # how long the real P's write of the write_in_flight case takes
+WRITE_S = 3.0  # how long the real P's whole write of the write_in_flight case takes
 
 
-def case_write_in_flight() -> dict:
+class _SlowWrites:
+    """The real P's transfer engine slowed as a slow link slows it: each batch write takes its share
+    of WRITE_S (its bytes over the write's), then writes for real. Records each write P hands its
+    executor (``_send_blocks``): when it started and ended, its bytes, the bytes written, its result."""
+
+    def __init__(self, worker) -> None:
+        self.real, self.worker = worker.engine, worker
+        self.started, self.ended = threading.Event(), threading.Event()
+        self.total = 0
+        self.written = 0
+        self.calls = 0
+        self.ret = None
+        self.t_start = self.t_end = None
+        send = worker._send_blocks
+
+        def send_blocks(session, src, dst, lengths):
+            self.total, self.t_start = sum(lengths), time.monotonic()
+            self.started.set()
+            try:
+                self.ret = send(session, src, dst, lengths)
+                return self.ret
+            finally:
+                self.t_end = time.monotonic()
+                self.ended.set()
+
+        worker._send_blocks = send_blocks  # upstream calls self._send_blocks: the instance's wins
+        worker.engine = self
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def batch_transfer_sync_write(self, session, src, dst, lengths):
+        n = sum(lengths)
+        time.sleep(WRITE_S * n / max(1, self.total))
+        self.calls += 1
+        ret = self.real.batch_transfer_sync_write(session, src, dst, lengths)
+        if ret == 0:
+            self.written += n
+        return ret
+
+
+def case_write_in_flight(unfixed: bool = False) -> dict:
     """(issue 43, 7a) The REAL hardened P has X's KV ready; D's pull reaches it through a link on the
     side channel only (toxiproxy; the transfer engine's own connection is direct), P checks the
-    link and starts its write, which takes WRITE_S (the transfer engine's call is slowed: the bytes
-    land at its end). Right after the write started the side-channel link goes down as under a
-    REJECT rule on that port only: D reads P as gone (the connection lost, refused, for its
-    heartbeat timeout), fails X and frees its blocks; Y runs on them. P's write, already in the
-    executor, goes on and lands. Y's blocks must not be overwritten."""
+    link and starts its write, which takes WRITE_S (a slow link: the bytes land as they go). Right
+    after the write started the side-channel link goes down as under a REJECT rule on that port
+    only: D reads the connection as lost (X's error to the client), and later P as gone; P's
+    keepalive sees the reset. Measured: when X got its error, when D freed its blocks (Y then runs
+    on them), when P's write ended and how much of it was written. Y's blocks must not be
+    overwritten, nor X's blocks freed before the write ended. ``unfixed``: both halves of the fix
+    switched off for the case (P's write never cut, D's fence 0: the defect as it was), so the
+    write-after-free watcher has a late write to see."""
+    from connector_patch.pd import vllm_connector as hc
+    from connector_patch.pd.write import WriteGuard
+
+    saved = (WriteGuard.is_cut, hc.GONE_FENCE_S)
+    if unfixed:
+        WriteGuard.is_cut, hc.GONE_FENCE_S = (lambda self: False), 0.0
     p = RealPrefill()
     link = Toxiproxy(p.worker.side_channel_port)
     try:
@@ -1860,30 +1910,25 @@ def case_write_in_flight() -> dict:
         node.watcher.set_caches(node.kv_caches, 4)
         x, y = rid("inflight-x"), rid("inflight-y")
         tid = "x-" + x
-        real = p.worker.engine
-        started, ended = threading.Event(), threading.Event()
-
-        class SlowEngine:  # the transfer engine, its batch write taking WRITE_S
-            def __getattr__(self, name):
-                return getattr(real, name)
-
-            def batch_transfer_sync_write(self, *args):
-                started.set()
-                time.sleep(WRITE_S)
-                try:
-                    return real.batch_transfer_sync_write(*args)
-                finally:
-                    ended.set()
-
-        p.worker.engine = SlowEngine()
+        slow = _SlowWrites(p.worker)
         p.metadata("p-" + x, tid, [])  # P computes X's prompt
         p.metadata("p-" + x, tid, [[1, 2, 3]])  # and its prefill ended: the blocks are the worker's
         node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
         node.step()
-        write_started = node.run_until(started.is_set, 10)
-        x_done_after_s, x_blocks, x_freed, y_blocks = _cut_then_reuse(node, link, x, y)
+        write_started = node.run_until(slow.started.is_set, 10)
+        t_cut = time.monotonic()
+        link.enabled(False)
+        node.run_until(lambda: node.finished(x), 10)
+        x_error_after_s = round(time.monotonic() - t_cut, 2)
+        node.run_until(lambda: x not in node.sched.requests, 15)
+        t_freed = time.monotonic()
+        x_blocks = sorted(node.blocks.get(x, ()))
+        x_freed = x not in node.sched.requests and node.free_blocks() == node.free0
+        node.add(y, prompt(80), None, max_tokens=8)  # Y runs on X's blocks (the only ones)
+        node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
+        y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
         y_before = _intact(node, y_blocks, 1.0)
-        write_ended = ended.wait(WRITE_S + 5)
+        write_ended = slow.ended.wait(WRITE_S + 5)
         time.sleep(0.3)
         intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)
         time.sleep(0.6)  # the watcher's poll (4 a second) and its file (every 0.5 s)
@@ -1892,13 +1937,62 @@ def case_write_in_flight() -> dict:
         link.enabled(True)
         node.run_until(lambda: node.finished(y), 10)
         return {"write_started": write_started, "write_ended": write_ended, "write_s": WRITE_S,
-                "x_done_after_s": x_done_after_s, "x_freed_before_write_ended": x_freed,
-                "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)), "y_blocks": len(y_blocks),
-                "y_blocks_intact_before": y_before, "y_blocks_intact": intact,
+                "write_ret": slow.ret, "write_bytes": slow.total, "written_bytes": slow.written,
+                "write_chunks": slow.calls,
+                "write_ended_after_cut_s": None if slow.t_end is None else round(slow.t_end - t_cut, 2),
+                "x_error_after_s": x_error_after_s, "x_freed_after_s": round(t_freed - t_cut, 2),
+                "x_freed_after_write_ended": slow.t_end is not None and t_freed > slow.t_end,
+                "x_freed": x_freed, "y_reuses_x_blocks": len(set(x_blocks) & set(y_blocks)),
+                "y_blocks": len(y_blocks), "y_blocks_intact_before": y_before, "y_blocks_intact": intact,
                 "y_blocks_overwritten_by_p": overwritten, "x": node.req_facts(x), "waf": waf,
                 "p_failures": dict(p.worker.failures.totals)}
     finally:
+        WriteGuard.is_cut, hc.GONE_FENCE_S = saved
         link.close()
+
+
+def case_shutdown_while_writing() -> dict:
+    """(issue 43, 7a) The REAL hardened P is writing X's KV into D's blocks (a slow link, WRITE_S)
+    when P shuts down (its worker's shutdown, as its __del__ calls it). Upstream's shutdown
+    terminates the ZMQ context first (P's side channel closes: D sees refusals and reads P as gone)
+    and leaves the executor writing on (shutdown(wait=False)). Measured: when the context was
+    terminated, when the write ended, how much was written, and whether shutdown returned within
+    3 s (it does not, before the fix or after: upstream's term() waits for the side channel's
+    socket, whose asyncio listener never sees ContextTerminated; not this case's subject)."""
+    p = RealPrefill()
+    node = DNode("HardenedMooncakeConnector", "fail", timeout_ms=LONG_MS, num_blocks=4)
+    x = rid("shutdown-x")
+    tid = "x-" + x
+    slow = _SlowWrites(p.worker)
+    p.metadata("p-" + x, tid, [])
+    p.metadata("p-" + x, tid, [[1, 2, 3]])
+    node.add(x, prompt(80), p.params(tid))
+    node.step()
+    write_started = node.run_until(slow.started.is_set, 10)
+    time.sleep(0.3)  # the write is under way
+    ctx = p.worker.async_zmq_ctx
+    t_term: list[float] = []
+    term = ctx.term
+
+    def timed_term():
+        t_term.append(time.monotonic())
+        return term()
+
+    ctx.term = timed_term
+    t0 = time.monotonic()
+    done = threading.Event()
+    threading.Thread(target=lambda: (p.worker.shutdown(), done.set()), daemon=True).start()
+    write_ended = slow.ended.wait(WRITE_S + 5)
+    shut = done.wait(3.0)
+    node.run_until(lambda: node.finished(x), 10)
+    return {"write_started": write_started, "shutdown_returned": shut,
+            "shutdown_s": round(time.monotonic() - t0, 2) if shut else None,
+            "write_ended": write_ended, "write_ret": slow.ret, "write_bytes": slow.total,
+            "written_bytes": slow.written,
+            "write_ended_after_shutdown_s": None if slow.t_end is None else round(slow.t_end - t0, 2),
+            "context_terminated_after_s": round(t_term[0] - t0, 2) if t_term else None,
+            "wrote_after_context_gone": bool(t_term) and slow.t_end is not None and slow.t_end > t_term[0],
+            "p_failures": dict(p.worker.failures.totals)}
 
 
 def _threads_cpu() -> dict[int, float]:
@@ -1970,7 +2064,11 @@ CASES = {
     "never_connected": case_never_connected,
     "monitor_backlog": case_monitor_backlog,
     "write_in_flight": case_write_in_flight,
+    "write_in_flight_unfixed": lambda: case_write_in_flight(unfixed=True),
     "held_pulls_cpu": case_held_pulls_cpu,
+    # last: the P it shuts down stays behind, its sender loop busy on a terminated context (upstream's
+    # term() blocks; measured: held_pulls_cpu after it read 0.364 of a core for this process's threads)
+    "shutdown_while_writing": case_shutdown_while_writing,
 }
 
 

@@ -1,0 +1,113 @@
+"""P's write into D's blocks, in chunks that stop once the pull's connection dropped (issue 43, 7a).
+
+Upstream writes a pull's KV with one ``batch_transfer_sync_write`` in P's sender executor: once
+started it runs to its end, however long it takes. P checks the requester's link (the side-channel
+connection the pull came on, :class:`connector_patch.pd.pull.RequesterLinks`) right before it
+starts; a link that starts refusing after that looks to D exactly like a dead P, and D, reading P
+as gone, used to free the blocks while the write went on and landed in another request's KV
+(measured: a 3 s write, the side-channel port alone REJECTed right after it began: all 3 of the
+next request's blocks overwritten).
+
+So the hardened P writes the same descriptors in chunks, a descriptor split at any byte (each is a
+plain copy of a byte range of registered memory), and before each chunk asks its
+:class:`WriteGuard`, which P's sender loop cuts when it reads that the pull's connection dropped
+(its socket monitor, which TCP keepalive feeds within about a second of a link that refuses) or
+when P shuts down. A chunk is sized from the write speed measured so far to take about
+``CHUNK_S`` (the first one ``FIRST_CHUNK_BYTES``), so P stops writing within about one chunk of
+seeing the loss. D holds the blocks of a pull that had connected for a fence after the first
+refusal (:data:`connector_patch.pd.pull.GONE_FENCE_S`) that covers P's keepalive and one chunk:
+together, D gives the blocks back only once P's write has ended or been cut. What this does not
+cover: a single chunk that takes longer than the fence leaves (a link whose speed drops more than
+tenfold within one chunk, or a first chunk over a link slower than ~64 KiB/s).
+
+Pure: no vLLM, no torch, no zmq; the guard is shared by P's sender loop and its executor thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+CHUNK_S = 0.1  # a chunk is sized to take about this long at the speed measured so far
+FIRST_CHUNK_BYTES = 64 * 1024  # before any speed is known
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+class WriteGuard:
+    """One write of P's (the ready requests of one pull), as its sender task and the executor thread
+    that writes it share it: the link the pull came on, the requests' send metas, and whether the
+    write is cut (the link dropped, or P shuts down). Thread-safe."""
+
+    def __init__(self, link, metas=()) -> None:  # noqa: ANN001 - RequesterLinks' tag, upstream's SendBlockMeta
+        self.link = link
+        self.metas = list(metas)
+        self.reason: str | None = None
+        self._cut = threading.Event()
+
+    def cut(self, reason: str) -> bool:
+        """Stop the write before its next chunk. True the first time."""
+        if self._cut.is_set():
+            return False
+        self.reason = reason
+        self._cut.set()
+        return True
+
+    def is_cut(self) -> bool:
+        return self._cut.is_set()
+
+
+class GuardedPtrs(list):
+    """The source pointers of one write, carrying its guard from ``_build_transfer_params`` (on P's
+    sender loop) to ``_send_blocks`` (in its executor): upstream passes the list through unchanged."""
+
+    guard: WriteGuard | None = None
+
+
+class ChunkSizer:
+    """How many bytes the next chunk takes: about ``chunk_s`` at the speed measured over the
+    chunks written so far (bytes over seconds, all of them), within [first, maximum]."""
+
+    def __init__(self, chunk_s: float = CHUNK_S, first: int = FIRST_CHUNK_BYTES, maximum: int = MAX_CHUNK_BYTES):
+        if chunk_s <= 0 or first < 1 or maximum < first:
+            raise ValueError("chunk_s > 0 and 1 <= first <= maximum")
+        self.chunk_s, self.first, self.maximum = chunk_s, first, maximum
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def wrote(self, nbytes: int, seconds: float) -> None:
+        self.bytes += nbytes
+        self.seconds += max(0.0, seconds)
+
+    def next_bytes(self) -> int:
+        if self.bytes <= 0:
+            return self.first
+        if self.seconds <= 0:
+            return self.maximum
+        return max(self.first // 16 or 1, min(self.maximum, int(self.bytes / self.seconds * self.chunk_s)))
+
+
+def chunks(src: list[int], dst: list[int], lengths: list[int],
+           sizer: ChunkSizer) -> Iterator[tuple[list[int], list[int], list[int]]]:
+    """The descriptors (source pointer, destination pointer, length) in order, cut into chunks of
+    at most ``sizer.next_bytes()`` bytes each, asked before each chunk (a descriptor longer than
+    what is left of a chunk is split at that byte). Every byte is in exactly one chunk."""
+    if not len(src) == len(dst) == len(lengths):
+        raise ValueError("src, dst and lengths differ in length")
+    i, off = 0, 0  # the descriptor being cut, and how much of it went out already
+    while i < len(src):
+        room = sizer.next_bytes()
+        c_src: list[int] = []
+        c_dst: list[int] = []
+        c_len: list[int] = []
+        while room > 0 and i < len(src):
+            take = min(room, lengths[i] - off)
+            if take > 0:
+                c_src.append(src[i] + off)
+                c_dst.append(dst[i] + off)
+                c_len.append(take)
+                room -= take
+                off += take
+            if off >= lengths[i]:
+                i, off = i + 1, 0
+        if c_len:
+            yield c_src, c_dst, c_len

@@ -388,7 +388,10 @@ def test_policy_recompute_reports_a_failed_load_once_the_real_prefill_cannot_wri
     # P's prefill then ended: nothing written over the recomputed KV
     assert c["p_sent"] == {"bytes": 0, "transfers": 0, "failed": 0, "p_freed": True}, c["p_sent"]
     assert c["z_blocks_overwritten_by_p"] == 0 and c["z_blocks_intact_after"] == c["z_blocks"]
-    assert c["p_failures"] == {"p_cancelled": 1}
+    # P counted the cancel; when D's connection for the pull had closed by then, also the pull's
+    # requester as lost (as in the policy fail case; seen once here in a loaded whole-file run)
+    assert c["p_failures"].get("p_cancelled") == 1 and set(c["p_failures"]) <= {"p_cancelled", "p_requester_lost"}, \
+        c["p_failures"]
     assert z["final_status"] == "FINISHED_LENGTH_CAPPED"
     assert set(c["node"]["failures"]) == {"timeout"}  # how many: see the count test below
 
@@ -669,7 +672,8 @@ def test_p_never_writes_into_blocks_d_freed_while_its_write_was_in_flight(inproc
         pytest.skip("toxiproxy-server is not installed here: run `pdchaos setup`")
     c = _case(inproc, "write_in_flight")
     assert c["write_started"] and c["write_ended"] and c["x_freed"], c
-    assert c["x_error_after_s"] < 1.0, c  # bounded return: the error at the loss, not at the fence
+    # bounded return: the error at the loss, well before the blocks (the fence holds only those)
+    assert c["x_error_after_s"] < 2.0 and c["x_error_after_s"] + 1.0 < c["x_freed_after_s"], c
     assert c["x_freed_after_write_ended"], c  # only the blocks waited
     assert c["write_ret"] == -1001 and 0 < c["written_bytes"] < c["write_bytes"], c  # cut, not finished
     assert c["write_ended_after_cut_s"] < 2.5, c  # P's keepalive (~0.9 s) and one chunk (~0.1 s)
@@ -691,7 +695,7 @@ def test_p_shutting_down_never_writes_after_its_context_is_gone(inproc) -> None:
     assert c["write_started"] and c["write_ended"], c
     assert c["context_terminated_after_s"] is not None and not c["wrote_after_context_gone"], c
     assert c["write_ret"] == -1001 and 0 < c["written_bytes"] < c["write_bytes"], c
-    assert c["write_ended_after_shutdown_s"] < 1.0 and c["context_terminated_after_s"] < 2.5, c
+    assert c["write_ended_after_shutdown_s"] < 1.5 and c["context_terminated_after_s"] < 2.5, c
     assert c["p_failures"].get("p_write_cut") == 1, c
 
 

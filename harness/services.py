@@ -16,14 +16,17 @@ def _needs_toxiproxy(sc) -> bool:
                                                             for f in sc.faults)
 
 
-def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None):
+def start_toxiproxy(scenarios, stack: ExitStack, run_dir: Path | None = None, *, always: bool = False):
     """One toxiproxy-server for the whole run, only if a scenario needs it and it is installed.
+
+    ``always``: started whenever it is installed, for a run whose scenarios are not known when it
+    starts (``pdchaos explore`` draws them as it goes; a drawn toxic must find the server up).
 
     With ``run_dir``, the measurement floor (what the proxy adds with no toxic, and a latency
     toxic configured vs measured) is measured once, before any scenario, and written to
     ``<run_dir>/toxiproxy_floor.json`` (harness/floor.py); when toxiproxy-server is missing the
     file says so. A failed measurement is recorded there and never fails the run."""
-    if not any(_needs_toxiproxy(s) for s in scenarios):
+    if not always and not any(_needs_toxiproxy(s) for s in scenarios):
         return None
     from . import floor
     from .errors import HarnessError

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pool import NodePool
     from ..runner import Runner, missing_requirements, new_run_dir
     from ..schema import load_scenario
+    from ..services import start_toxiproxy
 
     try:
         family = get_family(args.family).load()
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     sweep_leftovers(sys.stderr)  # what a run killed outright left here (its namespaces)
     run_dir = new_run_dir(args.runs_dir)
     checked: dict[str, str | None] = {}
+    services: dict = {}
 
     def load(path: Path):
         try:
@@ -121,16 +123,21 @@ def run(args: argparse.Namespace) -> int:
         if why:
             return why
         if "stack" not in checked:  # the node stack is the same for every draw: checked once
-            checked["stack"] = family.unavailable(sc.model, profile) or missing_requirements(sc, {}, profile)
+            checked["stack"] = family.unavailable(sc.model, profile)
             if checked["stack"]:
                 raise UsageError(f"pdchaos explore: {checked['stack']}")
-        return sc
+        # what this draw needs beyond the stack (toxiproxy-server, root): a draw this machine cannot
+        # run is refused before it runs (counted, redrawn), never run as a skip
+        return missing_requirements(sc, services, profile) or sc
 
     # SIGINT, SIGTERM and SIGHUP from here to the end: a clean stop (harness/interrupts.py)
     with Interrupts() as intr:
         with ExitStack() as stack:
             pool = stack.enter_context(NodePool(run_dir))
-            runner = Runner(run_dir, targets=[target], services={"node_pool": pool},
+            # the drawn schedules are not known yet: toxiproxy-server runs whenever it is installed, so a
+            # drawn toxic is run, not skipped (a missing server still skips it, named in the summary)
+            services.update(node_pool=pool, toxiproxy=start_toxiproxy([], stack, run_dir, always=True))
+            runner = Runner(run_dir, targets=[target], services=services,
                             profiles={family.name: profile} if profile is not None else None)
 
             def run_one(path: Path, tgt: str):

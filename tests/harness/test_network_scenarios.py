@@ -242,6 +242,18 @@ def test_no_floor_without_toxiproxy_scenarios(tmp_path: Path) -> None:
     assert not (tmp_path / floor.FLOOR_FILE).exists()
 
 
+@needs_toxiproxy
+@pytest.mark.timeout(30)
+def test_always_starts_the_server_for_scenarios_drawn_later(tmp_path: Path) -> None:
+    """pdchaos explore knows no scenario when it starts: with always=True the server runs anyway
+    (before, every drawn toxic was skipped as 'toxiproxy-server is not installed')."""
+    with ExitStack() as stack:
+        api = start_toxiproxy([], stack, tmp_path, always=True)
+        assert api is not None and api.ping()
+    assert not api.ping()
+    assert floor.read_floor(tmp_path)["measured"] is True
+
+
 # --------------------------------------------------------------------------- bad input
 
 # Block style, so the line of the offending attribute (10 or 9) differs from the line of its fault

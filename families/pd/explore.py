@@ -73,6 +73,11 @@ STORE_SHARE = 0.08  # of the schedules: a KV pool (no warm nodes: P, D and the m
 STORE_KINDS = ("abort_after_prefill", "abort_while_decode_waits", "hold_after_prefill")  # hooks the store proxy takes
 OVERLAP_SHARE = 0.3  # of the schedules: a freeze of another node inside the first fault's window
 PREFIX_SHARE = 0.25  # of the workloads: a shared-prefix mix
+EOS_SHARE = 0.15  # of the schedules whose faults start late enough: an EOS prompt sent first
+# scenarios/pd/eos-answer.yaml: with the prompts of seed 107 (default length, no shared prefix) prompt
+# 12's greedy answer on the tiny model is EOS at once (the guarantee "P keeps the prompt's KV for D
+# also when its one token is EOS"); a drawn schedule with the mix takes that seed and sends it first
+EOS_SEED, EOS_PROMPT = 107, 12
 DIRECTIONS = ("client->server", "server->client", "both")
 NODES = ("prefill:0", "decode:0")
 HEAL_S = 2.0  # the slowest heal here (the fake prefill peer's stop)
@@ -185,10 +190,23 @@ def cover(rng: random.Random) -> list[dict]:
                     "faults": [{**f, "at": at, "for": length}], "topology": {"link": _link_of([f])}})
     # on the plain link too (warm nodes): P and D frozen at once, a shared-prefix mix
     out[len(kinds):len(kinds)] = [_overlap_schedule(rng), _prefix_schedule(rng)]
+    out.insert(min(3, len(out)), _eos_schedule(rng))  # early: it runs on the warm pair too
     out += [_store_schedule(rng, kind) for kind in ("stop", "kill")]  # the KV pool's: a cold start each
     for node in NODES:
         out.append(_kill_schedule(rng, node))
     return out
+
+
+def _eos_schedule(rng: random.Random) -> dict:
+    """The EOS prompt first, one proxy hook late in the run (a failure the EOS prompt causes comes
+    before any fault's window and is explained by none)."""
+    concurrency = rng.choice([1, 2])
+    rate, duration, length = float(concurrency), 16.0, 6.0
+    at = round(duration - (concurrency / rate + HEAL_S + 1.0) - length, 1)
+    schedule = {"workload": {"duration": duration, "concurrency": concurrency, "rate": rate, "request_timeout": 30.0},
+                "faults": [{**_fault(rng, "abort_after_prefill"), "at": at, "for": length}], "topology": {"link": "direct"}}
+    _eos_mix(schedule)
+    return schedule
 
 
 def _overlap_schedule(rng: random.Random) -> dict:
@@ -274,6 +292,8 @@ def signature(schedule: dict) -> str:
         parts.append(f"{f['type']}({extra})" if extra else f["type"])
     if (schedule.get("workload") or {}).get("shared_prefix_tokens"):  # the same faults over another mix
         parts.append("shared_prefix")
+    if (schedule.get("workload") or {}).get("lead_prompts"):  # an EOS prompt first
+        parts.append("eos_first")
     return "+".join(sorted(parts))
 
 
@@ -374,7 +394,24 @@ def draw(rng: random.Random) -> dict:
     if overlap and len(faults) == 1 and not faults[0].get("upon"):  # a one-fault schedule drawn to overlap
         _add_overlapping(rng, faults, faults[0], duration, gap, concurrency / rate)
     faults.sort(key=lambda f: f["at"])
-    return {"workload": workload, "faults": faults, "topology": _topology_of(faults)}
+    schedule = {"workload": workload, "faults": faults, "topology": _topology_of(faults)}
+    if rng.random() < EOS_SHARE:
+        _eos_mix(schedule)
+    return schedule
+
+
+def _eos_mix(schedule: dict) -> bool:
+    """The EOS prompt sent first (answered before any fault starts, a trigger says it was): when no
+    shared prefix changes the prompts and every fault starts at 1.5 s or later."""
+    w = schedule["workload"]
+    if w.get("shared_prefix_tokens") or any(f["at"] < 1.5 or f.get("upon") for f in schedule["faults"]):
+        return False
+    if w["duration"] * w["rate"] / w["concurrency"] <= EOS_PROMPT:  # prompt 12 exists, also at concurrency 1
+        return False
+    w["prompt_tokens"] = 200
+    w["lead_prompts"] = [EOS_PROMPT]
+    schedule["prompt_seed"] = EOS_SEED
+    return True
 
 
 DURATIONS = ("at", "for", "after", "seconds", "latency", "jitter", "delay", "timeout")  # written as durations
@@ -391,6 +428,29 @@ def _upon(upon: dict) -> dict:
     return {"phase": upon["phase"], "offset": _dur(upon["offset"]), "within": _dur(upon["within"])}
 
 
+PAUSES = (5.5, 3.5)  # the pause's length, the longest that fits first
+
+
+def _pause(faults: list[dict], duration: float) -> tuple[float, float] | None:
+    """(start, length) of the workload's pause: inside the first fault window of at least 4 s that
+    no phase keys, 0.5 s after it starts. 5.5 s where the window holds it: a request in flight when
+    the pause starts may take D's load deadline (2 s) to fail, and the nodes' samples need a quiet
+    stretch after it (measured: a 3.5 s pause at concurrency 4, a request failing at 2.0 s into it,
+    left no quiet interval to judge: TrustFinish's killing run not judged); never a pause that
+    holds another fault's whole window (no request would be in flight in it)."""
+    for f in faults:
+        if f.get("upon") or f["for"] < 4.0:
+            continue
+        for length in PAUSES:
+            start, stop = f["at"] + 0.5, f["at"] + 0.5 + length
+            if stop > f["at"] + f["for"] or stop > duration:
+                continue
+            if any(g is not f and start <= g["at"] and end(g) <= stop for g in faults):
+                continue
+            return start, length
+    return None
+
+
 def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     w = dict(schedule["workload"])
     faults = [dict(f) for f in schedule["faults"]]
@@ -404,15 +464,13 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
     # its 2 s deadline inside the pause, then a node's 1.5 s tail; the suite's pauses are 3.5 s too)
     # (never in a keyed window: requests paused would keep its phase from coming)
-    pause = None if killed else next(({"at": _dur(f["at"] + 0.5), "for": "3500ms"} for f in faults
-                                      if f["for"] >= 4.0 and f["at"] + 4.0 <= w["duration"]
-                                      and not f.get("upon")), None)
+    pause = None if killed else _pause(faults, w["duration"])
     if pause is not None:
-        w["pauses"] = [pause]
+        w["pauses"] = [{"at": _dur(pause[0]), "for": _dur(pause[1])}]
     doc: dict[str, Any] = {
         "name": name, "family": "pd",
         "description": f"drawn by pdchaos explore (seed {seed})",
-        "seed": seed, "deadline": "15s" if topology.get("link") == "netns" else "10s", "tolerance": "2s",
+        "seed": schedule.get("prompt_seed", seed), "deadline": "15s" if topology.get("link") == "netns" else "10s", "tolerance": "2s",
         "cap": "500s" if killed else "600s" if pool else "300s",  # a KV pool: P, D and the master start cold
         "targets": [target],
     }
@@ -423,7 +481,8 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         "faults": [{**{k: (_dur(v) if k in DURATIONS else _upon(v) if k == "upon" else v) for k, v in f.items()}}
                    for f in faults],
         "triggers": [{"type": "ops_in_window", "fault": i} for i in range(len(faults))]
-        + [{"type": "phase_keyed", "fault": i} for i, f in enumerate(faults) if f.get("upon")],
+        + [{"type": "phase_keyed", "fault": i} for i, f in enumerate(faults) if f.get("upon")]
+        + [{"type": "prompt_answered", "index": i, "expect": ""} for i in w.get("lead_prompts") or ()],
         "expect": {target: "pass"},
     })
     checks: dict[str, Any] = {}
@@ -431,6 +490,10 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         checks["no_busy_wait"] = {"enabled": False}
     if killed:  # the restart's length is the machine's (30 s-2 min): not a bound on the connector
         checks["recovery"] = {"enabled": False}
+    if len(faults) == 1 and faults[0]["type"] == "fake_prefill_peer" and faults[0].get("mode") == "unknown":
+        # guarantee 1's unanswered rule: P's FINISH that names none of the asked requests fails them at
+        # once (502 in ~0.1 s), not at the 2 s load deadline; as scenarios/pd/fake-prefill-unknown-reqs
+        checks["fail_fast"] = {"fail_within": {"hardened": "1s"}}
     if pool:  # each node's store client opens new connections to a master that froze or restarted
         checks["no_leaks"] = {"slack": 10}  # (+5 to +8 descriptors measured: scenarios/pd-store/)
     if checks:

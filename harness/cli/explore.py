@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         with ExitStack() as stack:
             pool = stack.enter_context(NodePool(run_dir))
             # the drawn schedules are not known yet: toxiproxy-server runs whenever it is installed, so a
-            # drawn toxic is run, not skipped (a missing server still skips it, named in the summary)
+            # drawn toxic is run, not skipped (without the server such a draw is refused and redrawn)
             services.update(node_pool=pool, toxiproxy=start_toxiproxy([], stack, run_dir, always=True))
             runner = Runner(run_dir, targets=[target], services=services,
                             profiles={family.name: profile} if profile is not None else None)

@@ -116,8 +116,10 @@ def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrun
     covering = E.cover(random.Random(1))
     kinds = {E.signature(c) for c in covering}
     # two stops, two stops keyed on a phase, each fake-peer mode, 5 other kinds, P and D frozen at
-    # once, a shared-prefix mix, toxics, netns (the port faults among them), the store master's two, two kills
-    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + 2 + len(E.TOXICS) + len(E.NETNS) + 2 + 2
+    # once, a shared-prefix mix, the EOS prompt first, toxics, netns (the port faults among them), the store
+    # master's two, two kills
+    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + 2 + 1 + len(E.TOXICS) + len(E.NETNS) + 2 + 2
+    assert sum("eos_first" in k for k in kinds) == 1
 
     def sig(sc) -> str:  # noqa: ANN001
         return E.signature({"faults": [{"type": f.type, **{k: getattr(f, k) for k in ("node", "mode", "direction",
@@ -125,7 +127,8 @@ def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrun
                                                            if isinstance(getattr(f, k, None), str)},
                                         **({"upon": f.upon.model_dump()} if f.upon is not None else {})}
                                        for f in sc.faults],
-                            "workload": {"shared_prefix_tokens": sc.model.workload.shared_prefix_tokens}})
+                            "workload": {"shared_prefix_tokens": sc.model.workload.shared_prefix_tokens,
+                                         "lead_prompts": sc.model.workload.lead_prompts}})
 
     first = [sig(sc) for sc in runs[:len(covering)]]
     assert {x.split("(")[0] for x in first} == {x.split("(")[0] for x in kinds}, first  # every kind alone first

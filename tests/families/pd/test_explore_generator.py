@@ -63,7 +63,8 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
             assert not (a.get("node") and a.get("node") == b.get("node")), s  # one process fault per node
             assert not ({a["type"], b["type"]} <= set(E.TOXICS)) and not ({a["type"], b["type"]} <= set(E.NETNS)), s
     path = tmp_path / f"d{seed}.yaml"
-    write_scenario(E.render(s, f"drawn-{seed}", "hardened", seed), path)
+    doc = E.render(s, f"drawn-{seed}", "hardened", seed)
+    write_scenario(doc, path)
     sc = load_scenario(path)  # the real schema: raises (a UsageError naming what) when invalid
     assert sc.model.topology.link == link
     # each window is a trigger; a keyed one also proves it started at its phase
@@ -85,6 +86,37 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
                 assert not (p.at < _latest(g) and g["at"] < p.at + p.for_), s
         else:
             assert f.upon is None
+    # an EOS prompt first: the prompts of the seed whose prompt 12 answers EOS, a trigger proving it did
+    eos = [(t.index, t.expect) for t in sc.model.triggers if t.type == "prompt_answered"]
+    if w.get("lead_prompts"):
+        assert eos == [(E.EOS_PROMPT, "")] and sc.model.seed == E.EOS_SEED and w["prompt_tokens"] == 200
+        assert not w.get("shared_prefix_tokens") and all(f["at"] >= 1.5 for f in faults), s
+    else:
+        assert eos == [] and sc.model.seed == seed
+    # a pause never holds another fault's whole window (no request would be in flight in it)
+    for p in sc.model.workload.pauses:
+        holders = [f for f in faults if f["at"] <= p.at and p.at + p.for_ <= f["at"] + f["for"] + 1e-6]
+        assert holders, s
+        assert not any(p.at <= f["at"] and _latest(f) <= p.at + p.for_ + 1e-6 for f in faults), s
+    # guarantee 1's unanswered rule, claimed where a peer answering for nobody is the only fault
+    within = ((doc.get("checks") or {}).get("fail_fast") or {}).get("fail_within")
+    alone = len(faults) == 1 and faults[0]["type"] == "fake_prefill_peer" and faults[0]["mode"] == "unknown"
+    assert (within == {"hardened": "1s"}) == alone, (within, s)
+
+
+def test_pauses_hold_a_request_failing_at_the_load_deadline() -> None:
+    """5.5 s where the window holds it (a request caught as the pause starts may take D's 2 s load
+    deadline to fail, and the quiet interval comes after it), else 3.5 s; none inside a keyed window."""
+    plain = {"type": "fake_prefill_peer", "mode": "unknown", "count": 1}
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0) == (1.5, 5.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0) == (1.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 2.0, "for": 2.0}],
+                    16.0) is None  # the freeze's whole window would lie in either pause
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 4.0, "for": 2.0}],
+                    16.0) == (1.5, 3.5)
+    keyed = {"type": "stop", "node": "prefill:0", "at": 1.0, "for": 6.0,
+             "upon": {"phase": "p_write_started", "offset": 0.0, "within": 2.0}}
+    assert E._pause([keyed], 16.0) is None
 
 
 def test_the_wider_kinds_are_drawn() -> None:

@@ -462,6 +462,8 @@ class _ScenarioRun:
                         self.missed.append(msg)
                         self.topo.event("phase_missed", fault=f.type, id=i, phase=f.upon.phase, nth=f.upon.nth,
                                         within_s=f.upon.within, error=msg)
+            if not heap and not armed:  # the last keyed fault missed its phase: nothing is left to start
+                return last
             nxt = heap[0][0] if heap else float("inf")
             if armed:
                 nxt = min(nxt, now + PH.POLL_S)

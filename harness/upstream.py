@@ -277,6 +277,10 @@ class Outcome:
         return f"{len(self.passed)} passed, {len(self.failed)} failed, {len(self.skipped)} not run"
 
 
+# a failure's first line as kept (long enough that a reader shortens it only after replacing its paths)
+MESSAGE_KEEP = 2000
+
+
 def run_pytest(p: UpstreamProject, tree: Path, overlay: Path, ids: list[str], timeout_s: float = PYTEST_TIMEOUT_S,
                scratch: Path | None = None) -> Outcome:
     (scratch or tree).mkdir(parents=True, exist_ok=True)
@@ -315,7 +319,7 @@ def run_pytest(p: UpstreamProject, tree: Path, overlay: Path, ids: list[str], ti
         if kinds & {"failure", "error"}:
             out.failed.append(name)
             message = next((c.get("message") or "" for c in case if c.tag in ("failure", "error")), "")
-            out.messages[name] = (message.strip().splitlines() or [""])[0][:200]
+            out.messages[name] = (message.strip().splitlines() or [""])[0][:MESSAGE_KEEP]
             if "error" in kinds or NOT_REACHED.match(message):
                 out.not_reached.append(name)
         elif "skipped" in kinds:

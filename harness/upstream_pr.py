@@ -141,7 +141,7 @@ def outcome_lines(r: DiffResult) -> list[str]:
 
     def res(o: Any, n: str) -> str:
         if n in o.failed:
-            msg = scrub_paths(o.messages.get(n, ""))
+            msg = scrub_paths(o.messages.get(n, ""))[:200]  # paths first: a cut never splits one
             return "FAILED" + (f" ({msg})" if msg else "")
         return "PASSED" if n in o.passed else "SKIPPED" if n in o.skipped else "not run"
 

@@ -431,9 +431,9 @@ def _upon(upon: dict) -> dict:
 PAUSES = (5.5, 3.5)  # the pause's length, the longest that fits first
 
 
-def _pause(faults: list[dict], duration: float) -> tuple[float, float] | None:
+def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, float] | None:
     """(start, length) of the workload's pause: inside the first fault window of at least 4 s that
-    no phase keys, 0.5 s after it starts. 5.5 s where the window holds it: a request in flight when
+    no phase keys, 0.5 s after it starts. 5.5 s for a fake peer where the window holds it: a request in flight when
     the pause starts may take D's load deadline (2 s) to fail, and the nodes' samples need a quiet
     stretch after it (measured: a 3.5 s pause at concurrency 4, a request failing at 2.0 s into it,
     left no quiet interval to judge: TrustFinish's killing run not judged); never a pause that
@@ -441,7 +441,12 @@ def _pause(faults: list[dict], duration: float) -> tuple[float, float] | None:
     for f in faults:
         if f.get("upon") or f["for"] < 4.0:
             continue
-        for length in PAUSES:
+        # the long pause only where a request the fault catches as it starts waits for D's deadline (a fake
+        # peer) and the workload starts one in the 0.5 s before the pause (rate >= 2/s); a proxy hook acts
+        # on the requests that come in its window: a long pause leaves it none (measured: abort_after_prefill
+        # under a 5.5 s pause, no effect in 2 of 2 runs)
+        long_ok = f["type"] == "fake_prefill_peer" and rate >= 2.0
+        for length in PAUSES if long_ok else PAUSES[1:]:
             start, stop = f["at"] + 0.5, f["at"] + 0.5 + length
             if stop > f["at"] + f["for"] or stop > duration:
                 continue
@@ -464,7 +469,7 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
     # its 2 s deadline inside the pause, then a node's 1.5 s tail; the suite's pauses are 3.5 s too)
     # (never in a keyed window: requests paused would keep its phase from coming)
-    pause = None if killed else _pause(faults, w["duration"])
+    pause = None if killed else _pause(faults, w["duration"], w["rate"])
     if pause is not None:
         w["pauses"] = [{"at": _dur(pause[0]), "for": _dur(pause[1])}]
     doc: dict[str, Any] = {

@@ -105,18 +105,22 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
 
 
 def test_pauses_hold_a_request_failing_at_the_load_deadline() -> None:
-    """5.5 s where the window holds it (a request caught as the pause starts may take D's 2 s load
-    deadline to fail, and the quiet interval comes after it), else 3.5 s; none inside a keyed window."""
+    """5.5 s for a fake peer at 2 requests/s or more where the window holds it (a request caught as
+    the pause starts may take D's 2 s load deadline to fail, and the quiet interval comes after it),
+    else 3.5 s; none inside a keyed window."""
     plain = {"type": "fake_prefill_peer", "mode": "unknown", "count": 1}
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0) == (1.5, 5.5)
-    assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0) == (1.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 2.0) == (1.5, 5.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 1.0) == (1.5, 3.5)  # no request before the pause
+    assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0, 4.0) == (1.5, 3.5)
+    hook = {"type": "abort_after_prefill", "count": 1, "at": 1.0, "for": 6.0}  # acts on requests in its window
+    assert E._pause([hook], 16.0, 4.0) == (1.5, 3.5)
     assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 2.0, "for": 2.0}],
-                    16.0) is None  # the freeze's whole window would lie in either pause
+                    16.0, 4.0) is None  # the freeze's whole window would lie in either pause
     assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 4.0, "for": 2.0}],
-                    16.0) == (1.5, 3.5)
+                    16.0, 4.0) == (1.5, 3.5)
     keyed = {"type": "stop", "node": "prefill:0", "at": 1.0, "for": 6.0,
              "upon": {"phase": "p_write_started", "offset": 0.0, "within": 2.0}}
-    assert E._pause([keyed], 16.0) is None
+    assert E._pause([keyed], 16.0, 4.0) is None
 
 
 def test_the_wider_kinds_are_drawn() -> None:

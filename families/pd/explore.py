@@ -46,9 +46,13 @@ and its trigger ``phase_keyed`` proves it started there. Only phases every targe
 met this P, never from a warm one).
 
 Every window leaves every worker time for its first op after the heal (``recovery``); the first
-window of 3.5 s or more holds a 3.5 s workload pause, so that ``no_busy_wait`` sees a quiet
-interval; each fault is a trigger (``ops_in_window``): a window no request crossed is a harness
-error, never a pass. Every schedule ``draw`` returns renders to a scenario file that ``pdchaos
+window of 4 s or more holds a workload pause (3.5 s; 5.5 s for a fake peer where it fits), so that
+``no_busy_wait`` sees a quiet interval; in a proxy hook's window the pause starts once the hook's
+first request has come (one pacing interval and 0.5 s after it is armed). A silent fake peer's
+window lasts ``HOLD_S`` (6 s) past the latest moment its first request can come: its stop at heal
+ends D's wait whatever D's deadline, so only a longer window puts the load deadline to the test
+(guarantee 1; system mutant NoLoadDeadline). Each fault is a trigger (``ops_in_window``): a window
+no request crossed is a harness error, never a pass. Every schedule ``draw`` returns renders to a scenario file that ``pdchaos
 validate`` passes (tests/families/pd/test_explore_generator.py, a property test).
 """
 
@@ -87,6 +91,17 @@ PHASE_SHARE = 0.4  # of the freezes: keyed on a protocol phase (harness/phases.p
 PHASES = ("p_pull_served", "p_write_started", "p_write_done", "d_pull_out")  # every target shows them
 PHASE_OFFSETS = (0.0, 0.0, 0.05, 0.2)
 PHASE_WITHIN = (2.0, 4.0)  # the bound on the phase's coming after the arming: at least one request's time
+# guarantee 1 (every KV load on D ends within kv_load_timeout_ms, 2 s here) has one interleaving
+# that nothing but the deadline ends: a peer that stays up, answers D's heartbeats (libzmq answers
+# ZMTP pings whatever its application does), takes the pull and never writes nor answers. The
+# silent fake peer is that peer only while its window lasts: its stop at heal closes the side
+# channel, D's pull sees DISCONNECTED and fails the load (peer_gone), deadline or not. So a drawn
+# silent peer holds its window this long after the latest moment its first request can come: past
+# the load deadline plus fail_fast's 2 s margin (4 s) with room to spare. Measured: drawn as before
+# (its request caught after the window's pause, 1.4 s before the heal), NoLoadDeadline failed that
+# request at 1.68 s, inside the bound, and survived 600 s of exploration (docs/interleavings.md,
+# "Re-proving, --mutant and the explorer's power").
+HOLD_S = 6.0
 
 
 def _fault(rng: random.Random, kind: str, concurrency: int = 2) -> dict:
@@ -126,6 +141,26 @@ def _fault(rng: random.Random, kind: str, concurrency: int = 2) -> dict:
     if kind == "bandwidth_limit":
         return {"type": kind, "rate_kbit": rng.choice([64, 512]), "direction": rng.choice(DIRECTIONS)}
     raise ValueError(kind)
+
+
+def _lead(rate: float) -> float:
+    """How long after a proxy hook is armed its first request has surely come: one pacing interval
+    of the whole workload (ops start every 1/rate s) and half a second for it to reach the proxy
+    (scenarios/pd arm their hooks half a second before the op they mean: armed on the tick they
+    raced it). A hook acts on the next requests, never on those in flight, so a window's pause
+    starts only after this (else the hook catches the first request after the pause, or none)."""
+    return round(1.0 / rate + 0.5, 2)
+
+
+def _window(f: dict, length: float, rate: float) -> float:
+    """The window a drawn fault gets: a silent fake peer holds its first request ``HOLD_S`` past
+    the latest moment it can come (the interleaving only D's load deadline bounds); a proxy hook
+    long enough for a pause is made long enough for one after its first request."""
+    if f["type"] == "fake_prefill_peer" and f.get("mode") == "silent":
+        return max(length, round(_lead(rate) + HOLD_S, 2))
+    if f["type"] in PROXY_FAULTS and length >= 4.0:
+        return max(length, round(_lead(rate) + PAUSES[-1], 2))
+    return length
 
 
 KINDS = ("stop", "stop", "fake_prefill_peer", "abort_while_decode_waits", "abort_after_prefill",
@@ -181,7 +216,7 @@ def cover(rng: random.Random) -> list[dict]:
         concurrency = rng.choice([1, 2, 4])
         rate = min(4.0, concurrency * rng.choice([0.5, 1.0]))
         duration = 16.0
-        length = 6.0  # room for a pause (render) while the fault acts
+        length = _window(f, 6.0, rate)  # room for a pause (render) while the fault acts
         at = round(rng.uniform(0.5, duration - (concurrency / rate + HEAL_S + 1.0) - length), 1)
         if f.get("upon"):  # keyed: armed early, its window may start up to `within` later (no pause in it)
             length, at = 4.0, 1.0
@@ -376,6 +411,7 @@ def draw(rng: random.Random) -> dict:
             continue
         f = _fault(rng, kind, concurrency)
         length = float(rng.choice([4, 6] if not faults else [2, 3, 4, 6]))  # the first holds a pause
+        length = _window(f, length, rate)  # a silent peer outlasts the load deadline; a hook holds a pause
         latest = duration - gap - length
         if latest < 0.5:
             continue
@@ -433,25 +469,33 @@ PAUSES = (5.5, 3.5)  # the pause's length, the longest that fits first
 
 def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, float] | None:
     """(start, length) of the workload's pause: inside the first fault window of at least 4 s that
-    no phase keys, 0.5 s after it starts. 5.5 s for a fake peer where the window holds it: a request in flight when
-    the pause starts may take D's load deadline (2 s) to fail, and the nodes' samples need a quiet
-    stretch after it (measured: a 3.5 s pause at concurrency 4, a request failing at 2.0 s into it,
-    left no quiet interval to judge: TrustFinish's killing run not judged); never a pause that
-    holds another fault's whole window (no request would be in flight in it)."""
+    no phase keys, 0.5 s after it starts, or, for a proxy hook, once its first request has come
+    (:func:`_lead`: a hook acts on the next requests; from 0.5 s it caught the first request after
+    the pause, or none, and a silent peer's one request came 1.4 s before the heal ended its wait).
+    5.5 s for a fake peer where the window holds it: a request it caught may take D's load deadline
+    (2 s) to fail, and the nodes' samples need a quiet stretch after it (measured: a 3.5 s pause at
+    concurrency 4, a request failing at 2.0 s into it, left no quiet interval to judge:
+    TrustFinish's killing run not judged); never a pause that holds another fault's whole window
+    (no request would be in flight in it) or comes before another hook's first request."""
     for f in faults:
         if f.get("upon") or f["for"] < 4.0:
             continue
         # the long pause only where a request the fault catches as it starts waits for D's deadline (a fake
-        # peer) and the workload starts one in the 0.5 s before the pause (rate >= 2/s); a proxy hook acts
-        # on the requests that come in its window: a long pause leaves it none (measured: abort_after_prefill
-        # under a 5.5 s pause, no effect in 2 of 2 runs)
-        long_ok = f["type"] == "fake_prefill_peer" and rate >= 2.0
+        # peer; its first request has come before the pause, the lead); a proxy hook acts on the requests
+        # that come in its window: a long pause leaves it few (measured: abort_after_prefill under a 5.5 s
+        # pause from 0.5 s, no effect in 2 of 2 runs)
+        hook = f["type"] in PROXY_FAULTS
+        long_ok = f["type"] == "fake_prefill_peer"
+        lead = _lead(rate) if hook else 0.5
         for length in PAUSES if long_ok else PAUSES[1:]:
-            start, stop = f["at"] + 0.5, f["at"] + 0.5 + length
+            start, stop = f["at"] + lead, f["at"] + lead + length
             if stop > f["at"] + f["for"] or stop > duration:
                 continue
             if any(g is not f and start <= g["at"] and end(g) <= stop for g in faults):
                 continue
+            if any(g is not f and g["type"] in PROXY_FAULTS and start < g["at"] + _lead(rate) and g["at"] < stop
+                   for g in faults):
+                continue  # another hook's first request would come only after the pause
             return start, length
     return None
 

@@ -105,22 +105,88 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
 
 
 def test_pauses_hold_a_request_failing_at_the_load_deadline() -> None:
-    """5.5 s for a fake peer at 2 requests/s or more where the window holds it (a request caught as
-    the pause starts may take D's 2 s load deadline to fail, and the quiet interval comes after it),
-    else 3.5 s; none inside a keyed window."""
+    """5.5 s for a fake peer where the window holds it (a request it caught may take D's 2 s load
+    deadline to fail, and the quiet interval comes after it), else 3.5 s; none inside a keyed window.
+    A proxy hook's pause starts once its first request has come (one pacing interval and 0.5 s after
+    the hook is armed), any other fault's 0.5 s into its window."""
     plain = {"type": "fake_prefill_peer", "mode": "unknown", "count": 1}
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 2.0) == (1.5, 5.5)
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 1.0) == (1.5, 3.5)  # no request before the pause
-    assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0, 4.0) == (1.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 7.0}], 16.0, 2.0) == (2.0, 5.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 2.0) == (2.0, 3.5)  # 5.5 s would outlast it
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 1.0) == (2.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 0.5) == (3.5, 3.5)  # ends with the window
+    assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0, 4.0) is None  # no room after the first request
     hook = {"type": "abort_after_prefill", "count": 1, "at": 1.0, "for": 6.0}  # acts on requests in its window
-    assert E._pause([hook], 16.0, 4.0) == (1.5, 3.5)
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 2.0, "for": 2.0}],
-                    16.0, 4.0) is None  # the freeze's whole window would lie in either pause
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}, {"type": "stop", "node": "decode:0", "at": 4.0, "for": 2.0}],
-                    16.0, 4.0) == (1.5, 3.5)
+    assert E._pause([hook], 16.0, 4.0) == (1.75, 3.5)
+    freeze = {"type": "stop", "node": "prefill:0", "at": 1.0, "for": 6.0}  # what is in flight as it starts
+    assert E._pause([freeze], 16.0, 0.5) == (1.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 7.0}, {"type": "stop", "node": "decode:0", "at": 2.5, "for": 2.0}],
+                    16.0, 2.0) is None  # the freeze's whole window would lie in either pause
+    assert E._pause([{**plain, "at": 1.0, "for": 7.0}, {"type": "stop", "node": "decode:0", "at": 4.0, "for": 2.0}],
+                    16.0, 2.0) == (2.0, 3.5)
     keyed = {"type": "stop", "node": "prefill:0", "at": 1.0, "for": 6.0,
              "upon": {"phase": "p_write_started", "offset": 0.0, "within": 2.0}}
     assert E._pause([keyed], 16.0, 4.0) is None
+
+
+def _silent_holds(schedule: dict) -> list[str]:
+    """What keeps a schedule's silent fake peers from holding a load past D's deadline: the
+    interleaving nothing but that deadline ends (a peer that is up, answers heartbeats, takes the
+    pull and never answers). The peer's stop at heal ends the wait, so its first request, which
+    comes at the latest one pacing interval after the hook is armed, must wait past the load deadline
+    and fail_fast's margin (2 + 2 s) before the heal; a pause in the window starts after it came."""
+    w = schedule["workload"]
+    gap = 1.0 / w["rate"]
+    doc = E.render(schedule, "h", "hardened", 1)
+    pauses = [(_s(p["at"]), _s(p["for"])) for p in doc["workload"].get("pauses") or ()]
+    bad = []
+    for f in schedule["faults"]:
+        if f["type"] != "fake_prefill_peer" or f["mode"] != "silent":
+            continue
+        if f["at"] + f["for"] - (f["at"] + gap) < 4.0 + 1.5:
+            bad.append(f"held {f['for'] - gap:.2f} s: {f}")
+        for a, n in pauses:
+            if f["at"] <= a < f["at"] + f["for"] and a < f["at"] + gap + 0.25:
+                bad.append(f"pause at {a} before its first request: {f}")
+    return bad
+
+
+def _s(d: str) -> float:
+    return float(d[:-2]) / 1000.0 if d.endswith("ms") else float(d[:-2]) / 1e6
+
+
+def test_a_silent_peer_holds_its_load_past_the_deadline() -> None:
+    """Every drawn silent peer (over 3000 seeds) and the covering round's one outlast D's load
+    deadline by the margin: with the pause put first, its one request came 1.4 s before the heal
+    and NoLoadDeadline's failure, at 1.68 s, passed fail_fast (600 s of exploration, not killed)."""
+    drawn = [E.draw(random.Random(seed)) for seed in range(3000)]
+    silent = [d for d in drawn if any(f.get("mode") == "silent" for f in d["faults"])]
+    assert len(silent) >= 20, len(silent)  # the draw has them: not a test of nothing
+    assert [b for d in silent for b in _silent_holds(d)] == []
+    for seed in range(5):
+        covering = [c for c in E.cover(random.Random(seed)) if any(f.get("mode") == "silent" for f in c["faults"])]
+        assert len(covering) == 1 and _silent_holds(covering[0]) == [], covering
+        assert E.render(covering[0], "c", "hardened", seed)["workload"].get("pauses"), covering  # judged quiet
+    # the old draw fails the rule: a 6 s window at 1 request/s, its pause from 0.5 s
+    old = {"workload": {"duration": 16.0, "concurrency": 2, "rate": 1.0, "request_timeout": 30.0},
+           "faults": [{"type": "fake_prefill_peer", "mode": "silent", "count": 1, "at": 4.4, "for": 6.0}],
+           "topology": {"link": "direct"}}
+    assert _silent_holds(old)
+
+
+def test_a_proxy_hooks_pause_comes_after_its_first_request() -> None:
+    """A hook acts on the next requests: a pause from 0.5 s into its window left a rate-1 hook no
+    request (a harness error, measured at b49f96a) or only the first one after the pause."""
+    n = 0
+    for seed in range(600):
+        s = E.draw(random.Random(seed))
+        doc = E.render(s, "p", "hardened", seed)
+        for p in doc["workload"].get("pauses") or ():
+            a = _s(p["at"])
+            for f in s["faults"]:
+                if f["type"] in E.PROXY_FAULTS and f["at"] <= a < f["at"] + f["for"]:
+                    n += 1
+                    assert a >= f["at"] + 1.0 / s["workload"]["rate"] + 0.25, (p, s)
+    assert n >= 50, n
 
 
 def test_the_wider_kinds_are_drawn() -> None:

@@ -539,7 +539,14 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
         checks["no_busy_wait"] = {"enabled": False}
     if killed:  # the restart's length is the machine's (30 s-2 min): not a bound on the connector
         checks["recovery"] = {"enabled": False}
-    if len(faults) == 1 and faults[0]["type"] == "fake_prefill_peer" and faults[0].get("mode") == "unknown":
+    frozen_d = [f["for"] for f in faults if f["type"] == "stop" and f.get("node") == "decode:0"]
+    if frozen_d:
+        # a frozen D fails nothing while it is frozen: a load whose deadline passed in the freeze fails at
+        # the thaw, up to the freeze + the deadline (2 s) + the margin (2 s) after its request started
+        # (measured: D frozen 4 s at d_pull_out, the request failed at 4.02-4.03 s, past the generic 4 s
+        # bound, 3 of 3 runs, on the hardened connector as on each mutant; as scenarios/pd/stop-decode*)
+        checks["fail_fast"] = {"fail_within": {target: _dur(max(frozen_d) + 4.0)}}
+    elif len(faults) == 1 and faults[0]["type"] == "fake_prefill_peer" and faults[0].get("mode") == "unknown":
         # guarantee 1's unanswered rule: P's FINISH that names none of the asked requests fails them at
         # once (502 in ~0.1 s), not at the 2 s load deadline; as scenarios/pd/fake-prefill-unknown-reqs
         checks["fail_fast"] = {"fail_within": {"hardened": "1s"}}

@@ -489,7 +489,7 @@ def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, flo
         lead = _lead(rate) if hook else 0.5
         for length in PAUSES if long_ok else PAUSES[1:]:
             start, stop = f["at"] + lead, f["at"] + lead + length
-            if stop > f["at"] + f["for"] or stop > duration:
+            if stop > f["at"] + f["for"] + 1e-6 or stop > duration + 1e-6:  # (0.7 + 0.5 + 5.5 > 0.7 + 6.0 in floats)
                 continue
             if any(g is not f and start <= g["at"] and end(g) <= stop for g in faults):
                 continue

@@ -489,9 +489,12 @@ def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, flo
         hook = f["type"] in PROXY_FAULTS
         long_ok = f["type"] == "fake_prefill_peer"
         lead = _lead(rate) if hook else 0.5
-        for length in PAUSES if long_ok else PAUSES[1:]:
+        # a fake peer's pause: as long as its window holds after the lead, up to 5.5 s (a peer answering for
+        # nobody at 4 requests/s: lead 0.75 s, 5.25 s left of a 6 s window; a fixed 5.5 s fell back to 3.5)
+        room = round(min(f["at"] + f["for"], duration) - f["at"] - lead, 2)
+        for length in ([min(PAUSES[0], room)] if long_ok and room >= PAUSES[1] else []) + list(PAUSES[1:]):
             start, stop = f["at"] + lead, f["at"] + lead + length
-            if stop > f["at"] + f["for"] + 1e-6 or stop > duration + 1e-6:  # (0.7 + 0.5 + 5.5 > 0.7 + 6.0 in floats)
+            if stop > f["at"] + f["for"] + 1e-6 or stop > duration + 1e-6:
                 continue
             if any(g is not f and start <= g["at"] and end(g) <= stop for g in faults):
                 continue

@@ -109,14 +109,18 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
 
 
 def test_pauses_hold_a_request_failing_at_the_load_deadline() -> None:
-    """5.5 s for a fake peer where the window holds it (a request it caught may take D's 2 s load
-    deadline to fail, and the quiet interval comes after it), else 3.5 s; none inside a keyed window.
+    """For a fake peer the rest of its window after the lead, up to 5.5 s (a request it caught may
+    take D's 2 s load deadline to fail, and the quiet interval comes after it), at least 3.5 s, as
+    every other pause; none inside a keyed window.
     A proxy hook's pause starts once its first request has come (one pacing interval and 0.5 s after
     the hook is armed), any other fault's 0.5 s into its window."""
     plain = {"type": "fake_prefill_peer", "mode": "unknown", "count": 1}
     assert E._pause([{**plain, "at": 1.0, "for": 7.0}], 16.0, 2.0) == (2.0, 5.5)
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 2.0) == (2.0, 3.5)  # 5.5 s would outlast it
-    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 1.0) == (2.5, 3.5)
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 2.0) == (2.0, 5.0)  # the rest of its window
+    assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 1.0) == (2.5, 4.5)
+    # a peer answering for nobody at 4 requests/s: lead 0.75 s, 5.25 s of its 6 s window left (a fixed
+    # 5.5 s fell back to 3.5 s, and TrustFinish's killing run could not be judged: no quiet interval)
+    assert E._pause([{**plain, "at": 0.7, "for": 6.0}], 16.0, 4.0) == (1.45, 5.25)
     assert E._pause([{**plain, "at": 1.0, "for": 6.0}], 16.0, 0.5) == (3.5, 3.5)  # ends with the window
     assert E._pause([{**plain, "at": 1.0, "for": 4.0}], 16.0, 4.0) is None  # no room after the first request
     hook = {"type": "abort_after_prefill", "count": 1, "at": 1.0, "for": 6.0}  # acts on requests in its window

@@ -61,6 +61,12 @@ class SideChannelGarbage(OnceFault):
         placement = getattr(ctx, "placement", None)
         try:
             bootstrap = ctx.node("prefill:0").endpoints["bootstrap"]
+            host = placement.host("prefill:0") if placement is not None else None
+            if host:  # where peers reach P now (a cluster without DNS: its pod's address, known once it runs)
+                from urllib.parse import urlsplit
+
+                u = urlsplit(bootstrap)
+                bootstrap = u._replace(netloc=f"{host}:{u.port}" if u.port else host).geturl()
             # where the side channel P announces is reached: locally here; on a cluster from D's pod
             # (P binds it to its pod's address only, which this machine does not reach)
             out = placement.run_beside("decode:0", __name__, [bootstrap, str(self.params.frames)], BESIDE_EXEC_S) \

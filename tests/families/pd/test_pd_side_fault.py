@@ -134,8 +134,13 @@ class BesidePlacement:
     runs elsewhere, as ``python -m families.pd.side_faults`` in a process of its own (a cluster runs
     that command in D's pod through exec)."""
 
-    def __init__(self) -> None:
+    def __init__(self, p_host: str | None = None) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.p_host = p_host
+
+    def host(self, role: str) -> str | None:
+        """Where peers reach ``role`` now (a cluster without DNS: its pod's address)."""
+        return self.p_host if role == "prefill:0" else None
 
     def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str:
         import subprocess
@@ -163,8 +168,10 @@ def test_run_beside_d_the_module_sends_it_and_hands_back_its_counts(peer, answer
 
     t = threading.Thread(target=serve)
     t.start()
-    ctx = Ctx(bootstrap)
-    ctx.placement = BesidePlacement()
+    # P's endpoint as it was named before it ran (a Service name no DNS here resolves): the send
+    # goes where peers reach P now, the placement's host for it
+    ctx = Ctx(bootstrap.replace("127.0.0.1", "prefill-0.pdchaos-r1.svc"))
+    ctx.placement = BesidePlacement(p_host="127.0.0.1")
     fault = SideChannelGarbage(SideGarbageParams(frames=4), ctx)
     fault.inject()
     t.join(15)

@@ -15,5 +15,5 @@ timeout 300 "$PY" repro.py --server "http://127.0.0.1:$S" --master-pgid "${PIDS[
 rc=$?
 [ "$rc" -le 1 ] || rc=2
 echo "log lines (out/*.log):"
-log_lines '[Ll]ookup' 'Mooncake'
+log_lines '[Ll]ookup.*(timeout|error|BACKEND)'
 exit "$rc"

@@ -81,6 +81,17 @@ wait_ready() {
   echo "$name ready after about ${t} s"
 }
 
+# wait_socket NAME INDEX: a LookupKey admin-channel socket exists in RPC_DIR (the server's worker bound it)
+wait_socket() {
+  local name="$1" pgid="${PIDS[$2]}" t=0
+  until compgen -G "$RPC_DIR/lookup_rpc_*" > /dev/null; do
+    if ! kill -0 -- "-$pgid" 2> /dev/null; then echo "error: $name exited during start-up (out/$name.log):"; tail -5 "out/$name.log"; exit 2; fi
+    if [ "$t" -ge $((START_TIMEOUT_S * 5)) ]; then echo "error: $name bound no lookup socket within $START_TIMEOUT_S s"; exit 2; fi
+    sleep 0.2; t=$((t + 1))
+  done
+  echo "$name's worker bound the lookup socket"
+}
+
 setup() {
   HERE="$(cd "$(dirname "$0")" && pwd)"
   cd "$HERE"

@@ -1,5 +1,6 @@
-"""Two servers, A and B, were started together on one host, each with its own Mooncake master and
-the connector's default settings (no lookup_rpc_port). The lookup sockets in RPC_DIR are counted.
+"""Two servers, A and B, run on one host, each with its own Mooncake master and the connector's
+default settings (no lookup_rpc_port); A's scheduler connected to the admin channel after B's worker
+had bound its socket (run.sh). The lookup sockets in RPC_DIR are counted.
 Then A serves prompt 1 twice and B prompt 2 twice (the repeat must find the prompt in the engine's
 own pool), then A serves prompt 2 and B prompt 1 (prompts the engine never saw: its own pool does
 not hold them). Each step reads the engine's vllm:external_prefix_cache_hits_total before and after.

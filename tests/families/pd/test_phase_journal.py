@@ -56,6 +56,10 @@ class Hardened(Upstream):  # as connector_patch/pd/vllm_connector.py's worker
     async def _cancel_round(self, addr, tids):  # noqa: ANN001
         self.calls.append("cancel")
 
+    def _send_blocks(self, remote_session, src, dst, lengths) -> int:  # noqa: ANN001 - chunked, no super() (7a)
+        self.calls.append("write-hardened")
+        return 0
+
 
 @pytest.fixture()
 def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

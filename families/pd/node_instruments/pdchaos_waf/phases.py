@@ -90,11 +90,14 @@ def _wrap(fn, before: str | None, after: str | None = None):  # noqa: ANN001, AN
 
 # on upstream's class: every target reaches these (the hardened worker through super())
 CLASS_LEVEL = {"send_kv_to_decode": ("p_pull_served", "p_pull_answered"),
-               "_send_blocks": ("p_write_started", "p_write_done"),
                "_connect_to_prefiller_bootstrap": ("d_bootstrap_query_out", None)}
 # on each worker instance, its own class's method: a subclass may replace upstream's without super()
+# (the hardened P writes in chunks in its own _send_blocks since issue 43's 7a: wrapped on upstream's
+# class only, p_write_started and p_write_done never came on hardened nodes and a freeze keyed on them
+# was a harness error every time)
 INSTANCE_LEVEL = {"receive_kv_from_single_worker": ("d_pull_out", None),
-                  "_cancel_round": ("d_cancel_sent", None)}
+                  "_cancel_round": ("d_cancel_sent", None),
+                  "_send_blocks": ("p_write_started", "p_write_done")}
 
 
 def install(worker_cls) -> None:  # noqa: ANN001

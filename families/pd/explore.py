@@ -518,13 +518,19 @@ def render(schedule: dict, name: str, target: str, seed: int) -> dict[str, Any]:
     # quiet interval to judge; 2.5 s one of 11 at concurrency 2: a silent peer's request failing at
     # its 2 s deadline inside the pause, then a node's 1.5 s tail; the suite's pauses are 3.5 s too)
     # (never in a keyed window: requests paused would keep its phase from coming)
+    deadline = 15.0 if topology.get("link") == "netns" else 10.0
+    # the client waits 3 s past bounded_return's bound (deadline + 2 s tolerance), not 30 s: a request
+    # past the bound fails that check either way, and a stall run is the explorer's longest (measured:
+    # NoParamsCheck's stall ran 50 s of journal, its ops to 33 s, then a cold start: re-proving 3 of 3
+    # and the file's re-run did not fit in 10 minutes)
+    w["request_timeout"] = min(float(w["request_timeout"]), deadline + 2.0 + 3.0)
     pause = None if killed else _pause(faults, w["duration"], w["rate"])
     if pause is not None:
         w["pauses"] = [{"at": _dur(pause[0]), "for": _dur(pause[1])}]
     doc: dict[str, Any] = {
         "name": name, "family": "pd",
         "description": f"drawn by pdchaos explore (seed {seed})",
-        "seed": schedule.get("prompt_seed", seed), "deadline": "15s" if topology.get("link") == "netns" else "10s", "tolerance": "2s",
+        "seed": schedule.get("prompt_seed", seed), "deadline": _dur(deadline), "tolerance": "2s",
         "cap": "500s" if killed else "600s" if pool else "300s",  # a KV pool: P, D and the master start cold
         "targets": [target],
     }

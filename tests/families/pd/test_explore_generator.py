@@ -66,6 +66,8 @@ def test_every_drawn_schedule_is_a_valid_scenario_file(tmp_path: Path, seed: int
     doc = E.render(s, f"drawn-{seed}", "hardened", seed)
     write_scenario(doc, path)
     sc = load_scenario(path)  # the real schema: raises (a UsageError naming what) when invalid
+    # the client waits 3 s past bounded_return's bound, no longer (a stall run is the longest)
+    assert sc.model.workload.request_timeout == sc.model.deadline + sc.model.tolerance + 3.0, s
     assert sc.model.topology.link == link
     # each window is a trigger; a keyed one also proves it started at its phase
     assert [t.fault for t in sc.model.triggers if t.type == "ops_in_window"] == list(range(len(faults)))

@@ -350,6 +350,15 @@ def log_tail(path: Path, n: int = 3, limit: int = 600) -> str:
 
 # --------------------------------------------------------------------------- the node
 
+
+def started_ticks(pid: int | str = "self") -> int:
+    """When process ``pid`` started, in clock ticks since boot (/proc's stat field 22); -1 unread."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
 class VllmNode:
     waf_file: Path | None = None  # the write-after-free watcher's counts file (decode nodes on CPU)
     phase_file: Path | None = None  # the phase journal (node_instruments/pdchaos_waf/phases.py)
@@ -751,8 +760,11 @@ class VllmNode:
                   "sockets": held["sockets"], "processes": held["processes"],
                   "wrapper_threads": mine["threads"], "wrapper_fds": mine["fds"]}
         # the probe records keep ``counters`` (and threads/fds): the counts go there too, for the journal
+        # ``started``: when this wrapper started (clock ticks since boot): a pod's container the
+        # kubelet started again keeps its pod (the journal's pid), and no_busy_wait then splits the
+        # node's series there instead of reading its CPU time as going backwards
         counters = {**scraped, "cpu_s": cpu_s, "rss_mib": rss_mib, "metrics_ok": int(bool(scraped)), **counts,
-                    **self.waf_counts()}
+                    "started": started_ticks(), **self.waf_counts()}
         return {"alive": alive, "role": self.role, "server_pid": self.proc.pid if self.proc else None,
                 "engine_id": self.engine_id, "cpu_s": cpu_s, "rss_mib": rss_mib, **counts,
                 "ready_threads": ready["threads"], "ready_fds": ready["fds"],

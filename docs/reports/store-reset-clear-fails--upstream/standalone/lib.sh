@@ -85,7 +85,8 @@ wait_ready() {
 wait_socket() {
   local name="$1" pgid="${PIDS[$2]}" t=0
   until compgen -G "$RPC_DIR/lookup_rpc_*" > /dev/null; do
-    if ! kill -0 -- "-$pgid" 2> /dev/null; then echo "error: $name exited during start-up (out/$name.log):"; tail -5 "out/$name.log"; exit 2; fi
+    if ! kill -0 "$pgid" 2> /dev/null;  # the pid: its process group may not exist yet
+    then echo "error: $name exited during start-up (out/$name.log):"; tail -5 "out/$name.log"; exit 2; fi
     if [ "$t" -ge $((START_TIMEOUT_S * 5)) ]; then echo "error: $name bound no lookup socket within $START_TIMEOUT_S s"; exit 2; fi
     sleep 0.2; t=$((t + 1))
   done

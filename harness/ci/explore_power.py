@@ -86,7 +86,7 @@ def render(rows: list[dict], json_name: str) -> str:
         if not r["killed"] and r.get("unsettled"):
             result += " (" + "; ".join(r["unsettled"]) + ")"
         rate = f"{r['rate'].replace('/', ' of ')} ({', '.join(r['checks'])})" if r.get("rate") else ""
-        kept = (f"{r['kept']} (`{r['reproduction']}`)" + ("" if r["shrunk"] else ", not shrinkable further"
+        kept = (f"{r['kept']} (`{r['reproduction']}` in the run folder)" + ("" if r["shrunk"] else ", not shrinkable further"
                                                           if not r["shrink_note"] else f", {r['shrink_note']}")
                 if r.get("kept") else "")
         lines.append(f"| {r.get('family', '')} | {r['mutant']} | {r['guarantee']} | {result} | "
@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         new = sorted(d for d in runs_dir.iterdir() if d.name not in before and (d / "explore.json").is_file())
         summary = json.loads((new[-1] / "explore.json").read_text()) if new else {}
         row = row_of(summary, name, known[name], rc, meta)
+        if row.get("reproduction"):  # under --runs-dir, named from it: the table is kept in docs/, no machine path
+            try:
+                row["reproduction"] = str(Path(row["reproduction"]).resolve().relative_to(Path(args.runs_dir).resolve()))
+            except ValueError:
+                row["reproduction"] = Path(row["reproduction"]).name
         if not new:
             row["error"] = f"pdchaos explore ended with exit {rc} and wrote no explore.json"
         rows[(args.family, name)] = row

@@ -24,12 +24,19 @@ from pathlib import Path
 import pytest
 
 from families.lookup import store_standalone as S
+from standalone_venv import clean_env, node_env, patched_overlay, venv_maker
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORTS = ROOT / "docs" / "reports"
 REQUIRE_ENV = "PDCHAOS_STANDALONE_REPORTS"
 RUN_TIMEOUT_S = 1500.0
 STORE_REPORTS = sorted(d.name for d in REPORTS.glob("store-*--upstream"))
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory):
+    """``venvs(target)``: one fresh venv per target in this module."""
+    return venv_maker(tmp_path_factory)
 
 
 @pytest.mark.timeout(60)
@@ -107,21 +114,6 @@ os._exit(out.returncode)  # upstream's REP socket is never closed under its (dea
 '''
 
 
-def node_env():
-    from stacks.vllm_cpu.recipe import pd_node_env
-
-    return pd_node_env(out=lambda line: None)
-
-
-def patched_overlay() -> Path:
-    from connector_patch.upstream import read_series
-    from harness.nodeenv.overlay import series_overlay
-    from stacks.vllm_cpu.recipe import VLLM_VERSION
-
-    return series_overlay(node_env().site_packages(), "vllm", lambda: read_series("vllm", VLLM_VERSION),
-                          "the patched target")
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("target", ["upstream", "patched"])
 def test_bad_lookup_kills_upstreams_server_thread_and_patched_answers_each(target: str, tmp_path: Path) -> None:
@@ -151,39 +143,6 @@ def test_bad_lookup_kills_upstreams_server_thread_and_patched_answers_each(targe
 
 
 # ------------------------------------------------------------------ real runs (the CPU nightly)
-
-def fresh_venv(dest: Path, target: str) -> Path:
-    """A venv with the node stack (vLLM, Mooncake) and nothing of pd-chaos; its python."""
-    env = node_env()
-    base = subprocess.run([str(env.bin / "python"), "-c", "import sys; print(sys._base_executable)"],
-                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()
-    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=300,
-                   env={"PATH": "/usr/bin:/bin"})
-    site = next(dest.glob("lib/python3*/site-packages"))
-    overlay = patched_overlay() if target == "patched" else None
-    for entry in env.site_packages().iterdir():
-        if entry.name.startswith(("pdchaos", "__pycache__")) or entry.name.endswith(".pth"):
-            continue
-        src = overlay / "vllm" if (overlay is not None and entry.name == "vllm") else entry
-        (site / entry.name).symlink_to(src)
-    return dest / "bin" / "python"
-
-
-@pytest.fixture(scope="module")
-def venvs(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(target: str) -> Path:
-        if target not in made:
-            made[target] = fresh_venv(tmp_path_factory.mktemp(f"venv-{target}"), target)
-        return made[target]
-    return get
-
-
-def clean_env() -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
-            "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
-
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 900)  # the venv (links, the patched copy) + run.sh's own limit
 @pytest.mark.parametrize("target", ["upstream", "patched"])

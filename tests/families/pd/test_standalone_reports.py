@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from families.pd import standalone as S
+from standalone_venv import clean_env, node_env, venv_maker
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORTS = ROOT / "docs" / "reports"
@@ -34,6 +35,12 @@ OWN_MODULES = {"harness", "families", "nodekit", "stacks", "connector_patch", "r
                "pdchaos", "pdchaos_cpu_shim"}
 MACHINE_PATH = re.compile(r"(?<![\w.~$<])/(root|work|tmp|home)/")
 PD_REPORTS = sorted(d.name for d in REPORTS.glob("*--upstream") if d.name.split("--")[0] in S.CASES)
+
+
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory):
+    """``venvs(target)``: one fresh venv per target in this module."""
+    return venv_maker(tmp_path_factory)
 
 
 def report_dirs() -> list[Path]:
@@ -110,52 +117,6 @@ def test_scrub_cuts_machine_paths_and_keeps_the_rest() -> None:
 
 
 # ------------------------------------------------------------------ real runs (the CPU nightly)
-
-def node_env():
-    from stacks.vllm_cpu.recipe import pd_node_env
-
-    return pd_node_env(out=lambda line: None)
-
-
-def fresh_venv(dest: Path, target: str) -> Path:
-    """A venv with the node stack and nothing of pd-chaos; its python."""
-    env = node_env()
-    base = subprocess.run([str(env.bin / "python"), "-c", "import sys; print(sys._base_executable)"],
-                          capture_output=True, text=True, timeout=120, check=True).stdout.strip()
-    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=300,
-                   env={"PATH": "/usr/bin:/bin"})
-    site = next(dest.glob("lib/python3*/site-packages"))
-    overlay = None
-    if target == "patched":
-        from connector_patch.upstream import read_series
-        from harness.nodeenv.overlay import series_overlay
-        from stacks.vllm_cpu.recipe import VLLM_VERSION
-
-        overlay = series_overlay(env.site_packages(), "vllm", lambda: read_series("vllm", VLLM_VERSION),
-                                 "the patched target")
-    for entry in env.site_packages().iterdir():
-        if entry.name.startswith(("pdchaos", "__pycache__")) or entry.name.endswith(".pth"):
-            continue
-        src = overlay / "vllm" if (overlay is not None and entry.name == "vllm") else entry
-        (site / entry.name).symlink_to(src)
-    return dest / "bin" / "python"
-
-
-@pytest.fixture(scope="module")
-def venvs(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(target: str) -> Path:
-        if target not in made:
-            made[target] = fresh_venv(tmp_path_factory.mktemp(f"venv-{target}"), target)
-        return made[target]
-    return get
-
-
-def clean_env() -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
-            "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
-
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 900)  # the venv (links, the patched copy) + run.sh's own limit
 @pytest.mark.parametrize("target", ["upstream", "patched"])

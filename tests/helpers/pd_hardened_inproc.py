@@ -1838,10 +1838,17 @@ WRITE_S = 3.0  # how long the real P's whole write of the write_in_flight case t
 class _SlowWrites:
     """The real P's transfer engine slowed as a slow link slows it: each batch write takes its share
     of WRITE_S (its bytes over the write's), then writes for real. Records each write P hands its
-    executor (``_send_blocks``): when it started and ended, its bytes, the bytes written, its result."""
+    executor (``_send_blocks``): when it started and ended, its bytes, the bytes written, its result.
+    ``hold``: every batch write waits (at most HOLD_S) until ``release`` is set, so a case can place
+    the bytes after a step of D however slowly a loaded machine reaches that step."""
 
-    def __init__(self, worker) -> None:
+    HOLD_S = 30.0
+
+    def __init__(self, worker, hold: bool = False) -> None:
         self.real, self.worker = worker.engine, worker
+        self.release = threading.Event()
+        if not hold:
+            self.release.set()
         self.started, self.ended = threading.Event(), threading.Event()
         self.total = 0
         self.written = 0
@@ -1868,6 +1875,7 @@ class _SlowWrites:
 
     def batch_transfer_sync_write(self, session, src, dst, lengths):
         n = sum(lengths)
+        self.release.wait(self.HOLD_S)
         time.sleep(WRITE_S * n / max(1, self.total))
         self.calls += 1
         ret = self.real.batch_transfer_sync_write(session, src, dst, lengths)
@@ -1910,7 +1918,9 @@ def case_write_in_flight(unfixed: bool = False) -> dict:
         node.watcher.set_caches(node.kv_caches, 4)
         x, y = rid("inflight-x"), rid("inflight-y")
         tid = "x-" + x
-        slow = _SlowWrites(p.worker)
+        # unfixed: P's bytes wait until Y holds X's blocks (else a loaded machine may land some
+        # before Y got them, and the case would measure the machine, not the defect)
+        slow = _SlowWrites(p.worker, hold=unfixed)
         p.metadata("p-" + x, tid, [])  # P computes X's prompt
         p.metadata("p-" + x, tid, [[1, 2, 3]])  # and its prefill ended: the blocks are the worker's
         node.add(x, prompt(80), {**p.params(tid), "remote_bootstrap_addr": boot.addr})
@@ -1928,6 +1938,7 @@ def case_write_in_flight(unfixed: bool = False) -> dict:
         node.run_until(lambda: node.status(y) == "RUNNING" and node.reqs[y].num_output_tokens >= 1, 5)
         y_blocks = sorted(b for g in node.sched.kv_cache_manager.get_block_ids(y) for b in g)
         y_before = _intact(node, y_blocks, 1.0)
+        slow.release.set()
         write_ended = slow.ended.wait(WRITE_S + 5)
         time.sleep(0.3)
         intact, overwritten = _intact(node, y_blocks, 1.0), _intact(node, y_blocks, 3.0)

@@ -189,6 +189,16 @@ class Placement(abc.ABC):
         role's pod."""
         return None
 
+    def start_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> Any | None:
+        """Start ``python -m MODULE ARGS`` beside ``role``'s node as :meth:`run_beside` runs it, and
+        keep it running: a handle the caller speaks to line by line, so what it does at a fault's
+        window (a message to send) is only signalled then, not started then (a cluster's exec
+        takes 0.5 s on a loaded kubelet). The handle has ``readline(timeout_s) -> str`` (the next
+        line of its stdout, without the newline; raises HarnessError when it ended or was silent that
+        long), ``write(line)`` (one line to its stdin) and ``close()`` (ends it; safe to repeat);
+        ``timeout_s`` bounds starting it. None: nowhere else (the caller does it itself)."""
+        return None
+
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:
         """The fault as this runtime carries it out (``spec``: its scenario entry, ``index`` its
         place in the schedule): the fault itself, or one of the runtime's own that does the same

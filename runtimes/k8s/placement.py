@@ -174,22 +174,35 @@ class K8sPlacement(Placement):
     def reach(self, role: str, url: str) -> str:
         return self.forwards.url(role, url)
 
-    def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str | None:
-        # in the role's ready pod, with the interpreter its node runs under (pd-chaos installed)
+    def _beside(self, role: str, module: str, args: list[str], what: str) -> tuple[str, list[str]]:
+        """The role's ready pod and the command that runs ``python -m MODULE ARGS`` there, with the
+        interpreter its node runs under (pd-chaos installed)."""
         import sys
 
-        from .pods import exec_in, pod_ready
+        from .pods import pod_ready
 
         try:
             pods = [p for p in self.kube.list("v1", "Pod", namespace=self.namespace, selector=self.selector(role))
                     if pod_ready(p)]
         except HarnessError as exc:
-            raise HarnessError(f"run beside {role}: {exc}") from None
+            raise HarnessError(f"{what} {role}: {exc}") from None
         if not pods:
-            raise HarnessError(f"run beside {role}: no ready pod of the role")
+            raise HarnessError(f"{what} {role}: no ready pod of the role")
         python = sys.executable if self.settings.python == "same" else self.settings.python
-        return exec_in(self.kube, self.namespace, pods[0]["metadata"]["name"], M.CONTAINER,
-                       [python, "-m", module, *args], f"run beside {role} ({module})", timeout_s)
+        return pods[0]["metadata"]["name"], [python, "-m", module, *args]
+
+    def run_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> str | None:
+        from .pods import exec_in
+
+        pod, argv = self._beside(role, module, args, "run beside")
+        return exec_in(self.kube, self.namespace, pod, M.CONTAINER, argv, f"run beside {role} ({module})", timeout_s)
+
+    def start_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> Any | None:
+        # as run_beside, kept running: an exec with its stdin open (pods.ExecSession)
+        from .pods import ExecSession
+
+        pod, argv = self._beside(role, module, args, "start beside")
+        return ExecSession(self.kube, self.namespace, pod, M.CONTAINER, argv, f"beside {role} ({module})", timeout_s)
 
     # ------------------------------------------------------------------ faults
     def wrap_fault(self, fault: Any, spec: Any, index: int = 0) -> Any:

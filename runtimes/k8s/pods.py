@@ -336,6 +336,79 @@ def exec_in(kube: Kube, namespace: str, pod: str, container: str, argv: list[str
     return out
 
 
+
+class ExecSession:
+    """A command kept running in a pod's container (an exec with its stdin open), spoken to line by
+    line: :meth:`readline` (its stdout), :meth:`write` (its stdin), :meth:`close` (ends the exec:
+    the command's stdin closes). Made for a process a fault starts before its window and only
+    signals in it (``Placement.start_beside``)."""
+
+    def __init__(self, kube: Kube, namespace: str, pod: str, container: str, argv: list[str], what: str,
+                 timeout_s: float = 15.0) -> None:
+        from kubernetes import client
+        from kubernetes.stream import stream
+
+        self.what = what
+        try:
+            # an ApiClient of its own, as exec_in's (stream() swaps the request method of its client)
+            api = client.ApiClient(configuration=kube.api.configuration)
+            self.ws = stream(client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace,
+                             container=container, command=argv, stderr=True, stdin=True, stdout=True, tty=False,
+                             _preload_content=False, _request_timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - one line: the pod cannot be exec'd into
+            raise HarnessError(f"{what} failed: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+
+    def readline(self, timeout_s: float) -> str:
+        """The next line of the command's stdout (without its newline); HarnessError when the exec
+        ended without one (its status and stderr named) or none came within ``timeout_s``."""
+        import json
+        import time
+
+        end = time.monotonic() + timeout_s
+        try:
+            while True:
+                # the client's own buffer, read here: its readline_stdout returns "" once the exec has
+                # closed, even with the command's last line in that buffer
+                chans = self.ws._channels  # noqa: SLF001
+                buf = chans.get(1, "")
+                if "\n" in buf:
+                    line, rest = buf.split("\n", 1)
+                    if rest:
+                        chans[1] = rest
+                    else:
+                        del chans[1]
+                    return line.rstrip("\r")
+                left = end - time.monotonic()
+                if not self.ws.is_open() or left <= 0:
+                    break
+                self.ws.update(timeout=min(left, 1.0))
+        except Exception as exc:  # noqa: BLE001 - the stream broke: one line
+            raise HarnessError(f"{self.what}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if self.ws.is_open():
+            raise HarnessError(f"{self.what}: no line from it within {timeout_s:g} s")
+        try:
+            st = json.loads(self.ws.read_channel(3) or "{}")
+        except ValueError:
+            st = {}
+        err = (self.ws.read_channel(2) or "").strip().splitlines()
+        said = st.get("message") or ("it exited 0" if st.get("status") == "Success" else "no exit status")
+        raise HarnessError(f"{self.what}: ended without a line ({said[:200]})" + (f"; stderr: {err[-1][:200]}"
+                                                                                     if err else ""))
+
+    def write(self, line: str) -> None:
+        try:
+            self.ws.write_stdin(line + "\n")
+        except Exception as exc:  # noqa: BLE001
+            raise HarnessError(f"{self.what}: its stdin: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        except Exception:  # noqa: BLE001 - already closed by the other side
+            pass
+
+
 UNSCHEDULABLE_GRACE_S = 20.0
 # waiting reasons that never end by themselves: the run fails at once, naming the pod and the reason
 FATAL_WAITING = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",

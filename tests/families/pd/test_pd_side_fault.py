@@ -67,13 +67,11 @@ def peer():
     zc.term()
 
 
-@pytest.mark.parametrize("answer", [True, False])
-def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(peer, answer) -> None:
-    router, bootstrap = peer
-    got: list = []
 
+def _serve_once(router, answer: bool, got: list, wait_ms: int) -> threading.Thread:
+    """P's ROUTER in a thread: takes one message (its frame count into ``got``) and answers it or not."""
     def serve() -> None:
-        if router.poll(5000):
+        if router.poll(wait_ms):
             frames = router.recv_multipart()
             got.append(len(frames))
             if answer:
@@ -81,6 +79,13 @@ def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(p
 
     t = threading.Thread(target=serve)
     t.start()
+    return t
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_garbage_reaches_the_router_with_its_frames_and_the_answer_is_recorded(peer, answer) -> None:
+    router, bootstrap = peer
+    got: list = []
+    t = _serve_once(router, answer, got, 5000)
     ctx = Ctx(bootstrap)
     fault = SideChannelGarbage(SideGarbageParams(frames=3), ctx)
     fault.inject()
@@ -158,16 +163,7 @@ class BesidePlacement:
 def test_run_beside_d_the_module_sends_it_and_hands_back_its_counts(peer, answer) -> None:
     router, bootstrap = peer
     got: list = []
-
-    def serve() -> None:
-        if router.poll(15000):
-            frames = router.recv_multipart()
-            got.append(len(frames))
-            if answer:
-                router.send_multipart([frames[0], b"nack"])
-
-    t = threading.Thread(target=serve)
-    t.start()
+    t = _serve_once(router, answer, got, 15000)
     # P's endpoint as it was named before it ran (a Service name no DNS here resolves): the send
     # goes where peers reach P now, the placement's host for it
     ctx = Ctx(bootstrap.replace("127.0.0.1", "prefill-0.pdchaos-r1.svc"))
@@ -199,3 +195,97 @@ def test_the_module_refuses_bad_arguments_in_one_line() -> None:
                          text=True, timeout=30)
     assert out.returncode == 2 and json.loads(out.stdout) == {"error": "usage: BOOTSTRAP_URL FRAMES"}
     assert out.stderr == ""
+
+
+class Started:
+    """A sender started beside D and kept running (``Placement.start_beside``): here a process of its
+    own, spoken to over its stdin and stdout as a cluster's exec session is."""
+
+    def __init__(self, module: str, args: list[str]) -> None:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=Path(__file__).resolve().parents[3])
+        self.written: list[str] = []
+
+    def readline(self, timeout_s: float) -> str:
+        return self.proc.stdout.readline().rstrip("\n")
+
+    def write(self, line: str) -> None:
+        self.written.append(line)
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.proc.wait(15)
+
+
+class StartingPlacement(BesidePlacement):
+    def __init__(self, p_host: str | None = None) -> None:
+        super().__init__(p_host)
+        self.started: list[Started] = []
+
+    def start_beside(self, role: str, module: str, args: list[str], timeout_s: float) -> Started:
+        self.calls.append((role, module))
+        self.started.append(Started(module, args))
+        return self.started[-1]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_a_sender_started_in_prepare_has_its_session_before_the_window_and_sends_only_at_the_signal(
+        peer, answer) -> None:
+    """Where the runtime keeps a process beside D (a cluster's exec with stdin), prepare() starts the
+    sender before t0: it finds P's side channel and makes its session then, and nothing reaches P
+    until inject() signals it (a cluster's exec took 0.5 s on a loaded kubelet, past the window's
+    one request, when the whole send started in the window)."""
+    import time
+
+    router, bootstrap = peer
+    got: list = []
+    ctx = Ctx(bootstrap.replace("127.0.0.1", "prefill-0.pdchaos-r1.svc"))
+    ctx.placement = StartingPlacement(p_host="127.0.0.1")
+    fault = SideChannelGarbage(SideGarbageParams(frames=3), ctx)
+    fault.prepare()
+    assert ctx.placement.calls == [("decode:0", "families.pd.side_faults")]
+    assert not router.poll(300)  # ready, its session made: nothing sent before the signal
+    assert ctx.events == [] and ctx.tainted == []
+
+    t = _serve_once(router, answer, got, 5000)
+    t_go = time.monotonic()
+    fault.inject()
+    took = time.monotonic() - t_go
+    t.join(5)
+    sender = ctx.placement.started[0]
+    assert sender.written == ["go"] and got == [3]
+    assert took < (0.5 if answer else 1.5)  # the signal and the send; no answer: the 1 s wait for one
+    assert sender.proc.returncode == 0  # released: the exec ended with its stdin
+    assert fault.effect() == {"sent": 1, "answered": int(answer)}
+    assert ctx.tainted == ([] if answer else ["prefill:0"])
+    fault.release()  # safe to repeat at teardown
+
+
+def test_a_sender_that_cannot_be_made_ready_fails_prepare_and_taints_p() -> None:
+    ctx = Ctx("http://127.0.0.1:9")  # nothing listens
+    ctx.placement = StartingPlacement()
+    fault = SideChannelGarbage(SideGarbageParams(frames=3), ctx)
+    with pytest.raises(RuntimeError, match=r"^side_channel_garbage: (ConnectionRefusedError|URLError|OSError)"):
+        fault.prepare()
+    assert ctx.tainted == ["prefill:0"] and ctx.placement.started[0].proc.returncode == 0
+
+
+def test_a_sender_whose_stdin_ends_sends_nothing(peer) -> None:
+    router, bootstrap = peer
+    import io
+
+    from families.pd.side_faults import wait_and_send
+
+    out = io.StringIO()
+    assert wait_and_send(bootstrap, 3, io.StringIO(""), out) == 0
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert lines == [{"ready": True, "session": True}, {"cancelled": True}]
+    assert not router.poll(300)

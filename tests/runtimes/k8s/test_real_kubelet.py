@@ -127,6 +127,47 @@ def test_a_pod_runs_logs_and_execs(real):
         == ["42", "sh"]
 
 
+
+def test_an_exec_session_is_started_before_and_only_signalled_after(real):
+    """Placement.start_beside's session (runtimes/k8s/pods.ExecSession): a command kept running in a
+    pod through exec, its stdin open; it says it is ready, and a line written later reaches it within
+    a fraction of the exec's own start (pd-prefill-side-channel-garbage's sender is started before
+    its window and only signalled in it); its last line is read though the exec closes right after;
+    a command that ends without a line is one error naming its status."""
+    from types import SimpleNamespace
+
+    from harness.errors import HarnessError
+    from runtimes.k8s.pods import ExecSession
+
+    c, api = real["cluster"], real["api"]
+    kube = SimpleNamespace(api=api)
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    if not core.list_namespaced_pod(NS, field_selector="metadata.name=hi", _request_timeout=10).items:
+        # the pod of the test before, made here when this test runs alone
+        core.create_namespaced_pod(NS, _pod_body(c, "hi", {"app": "hi"}, ["sh", "-c", "sleep 3600"]),
+                                   _request_timeout=30)
+        _wait(_running(core, "hi"), 120, "pod hi Running")
+    t0 = time.monotonic()
+    sess = ExecSession(kube, NS, "hi", "main", ["sh", "-c", "echo ready; read x; echo got $x"], "session", 30)
+    try:
+        assert sess.readline(30) == "ready"
+        started = time.monotonic() - t0
+        t1 = time.monotonic()
+        sess.write("go")
+        assert sess.readline(30) == "got go"
+        signalled = time.monotonic() - t1
+    finally:
+        sess.close()
+    sess.close()  # safe to repeat
+    print(f"exec session ready in {started:.3f} s, a signal answered in {signalled:.3f} s")
+    assert signalled < started
+    bad = ExecSession(kube, NS, "hi", "main", ["sh", "-c", "echo oops >&2; exit 3"], "session", 30)
+    with pytest.raises(HarnessError, match=r"session: ended without a line .*"):
+        bad.readline(30)
+    bad.close()
+
 def test_podchaos_pod_kill_is_carried_out_by_the_real_controller(real):
     from kubernetes import client
 

@@ -129,5 +129,16 @@ class PDWorkloadSpec(WorkloadSpec):
     def recovery_gap(self, within: int) -> float:
         return within * self.concurrency / self.rate
 
+    def planned_ops(self) -> float:
+        """rate x the time requests may start: no request is due inside a pause (nodekit.workload.paced
+        skips the ticks it covers), so a pause's seconds plan none (pd-bad-transfer-params planned 18
+        for its 10 ticks, and its upstream run through a cluster's port-forward, 4 ops, fell under a
+        quarter of the 18)."""
+        paused, reach = 0.0, 0.0
+        for a, b in sorted((p.at, p.at + p.for_) for p in self.pauses):  # overlapping pauses count once
+            paused += max(0.0, b - max(a, reach))
+            reach = max(reach, b)
+        return float(self.rate) * max(0.0, self.duration - paused)
+
     def op_bound(self) -> float:
         return self.request_timeout

@@ -366,6 +366,23 @@ def test_a_pause_outside_the_workload_or_without_length_is_refused(pauses, messa
     assert (ok.pauses[0].at, ok.pauses[0].for_) == (2.0, 3.0)
 
 
+
+def test_a_pause_plans_no_ops() -> None:
+    """workload_ran wants a quarter of the planned ops: a pause's seconds plan none (no tick is due
+    inside it), so pd-bad-transfer-params plans its 10 ticks, not 18."""
+    from families.pd.spec import PDWorkloadSpec
+
+    assert PDWorkloadSpec.model_validate({"duration": "18s", "rate": 1}).planned_ops() == 18.0
+    w = PDWorkloadSpec.model_validate({"duration": "18s", "rate": 1, "concurrency": 1,
+                                       "pauses": [{"at": "3s", "for": "8s"}]})
+    assert w.planned_ops() == 10.0
+    w = PDWorkloadSpec.model_validate({"duration": "14s", "rate": 4, "concurrency": 4,
+                                       "pauses": [{"at": "3s", "for": "4s"}, {"at": "8s", "for": "1s"}]})
+    assert w.planned_ops() == 36.0
+    w = PDWorkloadSpec.model_validate({"duration": "10s", "rate": 1,
+                                       "pauses": [{"at": "2s", "for": "4s"}, {"at": "3s", "for": "1s"}]})
+    assert w.planned_ops() == 6.0  # overlapping pauses count once
+
 def test_a_rank_is_found_by_its_worker_title_and_only_that_rank() -> None:
     from families.pd.vllm_node import rank_pids
 

@@ -58,7 +58,8 @@ VLLM_SIDE = {"connector_patch/pd/vllm_connector.py", "connector_patch/vllm_plugi
              "families/pd/standalone_files/cpu_shim/sitecustomize.py",
              # the same for the reports on vllm-ascend's code (stacks/ascend_cpu/standalone.py)
              "families/lookup/standalone_files/lookup_parts.py",
-             "families/layerwise/standalone_files/scenarios/layerwise-listener-garbage.py"}
+             "families/layerwise/standalone_files/scenarios/layerwise-listener-garbage.py",
+             "families/layerwise/standalone_files/layerwise_pair.py"}
 
 
 def _files(pkg: str) -> list[Path]:

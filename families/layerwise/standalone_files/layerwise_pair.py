@@ -252,8 +252,7 @@ class Decode:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            with set_current_vllm_config(self.cfg):
-                self._step()
+            self._step()
             time.sleep(self.step_s)
 
     def _step(self) -> None:
@@ -317,15 +316,14 @@ class Prefill:
                          local_computed_tokens=n * BLOCK, local_transed_tokens=0)
         with self.lock:  # one forward pass at a time, as one engine runs them
             t0 = now()
-            with set_current_vllm_config(self.cfg):
-                self.worker.bind_connector_metadata(meta)
-                try:
-                    self.worker.start_load_kv(None)
-                    for name in layer_names():
-                        time.sleep(0.01)  # the layer's compute
-                        self.worker.save_kv_layer(name, self.caches[name], None)
-                finally:
-                    self.worker.clear_connector_metadata()
+            self.worker.bind_connector_metadata(meta)
+            try:
+                self.worker.start_load_kv(None)
+                for name in layer_names():
+                    time.sleep(0.01)  # the layer's compute
+                    self.worker.save_kv_layer(name, self.caches[name], None)
+            finally:
+                self.worker.clear_connector_metadata()
             self.forwards.append((t0, now() - t0))
 
 

@@ -115,7 +115,7 @@ CASES: dict[str, Case] = {
                  "non-2xx answer fails the request at once.",
         actual=ACTUAL["layerwise-metaserver-fail"],
         fix=fix_of("diff 36 (`metaserver_timeout_s`, the status checked, a second try only after a connect "
-                "error) with 34 (D's deadline)"),
+                   "error) with 34 (D's deadline)"),
         log_patterns=(r"Failed to connect to metaserver|Access metaserver fail",),
         files=PAIR_FILES),
     "layerwise-slow-write": Case(
@@ -128,7 +128,7 @@ CASES: dict[str, Case] = {
                  "into them; P starts no write past the time D can wait.",
         actual=ACTUAL["layerwise-slow-write"],
         fix=fix_of("diffs 34 (D's deadline) and 35 (D's write-by time: P writes nothing past it, D holds the "
-                "blocks until P's last word or that time plus a grace)"),
+                   "blocks until P's last word or that time plus a grace)"),
         log_patterns=(r"Sending signal fail|Got FAILED_SENDING_MSG",),
         files=PAIR_FILES),
     "layerwise-transfer-error": Case(
@@ -146,7 +146,7 @@ CASES: dict[str, Case] = {
                  "blocks back.",
         actual=ACTUAL["layerwise-transfer-error"],
         fix=fix_of("diffs 31 (a transfer error fails the requests of its own write, D told FAILED) and 34 "
-                "(a failed request leaves through finished_recving)"),
+                   "(a failed request leaves through finished_recving)"),
         log_patterns=(r"Failed to transfer KV cache|Mooncake transfer failed|Got FAILED_SENDING_MSG",),
         files=PAIR_FILES),
 }

@@ -11,8 +11,6 @@ It watches that request for 8 s after its admission; D's deadline is set to 2 s
 (``layerwise_recv_timeout_s``, a key releases with a deadline read).
 """
 
-import sys
-
 import layerwise_pair as lp
 
 WATCH_S = 8.0
@@ -50,4 +48,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    lp.run(main)

@@ -12,9 +12,6 @@ D's deadline is set to 2 s and the query's bound to 1 s (``layerwise_recv_timeou
 ``layerwise_meta_timeout_s``: keys releases with those bounds read).
 """
 
-import os
-import sys
-
 import layerwise_pair as lp
 
 WATCH_S = 10.0
@@ -51,6 +48,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    lp.run(main)

@@ -11,8 +11,6 @@ a second (answered 500), and watches both for 10 s. D's deadline is set to 2.5 s
 to 1 s (``layerwise_recv_timeout_s``, ``metaserver_timeout_s``: keys releases with those bounds read).
 """
 
-import os
-import sys
 import time
 
 import layerwise_pair as lp
@@ -55,6 +53,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)  # a POST thread of the scheduler may still wait on the metaserver
+    lp.run(main)

@@ -12,9 +12,6 @@ watches the requests for 8 s after the first one's admission and counts D's free
 deadline is set to 4.5 s (``layerwise_recv_timeout_s``).
 """
 
-import os
-import sys
-
 import layerwise_pair as lp
 
 WATCH_S = 8.0
@@ -60,6 +57,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    lp.run(main)

@@ -10,9 +10,6 @@ D's deadline is set to 2 s (``layerwise_recv_timeout_s``, a key releases with a 
 also records when D gave the request's blocks back and whether a write of P landed after that.
 """
 
-import os
-import sys
-
 import layerwise_pair as lp
 
 BOUND_S = 2.0
@@ -49,6 +46,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    lp.run(main)

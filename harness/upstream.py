@@ -467,6 +467,7 @@ def check(p: UpstreamProject, out: Callable[[str], None] = print, only: list[str
                     continue
                 r = DiffResult(d.name, named_tests(d))
                 results.append(r)
+                r.gates.append(gates.size_gate(d, gates.SIZE_LIMIT))
                 # before and after run on what the diff's Depends: names (a maintainer applies it with
                 # those PRs only); where that is missing or does not apply, on the series up to it
                 needed, why = gates.closure(d, diffs)

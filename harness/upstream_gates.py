@@ -31,6 +31,7 @@ RUFF_REV = re.compile(r"astral-sh/ruff-pre-commit\s*\n\s*rev:\s*['\"]?v?([0-9][\
 RUFF_PIN = re.compile(r"^ruff==([0-9][\w.]*)", re.M)
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
 GATE_TIMEOUT_S = 120.0
+SIZE_LIMIT = 400  # source lines (added or removed outside tests/) a diff changes without a written reason (Size:)
 
 
 @dataclass
@@ -41,6 +42,18 @@ class Gate:
 
     def line(self) -> str:
         return f"{self.name}: {'ok' if self.ok else 'FAILS'} ({self.detail})"
+
+
+# ------------------------------------------------------------------------------------------- size
+def size_gate(diff: Any, limit: int) -> Gate:
+    """A diff that changes more than ``limit`` source lines names why it is one PR (its ``Size:`` field)."""
+    n = diff.source_lines()
+    if n <= limit:
+        return Gate("size", True, f"{n} source lines")
+    if diff.header.get("Size"):
+        return Gate("size", True, f"{n} source lines, over {limit}: its Size: field says why")
+    return Gate("size", False, f"{n} source lines, over {limit}, and no Size: field says why it is one PR "
+                               "(split it, or write the reason)")
 
 
 # ---------------------------------------------------------------------------------------- depends

@@ -13,7 +13,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 FIELDS = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests", "Tests-changed", "Depends", "Related", "Notes",
-          "User-facing")
+          "User-facing", "Size")
 REQUIRED = ("Subject", "Defect", "Guarantee", "Scenarios", "Tests")
 _NAME = re.compile(r"^(\d\d)-[a-z0-9][a-z0-9-]*\.diff$")
 
@@ -53,6 +53,11 @@ class Diff:
     def other_files(self, package: str) -> list[FileDiff]:
         """The parts outside the package and ``tests/`` (e.g. ``.buildkite/`` test areas)."""
         return [f for f in self.files if f.path.split("/", 1)[0] != package and not f.path.startswith("tests/")]
+
+    def source_lines(self) -> int:
+        """Lines the diff adds or removes outside ``tests/`` (its ``+``/``-`` lines, file headers apart)."""
+        return sum(1 for f in self.files if not f.path.startswith("tests/")
+                   for ln in f.text.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++ ", "--- ")))
 
     def depends(self) -> list[int] | None:
         """The diff numbers its ``Depends:`` field names (``none``: an empty list); None without the field.

@@ -14,7 +14,10 @@ A family opts in with ``Family.explore_module``: a module with
 - ``MIN_WINDOW_S``: the shortest window shrinking may leave a fault;
 - optionally ``cover(rng) -> list[dict]``: schedules run first, before any random draw (e.g. each
   fault kind alone once): a budget that ends early has still tried every kind, where random
-  combinations may miss one (a 20-minute control drew 12 schedules and no silent peer);
+  combinations may miss one (a 20-minute control drew 12 schedules and no silent peer); findings
+  made while covering are settled after it, and the round stops early when the budget left is only
+  what re-proving them needs (a target that fails many kinds, such as upstream, would otherwise
+  spend the whole budget covering and prove nothing: 13 findings, none re-proven, on 2026-12-07);
 - optionally ``signature(schedule) -> str``: what makes two findings the same (e.g. the fault
   kinds): a finding whose signature and failing checks equal an earlier one's is recorded, not
   shrunk again (the budget goes to new schedules).
@@ -177,6 +180,7 @@ class Explorer:
         self.clock = clock
         self.t0 = clock()
         self.tally = Tally()
+        self.covering_cut = False  # the covering round stopped to keep the budget for re-proving
         self._last_run_s = 60.0  # a guess until the first run says better
         self.run_times: list[float] = []  # each run's seconds (the first includes the nodes' cold start)
         self._ran: set[str] = set()  # the scenario names run so far (the runner keeps one journal per name)
@@ -250,6 +254,13 @@ class Explorer:
         seen: dict[tuple, Finding] = {}  # (signature, verdict, failing) -> the latest finding with them
         pending: list[Finding] = []  # found while covering: settled once every kind was tried
         while self._room() and not self._done():
+            if covering is not None and pending and not self._room(1 + len(pending) * self.reprove):
+                # the budget left is what re-proving the findings so far needs (each: its N runs, the
+                # last the file's re-run): proving what failed comes before trying the kinds not yet run
+                self.say(f"explore: the covering round stops after {self.tally.schedules} schedules: the budget "
+                         f"left ({self.left():.0f} s) is kept for re-proving its {len(pending)} finding(s)")
+                self.covering_cut = True
+                covering = iter(())
             first = next(covering, None) if covering is not None else None
             if first is not None:
                 seed, schedule, path = first
@@ -477,7 +488,7 @@ class Explorer:
         return {"family": self.family.name, "target": self.target, "seed": self.seed, "budget_s": self.budget_s,
                 "reprove": self.reprove, "elapsed_s": self.elapsed(), "schedules": t.schedules, "runs": t.runs,
                 "passes": t.passes, "errors": t.errors, "invalid_draws": t.invalid,
-                "reproven": len(t.reproven), "first_run_s": self.run_times[0] if self.run_times else None,
+                "reproven": len(t.reproven), "covering_cut": self.covering_cut, "first_run_s": self.run_times[0] if self.run_times else None,
                 "median_run_s": sorted(self.run_times)[len(self.run_times) // 2] if self.run_times else None,
                 "findings": [{"seed": f.seed, "status": f.status, "verdict": f.verdict, "failing": f.failing,
                               "checks": f.checks, "rate": f"{f.failed_runs}/{f.proving_runs}",

@@ -437,3 +437,24 @@ def test_a_repeat_of_a_flaky_finding_is_settled_again(tmp_path: Path) -> None:
              and f.failing == flaky.failing]
     assert alike and alike[0].same_as is None and alike[0].status == "re-proven", [(f.seed, f.status) for f in alike]
     assert all(f.same_as == alike[0].seed and f.status == "same" for f in alike[1:])
+
+
+def test_the_covering_round_stops_to_keep_the_budget_for_re_proving_its_findings(tmp_path: Path) -> None:
+    """A target that fails every covering schedule (upstream fails many kinds): the round stops when
+    the budget left is what re-proving its findings needs, and those findings are re-proven; before,
+    a 20-minute upstream control covered 32 schedules and re-proved none of its 13 findings."""
+    clock, calls, lines = Clock(), [], []
+    run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: True)  # everything fails
+    ex = Explorer(FAM, "upstream", seed=11, budget_s=1200, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, shrink=False)
+    tally = ex.explore()
+    assert ex.covering_cut and ex.summary()["covering_cut"] is True
+    assert any("the covering round stops after" in ln for ln in lines), lines
+    settled = [f for f in tally.findings if f.same_as is None]
+    assert tally.reproven and len(tally.reproven) >= len(settled) - 1, [(f.seed, f.status, f.why_not) for f in settled]
+    hclock = Clock()
+    hardened = Explorer(FAM, "hardened", seed=11, budget_s=1200, out_dir=tmp_path / "h",
+                        run_one=_stand_in_runner(hclock, [], lambda sc, path, nth: False), load=_load,
+                        say=lambda s: None, clock=hclock, reprove=3)
+    hardened.explore()
+    assert not hardened.covering_cut  # nothing found: the whole round runs

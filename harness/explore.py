@@ -181,6 +181,7 @@ class Explorer:
         self.t0 = clock()
         self.tally = Tally()
         self.covering_cut = False  # the covering round stopped to keep the budget for re-proving
+        self._reserve_runs = 0  # runs a shrink leaves for the findings still to re-prove
         self._last_run_s = 60.0  # a guess until the first run says better
         self.run_times: list[float] = []  # each run's seconds (the first includes the nodes' cold start)
         self._ran: set[str] = set()  # the scenario names run so far (the runner keeps one journal per name)
@@ -267,9 +268,12 @@ class Explorer:
             else:
                 if covering is not None:
                     covering = None
-                    for f in pending:
+                    for i, f in enumerate(pending):
                         if not self._done():
+                            # shrinking leaves room for re-proving the findings still waiting
+                            self._reserve_runs = (len(pending) - i - 1) * self.reprove
                             self._settle(f)
+                    self._reserve_runs = 0
                     pending = []
                     if not self._room() or self._done():
                         break
@@ -441,7 +445,7 @@ class Explorer:
         while progress:
             progress = False
             for what, cand in shrink_candidates(best, float(self.mod.MIN_WINDOW_S)):
-                if not self._room(self.reprove + 1):  # its N runs and the file's re-run after
+                if not self._room(self.reprove + 1 + self._reserve_runs):  # its N runs and the file's re-run after
                     f.shrink_note = "shrinking cut short by the budget"
                     self.say(f"    shrink seed {f.seed}: {f.shrink_note}")
                     break

@@ -446,11 +446,13 @@ def test_the_covering_round_stops_to_keep_the_budget_for_re_proving_its_findings
     clock, calls, lines = Clock(), [], []
     run_one = _stand_in_runner(clock, calls, lambda sc, path, nth: True)  # everything fails
     ex = Explorer(FAM, "upstream", seed=11, budget_s=1200, out_dir=tmp_path, run_one=run_one, load=_load,
-                  say=lines.append, clock=clock, reprove=3, shrink=False)
+                  say=lines.append, clock=clock, reprove=3)
     tally = ex.explore()
     assert ex.covering_cut and ex.summary()["covering_cut"] is True
     assert any("the covering round stops after" in ln for ln in lines), lines
     settled = [f for f in tally.findings if f.same_as is None]
+    # every one re-proven but perhaps the last (the last run's time is the soft bound); shrinking
+    # left room for the ones still waiting (a real 20-minute control re-proved 4 of 7 before)
     assert tally.reproven and len(tally.reproven) >= len(settled) - 1, [(f.seed, f.status, f.why_not) for f in settled]
     hclock = Clock()
     hardened = Explorer(FAM, "hardened", seed=11, budget_s=1200, out_dir=tmp_path / "h",

@@ -295,7 +295,7 @@ def launches_of(records: Sequence[dict], t0: float) -> list[dict]:
     return out
 
 
-_HOME_PY = re.compile(r"(?<![\w.~$<])/\S*?/bin/python3?(?![\w.])")
+_HOME_PY = re.compile(r"(?<![\w.~$<])/\S*?/bin/python(?:3(?:\.\d+)?)?(?![\w.])")
 _TMP = re.compile(r"(?<![\w.~$<])/tmp/")
 
 
@@ -304,9 +304,10 @@ def machine_paths(text: str, checkout: Path | None = None) -> str:
     relative to it, the harness's Python ``python3``, the home folder ``~`` (the node env and the
     model then read ``~/.cache/pdchaos/...``, the cache's default place), ``/tmp/`` ``$TMPDIR/``."""
     root = str(checkout or Path(__file__).resolve().parents[1])
+    # the interpreter first: a venv inside the checkout (``.venv/bin/python``) is the harness's Python too
+    text = _HOME_PY.sub(lambda m: m.group(0) if "/.cache/pdchaos/" in m.group(0) else "python3", text)
     text = text.replace(root + "/", "").replace(root, ".")
     home = str(Path.home())
-    text = _HOME_PY.sub(lambda m: m.group(0) if "/.cache/pdchaos/" in m.group(0) else "python3", text)
     if home not in ("", "/"):
         text = re.sub(r"(?<![\w.~$<])" + re.escape(home) + r"(?=/|\b)", "~", text)
     return _TMP.sub("$TMPDIR/", text)

@@ -114,6 +114,12 @@ def test_scrub_cuts_machine_paths_and_keeps_the_rest() -> None:
     assert out.startswith("PDCHAOS_FAMILY=pd python3 -m harness.cli node vllm --server-log $TMPDIR/repro/x/runs/d.log")
     assert "ipc://$TMPDIR/pdc-1-ab/d-ctl.sock" in out and "--config scenarios/pd/eos-answer.yaml" in out
     assert "~/.cache/pdchaos/models/tiny-llama-v1" in out
+    # a venv inside the checkout (the README's fresh-venv set-up) is the harness's Python too
+    for py in (f"{ROOT}/.venv/bin/python", "/usr/bin/python3", "/opt/py/bin/python3.11"):
+        assert machine_paths(f"PDCHAOS_FAMILY=pd {py} -m harness.cli node vllm", ROOT) == \
+            "PDCHAOS_FAMILY=pd python3 -m harness.cli node vllm", py
+    assert machine_paths(f"{Path.home()}/.cache/pdchaos/envs/pd-node-x/bin/python -m vllm", ROOT) == \
+        "~/.cache/pdchaos/envs/pd-node-x/bin/python -m vllm"  # the node env's Python stays, under ~
 
 
 # ------------------------------------------------------------------ real runs (the CPU nightly)

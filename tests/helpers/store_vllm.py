@@ -62,8 +62,12 @@ class StoreWorker:
             model_name="tiny", cache_prefix="pfx", store_namespace=""))]
         self.kv_send_thread = types.SimpleNamespace(request_queue=queue.Queue())
         self.raise_next = False
+        self.slow_next_s = 0.0  # the next lookup takes this long (a store that answers late)
 
     def lookup(self, num_tokens, block_hashes):
+        if self.slow_next_s:
+            delay, self.slow_next_s = self.slow_next_s, 0.0
+            time.sleep(delay)
         if self.raise_next:
             self.raise_next = False
             raise RuntimeError("store lookup failed")
@@ -139,8 +143,9 @@ out["hardened_replies_to_malformed"] = sum(c is not None for c in codes)
 hw.raise_next = True
 out["hardened_lookup_when_store_raises"] = hclient.lookup("r2", 64, [b"k" * 32]).hit_length
 out["hardened_hit_after_all_that"] = hclient.lookup("r3", 64, [b"k" * 32]).hit_length
+hw.slow_next_s = 0.1  # the first poll finds it in flight by construction (upstream too returns a lookup done by then)
 out["hardened_async_first_poll_none"] = hclient.lookup("r4", 64, [b"k" * 32], non_block=True) is None
-time.sleep(0.3)
+time.sleep(0.4)
 res = hclient.lookup("r4", 64, [b"k" * 32], non_block=True)
 out["hardened_async_then_hit"] = None if res is None else res.hit_length
 hw.store.rc = -1

@@ -43,13 +43,15 @@ def fresh_venv(dest: Path, target: str) -> Path:
     return dest / "bin" / "python"
 
 
-def venv_maker(tmp_path_factory):
-    """``get(target)``: one fresh venv per target, made on first use (a test module's fixture)."""
+def venv_maker(tmp_path_factory, make=None):
+    """``get(target)``: one fresh venv per target, made on first use by ``make(dest, target)`` (default
+    :func:`fresh_venv`, the vLLM node stack's; a test module's fixture)."""
+    make = make or fresh_venv
     made: dict[str, Path] = {}
 
     def get(target: str) -> Path:
         if target not in made:
-            made[target] = fresh_venv(tmp_path_factory.mktemp(f"venv-{target}"), target)
+            made[target] = make(tmp_path_factory.mktemp(f"venv-{target}"), target)
         return made[target]
     return get
 

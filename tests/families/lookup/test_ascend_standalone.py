@@ -29,6 +29,7 @@ import pytest
 
 from families.layerwise import standalone as LW
 from families.lookup import ascend_standalone as S
+from standalone_venv import venv_maker
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORTS = ROOT / "docs" / "reports"
@@ -133,13 +134,8 @@ def fresh_venv(dest: Path, target: str) -> Path:
 
 @pytest.fixture(scope="module")
 def venvs(tmp_path_factory):
-    made: dict[str, Path] = {}
-
-    def get(target: str) -> Path:
-        if target not in made:
-            made[target] = fresh_venv(tmp_path_factory.mktemp(f"venv-{target}"), target)
-        return made[target]
-    return get
+    """``venvs(target)``: one fresh venv (vllm-ascend's stack) per target in this module."""
+    return venv_maker(tmp_path_factory, fresh_venv)
 
 
 def clean_env() -> dict[str, str]:

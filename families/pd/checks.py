@@ -78,7 +78,7 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
     healed shows a node under the fault, not after the run: it cannot judge."""
     finals = _vllm_probes(inp, "final")
     if not finals:
-        return _r(False, "no final probe of any vLLM node: nothing shows they drained")
+        return undecided("no final probe of any vLLM node: nothing shows whether they drained")
     early = final_too_early(inp, finals)  # a probe before the last heal shows a node under a fault
     if early:
         return undecided(early)
@@ -89,23 +89,31 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
         return _r(False, f"{unseen[0].get('node')} (pid {unseen[0].get('pid')}) started as a vLLM node but has no "
                          f"final vLLM probe and was not stopped: nothing shows it drained")
     base = _base_usage(inp)
-    problems, seen = [], []
+    problems, seen, unread = [], [], []
     for p in finals:
         c = p.get("counters") or {}
         running, waiting = _gauge(c, "num_requests_running"), _gauge(c, "num_requests_waiting")
         usage = _gauge(c, "kv_cache_usage_perc")
         if running is None or waiting is None or usage is None:
-            problems.append(f"{p.get('node')}: its metrics lack running/waiting/KV usage")
+            # its /metrics scrape failed at the end (metrics_ok 0: seen in a real attach run): what
+            # it held is unknown, which is no failure an expectation naming drained could mean
+            unread.append(f"{p.get('node')} (pid {p.get('pid')}): its final probe lacks running/waiting/KV usage")
             continue
         seen.append(p.get("node"))
         if running or waiting:
             problems.append(f"{p.get('node')}: {running:g} running, {waiting:g} waiting at the end")
-        start = base.get(p.get("pid"), 0.0)
-        if usage > start + 1e-6:
-            problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {start:.4f} at start "
-                            f"(blocks still held)")
-    if problems:
+        start = base.get(p.get("pid"))
+        if usage > (start or 0.0) + 1e-6:
+            if start is None:
+                unread.append(f"{p.get('node')} (pid {p.get('pid')}): KV cache usage {usage:.4f} at the end and no "
+                              f"baseline usage to compare it with (a pooled node keeps what earlier runs left)")
+            else:
+                problems.append(f"{p.get('node')}: KV cache usage {usage:.4f} at the end, {start:.4f} at start "
+                                f"(blocks still held)")
+    if problems:  # what the readable probes show held is a failure whatever the others could not show
         return _r(False, "; ".join(problems[:3]), problems=problems)
+    if unread:
+        return undecided("; ".join(unread[:3]))
     at_once = opts.get("at_once")
     if at_once is None:
         return _r(True, f"{', '.join(str(s) for s in seen)}: nothing running or waiting, KV usage back to baseline")
@@ -113,8 +121,8 @@ def drained(inp: CheckInput, opts: dict) -> CheckResult:
 
 
 def _base_usage(inp: CheckInput) -> dict:
-    """{pid: KV cache usage at its baseline probe} of the vLLM nodes."""
-    return {b.get("pid"): _gauge(b.get("counters") or {}, "kv_cache_usage_perc") or 0.0
+    """{pid: KV cache usage at its baseline probe, None when the probe lacks it} of the vLLM nodes."""
+    return {b.get("pid"): _gauge(b.get("counters") or {}, "kv_cache_usage_perc")
             for b in _vllm_probes(inp, "baseline")}
 
 
@@ -132,7 +140,11 @@ def _drained_at_once(inp: CheckInput, within: float, base: dict) -> CheckResult:
         if usage is None or running is None or waiting is None:
             return undecided(f"at_once: a sample of {p.get('node')} lacks running/waiting/KV usage")
         idle += 1
-        if usage > base.get(p.get("pid"), 0.0) + 1e-6 or running or waiting:
+        start = base.get(p.get("pid"))
+        if start is None and usage > 1e-6 and not (running or waiting):
+            return undecided(f"at_once: {p.get('node')} (pid {p.get('pid')}) shows KV cache usage {usage:.4f} and has no "
+                             f"baseline usage to compare it with")
+        if usage > (start or 0.0) + 1e-6 or running or waiting:
             ended = [o["t_complete"] for o in inp.all_ops if finite(o.get("t_complete")) and o["t_complete"] <= t]
             since = t - max(ended) if ended else t - (inp.meta.get("t0") or t)
             held.append((since, str(p.get("node"))))
@@ -413,15 +425,25 @@ def kv_transferred(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
     ok = [o for o in inp.ops if o.get("phase") == "ok"]
     if not ok:
         return _r(False, "no completion succeeded: nothing shows a KV transfer")
-    pulled = 0.0
+    pulled, unread = 0.0, []
+    key = "prompt_tokens_by_source_total{source=external_kv_transfer}"
     for fin in (p for p in _vllm_probes(inp, "final") + [p for p in inp.probes if p.get("kind") == "vllm"
                                                         and p.get("when") == "last"]
                 if str(p.get("node", "")).startswith("decode")):
         base = next((b for b in _vllm_probes(inp, "baseline") if b.get("pid") == fin.get("pid")), None)
-        after = _gauge(fin.get("counters") or {}, "prompt_tokens_by_source_total{source=external_kv_transfer}")
-        before = _gauge((base or {}).get("counters") or {}, "prompt_tokens_by_source_total{source=external_kv_transfer}")
-        if after is not None:
-            pulled += after - (before or 0.0)
+        after = _gauge(fin.get("counters") or {}, key)
+        before = _gauge((base or {}).get("counters") or {}, key)
+        if after is None or before is None:
+            # the counter is cumulative over a pooled node's earlier runs: without both readings of
+            # this process what this run pulled is unknown (a missing baseline once read as 0 passed
+            # on what earlier runs had pulled)
+            unread.append(f"{fin.get('node')} (pid {fin.get('pid')}): no {'baseline' if after is not None else 'end'} "
+                          f"reading of its external KV transfer count")
+            continue
+        pulled += after - before
+    if pulled <= 0 and unread:
+        return undecided(f"{len(ok)} completions succeeded and whether D pulled their prompts is unknown: "
+                         + "; ".join(unread[:3]))
     if pulled <= 0:
         return _r(False, f"{len(ok)} completions succeeded but D pulled no prompt token from P (no KV transfer)")
     return _r(True, f"D pulled {pulled:g} prompt tokens from P over {len(ok)} successful completions")

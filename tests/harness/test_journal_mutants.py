@@ -425,7 +425,7 @@ PD_MUTANTS = [
     M("pd_elapsed_ms_as_string", "pd", lambda r: r.completion(3).update(elapsed_ms="170.0"), "deviation",
       ("bounded_return",)),
     M("pd_final_counters_as_strings", "pd",
-      lambda r: final(r, "decode:0").update(counters=strings(final(r, "decode:0")["counters"])), "deviation",
+      lambda r: final(r, "decode:0").update(counters=strings(final(r, "decode:0")["counters"])), "error",
       ("drained", "kv_transferred")),
     M("pd_threads_as_string", "pd", _set(lambda r: final(r, "proxy"), threads="4"), "deviation", ("no_leaks",)),
     M("pd_workload_returncode_as_string", "pd", lambda r: r.events("workload_exit")[-1].update(returncode="0"),
@@ -913,7 +913,7 @@ HOLES = [
                  id="hole_elapsed_ms_nan_on_a_20s_failure"),
     pytest.param("pd", h_late_failure_without_elapsed(150.0), "deviation", ("fail_fast", "bounded_return"),
                  id="hole_elapsed_ms_understates_a_20s_failure"),
-    pytest.param("pd", h_nan_kv_usage, "deviation", ("drained",), id="hole_drained_nan_kv_usage"),
+    pytest.param("pd", h_nan_kv_usage, "error", ("drained",), id="hole_drained_nan_kv_usage"),
     # a check that cannot judge makes the run an error (verdicts.UNDECIDED), never a verdict
     pytest.param("pd", h_nan_cpu_first_interval, "error", ("no_busy_wait",),
                  id="hole_no_busy_wait_nan_cpu_hides_a_burn"),
@@ -936,7 +936,7 @@ HOLES = [
     pytest.param("pd", h_duplicate_op_id, "error", ("harness_integrity",), id="hole_duplicate_op_id_hides_a_failure"),
     pytest.param("pd", h_failure_without_invoke_record, "error", ("harness_integrity", "failures_explained"),
                  id="hole_failure_without_invoke_record_is_explained"),
-    pytest.param("pd", h_final_probe_without_baseline, "deviation", ("no_leaks",), id="hole_final_probe_without_baseline"),
+    pytest.param("pd", h_final_probe_without_baseline, "error", ("no_leaks",), id="hole_final_probe_without_baseline"),
 ]
 
 

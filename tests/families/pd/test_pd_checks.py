@@ -111,6 +111,30 @@ def test_drained() -> None:
     assert run("drained", [meta()]).ok is False  # no final probe of any vLLM node shows nothing
 
 
+def test_drained_cannot_judge_a_node_whose_metrics_were_not_read() -> None:
+    """A final probe whose /metrics scrape failed (metrics_ok 0, no gauges: seen in a real attach
+    run) shows nothing held or freed: drained failed plainly, so a saved upstream run whose D held
+    a request read as expected (its expectation names drained) with that probe broken. Now it
+    cannot judge; what a readable probe shows held still fails."""
+    def unread(node: str, pid: int = 1) -> dict:
+        p = vllm(node, "final", pid=pid)
+        p["counters"] = {"metrics_ok": 0, "cpu_s": 3.0}
+        return p
+
+    r = run("drained", [meta(), vllm("decode:0", "baseline"), unread("decode:0")])
+    assert r.ok is False and r.message.startswith(C.UNDECIDED) and "lacks running/waiting" in r.message, r.message
+    assert run("drained", [meta()]).message.startswith(C.UNDECIDED)  # no final probe at all
+    held = [meta(), vllm("decode:0", "baseline"), unread("decode:0"), vllm("prefill:0", "baseline", pid=2),
+            vllm("prefill:0", "final", pid=2, num_requests_waiting=1)]
+    r = run("drained", held)
+    assert r.ok is False and not r.message.startswith(C.UNDECIDED) and "1 waiting" in r.message, r.message
+    # a baseline without its KV usage: a pooled node's usage at the end has nothing to be compared with
+    no_base = vllm("decode:0", "baseline")
+    del no_base["counters"]["kv_cache_usage_perc"]
+    r = run("drained", [meta(), no_base, vllm("decode:0", "final", kv_cache_usage_perc=0.001)])
+    assert r.ok is False and r.message.startswith(C.UNDECIDED) and "no baseline usage" in r.message, r.message
+
+
 def test_drained_at_once_judges_the_samples_with_nothing_in_flight() -> None:
     """at_once: blocks held while no request is in flight (none ended within the bound) fail even
     when they are freed before the end; with no such sample nothing can be judged: it fails."""
@@ -242,6 +266,18 @@ def test_kv_transferred() -> None:
     local = [meta(), *op(1, 0), vllm("decode:0", "baseline", **{EXT: 0}), vllm("decode:0", "final", **{EXT: 0})]
     r = run("kv_transferred", local)
     assert r.ok is False and "no KV transfer" in r.message
+
+
+
+def test_kv_transferred_cannot_judge_without_both_readings_of_the_counter() -> None:
+    """The counter is cumulative over a pooled node's earlier runs: a baseline without it once read
+    as 0, so a D that pulled nothing in this run passed on what earlier runs had pulled."""
+    no_base = [meta(), *op(1, 0), vllm("decode:0", "baseline"), vllm("decode:0", "final", **{EXT: 3189})]
+    r = run("kv_transferred", no_base)
+    assert r.ok is False and r.message.startswith(C.UNDECIDED) and "no baseline reading" in r.message, r.message
+    no_end = [meta(), *op(1, 0), vllm("decode:0", "baseline", **{EXT: 3189}), vllm("decode:0", "final")]
+    r = run("kv_transferred", no_end)
+    assert r.ok is False and r.message.startswith(C.UNDECIDED) and "no end reading" in r.message, r.message
 
 
 def test_no_busy_wait_is_not_applicable_without_faults(tmp_path) -> None:

@@ -283,36 +283,41 @@ def no_leaks(inp: CheckInput, opts: dict) -> CheckResult:
     if early:
         return undecided(early)
     retired = retired_pids(inp)
-    problems, compared = [], []
+    # problems: a node shown to keep more than it started with; unread: a node whose end state, or
+    # the baseline to compare it with, the history lacks. Only the first is a failure an expectation
+    # may name (upstream's `fail[no_leaks]`): a probe without a count once read as that failure
+    problems, unread, compared = [], [], []
     for e in inp.events:
         if e.get("what") == "probe_silent" and e.get("when") in ("baseline", "final"):
-            problems.append(f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} gave no {e.get('when')} probe")
+            unread.append(f"{e.get('role')} ({e.get('kind')}) pid {e.get('pid')} gave no {e.get('when')} probe")
     finals = {p.get("pid"): p for p in inp.probes if p.get("when") == "final"}
     based = {p.get("pid") for p in inp.probes if p.get("when") == "baseline"}
     for pid, fin in finals.items():
         if pid not in based:
-            problems.append(f"{fin.get('node')} ({fin.get('kind') or 'node'}) pid {pid}: a final probe but no "
-                            f"baseline to compare it with")
+            unread.append(f"{fin.get('node')} ({fin.get('kind') or 'node'}) pid {pid}: a final probe but no "
+                          f"baseline to compare it with")
     for b in (p for p in inp.probes if p.get("when") == "baseline"):
         who = f"{b.get('node')} ({b.get('kind') or 'node'}) pid {b.get('pid')}"
         fin = finals.get(b.get("pid"))
         if fin is None:
             if b.get("pid") not in retired:
-                problems.append(f"{who}: no final probe, and it was not stopped during the run")
+                unread.append(f"{who}: no final probe, and it was not stopped during the run")
             continue
         compared.append(str(b.get("node")))
         for k in ("threads", "fds"):
             before, after = b.get(k), fin.get(k)
             if not _count_value(before) or not _count_value(after):
-                # a probe without the value cannot show the node is back: that fails, never passes
-                problems.append(f"{who}: its {'baseline' if not _count_value(before) else 'final'} probe has no "
-                                f"{k} count ({before!r} -> {after!r})")
+                # a probe without the value cannot show the node is back, nor that it leaked
+                unread.append(f"{who}: its {'baseline' if not _count_value(before) else 'final'} probe has no "
+                              f"{k} count ({before!r} -> {after!r})")
             elif after > before + slack:
                 problems.append(f"{who}: {k} {before} -> {after}")
-    if problems:
+    if problems:  # a leak the readable probes show fails whatever the others could not show
         return _r(False, "; ".join(problems[:4]), problems=problems)
+    if unread:
+        return undecided("; ".join(unread[:4]), unread=unread)
     if not compared:
-        return _r(False, "no node was probed at baseline and at the end: nothing to compare")
+        return undecided("no node was probed at baseline and at the end: nothing to compare")
     return _r(True, f"threads and fds back to baseline ({', '.join(sorted(set(compared)))})")
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from harness import checks as C
 from harness.family import get_family
+from harness import verdicts as V
 from harness.verdicts import ERROR_CHECKS
 
 T0 = 100.0
@@ -190,8 +191,9 @@ def test_no_stall_and_verdict() -> None:
     stalled = [meta(), *op(1, 0, complete=False)]
     assert run("no_stall", stalled).ok is False
     # the system's checks only: these hand-made histories have no end record, no probes and no
-    # workload exit, so the error checks (harness_integrity, workload_ran) fail on them
-    system = {k: v for k, v in CHECKS.items() if k not in ERROR_CHECKS}
+    # workload exit, so the error checks (harness_integrity, workload_ran) fail on them; no_leaks,
+    # with no probe to compare, cannot judge (an error too)
+    system = {k: v for k, v in CHECKS.items() if k not in ERROR_CHECKS and k != "no_leaks"}
     assert C.verdict(C.run_checks(C.CheckInput(stalled), {}, system)) == "stall"
     wrong = [meta(), *op(1, 0, value=3)]
     assert C.verdict(C.run_checks(C.CheckInput(wrong), {}, system)) == "fail"
@@ -361,6 +363,30 @@ def test_no_leaks_compares_every_node_that_had_a_baseline() -> None:
               event("probe_silent", role="fake", kind="fake-peer", pid=9, when="baseline")]
     assert run("no_leaks", silent).ok is False
     assert run("no_leaks", [meta()]).ok is False
+
+
+def test_no_leaks_cannot_judge_a_probe_without_its_counts() -> None:
+    """A probe without a usable thread or fd count (-1: /proc unreadable, missing, not a number), a
+    final probe with no baseline, a silent probe: none shows a leak, and no_leaks used to fail
+    plainly on them, so a saved upstream run of pd-abort-while-decode-waits (expected
+    `pass|fail[no_leaks]`) read as expected with D's final thread count set to -1, or with the
+    client's baseline probe gone. Now it cannot judge (an error); a leak a readable pair of probes
+    shows still fails."""
+    def verdict_of(hist: list[dict]) -> C.CheckResult:
+        return run("no_leaks", hist)
+
+    good = [meta(), probe("server", "baseline"), probe("server", "final")]
+    for broken in ([meta(), probe("server", "baseline"), probe("server", "final", threads=-1)],
+                   [meta(), probe("server", "baseline", fds=None), probe("server", "final")],
+                   [meta(), probe("server", "final")],
+                   good + [event("probe_silent", role="fake", kind="fake-peer", pid=9, when="final")],
+                   [meta()]):
+        r = verdict_of(broken)
+        assert r.ok is False and r.message.startswith(V.UNDECIDED), r.message
+        assert V.of_results([r])[0] == "error"
+    leak = good[:2] + [probe("server", "final", threads=9), probe("client", "final", pid=2, threads=-1)]
+    r = verdict_of(leak)
+    assert r.ok is False and not r.message.startswith(V.UNDECIDED) and "threads 4 -> 9" in r.message, r.message
 
 
 def test_bounded_return_counts_late_ops_over_all_ops() -> None:

@@ -737,6 +737,19 @@ def fault_effect(inp: CheckInput, opts: dict) -> CheckResult:  # noqa: ARG001
         if fid not in windows or windows[fid].get("start") is None:
             problems.append(f"{f.get('type')} (fault {fid}) was scheduled but never started")
     for w in inp.windows:
+        # a window is the scheduled fault of its id: the evidence a kind needs (a restart's new
+        # process, a cut on the traffic side) is chosen by that kind, so a window whose record
+        # names another fault (a kill or a partition saved as a fault that needs no such evidence)
+        # or a fault the scenario never scheduled would be judged by the wrong bar
+        want = (scheduled.get(w.get("id")) or {}).get("type")
+        if w.get("id") not in scheduled:
+            problems.append(f"{w.get('name')} (window {w.get('id')}) is no fault the scenario schedules: the history "
+                            f"is not this scenario's")
+            continue
+        if want is not None and w.get("name") != want:
+            problems.append(f"window {w.get('id')} is recorded as {w.get('name')!r}, but the scenario's fault "
+                            f"{w.get('id')} is {want!r}: the history is not this scenario's")
+            continue
         e = effects.get(w.get("id")) or {}
         # the bar is the higher of what the fault said at the heal and what the scenario's fault
         # declares (pdchaos check rebuilds that from the scenario file): neither can lower it

@@ -231,6 +231,43 @@ def test_a_local_partition_only_its_counter_shows_did_nothing() -> None:
     assert r.ok is False and "nothing on the traffic side shows the cut" in r.message, r.message
 
 
+# --------------------------------------------------------------------------- 3b: a window is the fault its id schedules
+
+
+def _renamed(recs: list[dict], fid: int, name: str) -> list[dict]:
+    for r in recs:
+        if r.get("type") == "fault" and r.get("id") == fid:
+            r["name"] = name
+    return recs
+
+
+def test_a_kill_recorded_under_another_fault_name_is_not_judged_by_that_faults_bar() -> None:
+    """The kill's window renamed to a proxy fault's (which needs no restart evidence) and P's new
+    process dropped: the saved pd-kill-prefill-before-pull [hardened] of a real run then read "pass,
+    as expected", the evidence a kill needs chosen by the name the record carries, not by the fault
+    the scenario schedules under that id."""
+    recs = records(KILL)
+    fid = next(f["id"] for f in meta(recs)["faults"] if f["type"] == "kill")
+    start, stop = window(recs, fid)
+    recs = [r for r in recs if not (r.get("what") == "process_start" and start <= r["t"] <= stop)]
+    r = judge(_renamed(recs, fid, "fake_prefill_peer"), "fault_effect")
+    assert r.ok is False and "the scenario's fault" in r.message and "'kill'" in r.message, r.message
+    assert V.of_results([r])[0] == "error"
+
+
+def test_a_partition_recorded_as_a_delay_or_an_unscheduled_window_is_an_error() -> None:
+    recs = records(PARTITION)
+    fid = next(f["id"] for f in meta(recs)["faults"] if f["type"] == "partition")
+    r = judge(_renamed(recs, fid, "delay"), "fault_effect")
+    assert r.ok is False and "'partition'" in r.message and V.of_results([r])[0] == "error", r.message
+    recs = records(PARTITION)
+    for r in [r for r in recs if r.get("type") == "fault" and r.get("id") == fid]:
+        recs.append({**r, "id": 77})
+    r = judge(recs, "fault_effect")
+    assert r.ok is False and any("window 77) is no fault the scenario schedules" in x for x in r.details["problems"]), \
+        r.details
+
+
 # --------------------------------------------------------------------------- harness_integrity: a history that lost part of itself
 
 KILL_UP = "pd-kill-prefill-before-pull-upstream"  # local; its one request in the kill stalled (client gave up at 20 s)

@@ -344,7 +344,9 @@ class Explorer:
         them), each run under its own name: (k failing runs, m judged runs, the checks failing in
         every one among ``ref``, cut short by the budget, runs not judged). A run that could not be
         judged (error, skipped) is neither: it is run again, at most N times in all.
-        ``stop_early``: stop at the first judged run that does not fail them (a shrink step)."""
+        ``stop_early``: stop at the first run that does not fail them, or that cannot be judged (a
+        shrink step: a smaller schedule whose fault no longer acts is no reproduction; its N runs
+        would only spend the budget)."""
         runs = [first] if first is not None else []
         not_judged, attempt, cut = 0, len(runs), False
         while len(runs) < self.reprove and not_judged < self.reprove:
@@ -357,6 +359,8 @@ class Explorer:
                      + (f" [{', '.join(res.failing)}]" if res.failing else ""))
             if res.verdict in ("error", "skipped"):
                 not_judged += 1
+                if stop_early:  # a smaller schedule that cannot be judged reproduces nothing: drop the step
+                    break
                 continue
             runs.append(res)
             if stop_early and not (_is_failure(res) and ref & set(res.failing)):

@@ -460,3 +460,29 @@ def test_the_covering_round_stops_to_keep_the_budget_for_re_proving_its_findings
                         say=lambda s: None, clock=hclock, reprove=3)
     hardened.explore()
     assert not hardened.covering_cut  # nothing found: the whole round runs
+
+
+def test_a_shrink_step_whose_run_cannot_be_judged_is_dropped_at_once(tmp_path: Path) -> None:
+    """A halved window in which the fault no longer acts is an error (fault_effect), not evidence:
+    the step is dropped after its first run instead of being run N times."""
+    clock, calls, lines = Clock(), [], []
+
+    def run_one(path: Path, target: str):
+        sc = load_scenario(path)
+        calls.append(path)
+        clock.t += 30.0
+        if _stops_d(sc) and sc.model.workload.concurrency >= 2:
+            if "-k" in path.stem:  # every shrink step: its fault no longer acts
+                return SimpleNamespace(verdict="error", failing=["fault_effect"], reason="no effect")
+            return SimpleNamespace(verdict="fail", failing=["drained"], reason="drained")
+        return SimpleNamespace(verdict="pass", failing=[], reason="")
+
+    ex = Explorer(FAM, "hardened", seed=11, budget_s=3 * 3600, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3, first=True)
+    tally = ex.explore()
+    f = tally.reproven[0]
+    steps = [line for line in lines if f"shrink seed {f.seed}:" in line and "-> failed" in line]
+    not_judged = [line for line in steps if line.endswith("-> failed 0 of 0")]
+    assert len(not_judged) >= 2, "\n".join(lines)  # the halved window, the later start
+    assert all(line.endswith(("-> failed 0 of 0", "-> failed 0 of 1")) for line in steps), "\n".join(lines)
+    assert f.shrunk is None and f.shrink_runs == len(steps), "\n".join(lines)  # one run a step

@@ -342,6 +342,27 @@ def test_a_capped_run_whose_end_record_says_done_still_hit_its_cap() -> None:
     assert r.ok is False and "cap" in r.message, r.message
 
 
+@pytest.mark.parametrize("second", ["exit", "end", "meta"])
+def test_two_runs_worth_of_exit_end_or_meta_records_is_not_one_history(second: str) -> None:
+    """A workload exit 1 before the exit 0 (workload_ran read the last one), an end record at the
+    cap before the one that says done (no_stall read the first): a saved pd-fake-prefill-silent
+    [hardened] read "pass, as expected" with the first. A saved explore journal holds two runs
+    appended into one; one run writes one of each."""
+    recs = records(KILL)
+    assert judge(recs, "harness_integrity").ok is True and judge(recs, "workload_ran").ok is True
+    if second == "exit":
+        ex = next(r for r in recs if r.get("what") == "workload_exit")
+        recs.append({**ex, "returncode": 1, "t": ex["t"] - 0.01})
+    elif second == "end":
+        end = next(r for r in recs if r.get("type") == "end")
+        recs.append({**end, "reason": "cap", "t": end["t"] - 0.01})
+    else:
+        recs.append({**meta(recs), "wall_start": "later"})
+    r = judge(recs, "harness_integrity")
+    assert r.ok is False and "the history is not one run's" in r.message, r.message
+    assert V.of_results([r])[0] == "error"
+
+
 def test_a_failure_after_the_heal_moved_into_the_window_is_not_explained() -> None:
     """A request after the heal fails (a broken system: nothing explains it), and its invoke record
     moved back into the partition (its tally made to match): failures_explained held, and nothing

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from .settings import ClusterSettings
@@ -103,6 +104,7 @@ def ports_of(endpoints: dict[str, str]) -> dict[str, int]:
     return out
 
 
+PDCHAOS_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding pd-chaos's packages ({pdchaos})
 POD_IP_ARG = "$(POD_IP)"  # expanded by the kubelet from the container's env (the downward API)
 
 
@@ -156,6 +158,11 @@ def pod_spec(settings: ClusterSettings, role: str, kind: str, argv: list[str], e
                # the node's endpoint rules (nodekit/nodeio.py): a node in a pod may listen on its pod's
                # addresses and name its peers by their Services
                {"name": "PDCHAOS_POD", "value": "1"}]
+    if PDCHAOS_ROOT in settings.host_mounts:
+        # the pod runs the pd-chaos mounted from this machine, the one the harness runs from: not
+        # whatever checkout the interpreter's own install (an editable one) names, which may be
+        # another folder, not mounted
+        pod_env.append({"name": "PYTHONPATH", "value": PDCHAOS_ROOT})
     if vllm:
         mounts += [{"name": "model-cache", "mountPath": settings.model_cache_path},
                    {"name": "dshm", "mountPath": "/dev/shm"}]

@@ -5,6 +5,8 @@ Mesh object (or none)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from runtimes.k8s import manifests as M
@@ -128,6 +130,18 @@ def test_host_mounts_and_the_run_folder_from_the_host() -> None:
     assert {"name": "host-0", "mountPath": "/root/.cache/pdchaos", "readOnly": True} in c["volumeMounts"]
     assert {"name": "run-folder", "hostPath": {"path": "/tmp/run-7", "type": "Directory"}} in pod["volumes"]
     assert "mkdir -p /tmp/run-7 /tmp/run-7/server-logs" in c["command"][2]
+    assert not any(e["name"] == "PYTHONPATH" for e in c["env"])  # pd-chaos is not mounted: the image's own
+
+
+def test_a_pod_imports_the_mounted_pd_chaos_not_the_interpreter_s_install() -> None:
+    """With ``{pdchaos}`` mounted, the pod's Python imports pd-chaos from that folder (the checkout
+    the harness runs from): the host interpreter's editable install may name another checkout,
+    which the pod does not see (a clean clone's run found `No module named 'harness'`)."""
+    s = ClusterSettings(image="host-usr:1", python="same", host_mounts=["{pdchaos}", "/usr"], run_dir_from_host=True)
+    assert M.PDCHAOS_ROOT in s.host_mounts and (Path(M.PDCHAOS_ROOT) / "harness" / "cli").is_dir()
+    dep, _ = M.workload(s, "r1", "hardened", "proxy", "pd-proxy", ARGV, {}, {}, "/tmp/run-7", lws=False)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "PYTHONPATH", "value": M.PDCHAOS_ROOT} in c["env"]
 
 
 def test_attach_finds_roles_by_llm_d_s_label_then_the_plain_one() -> None:

@@ -60,6 +60,10 @@ import yaml
 from .errors import UsageError
 
 MAX_REDRAWS = 200  # drawn schedules that do not validate, in a row, before giving up (a family bug)
+# a finding's re-runs against the run that found it: a failing run leaves the pool's nodes dirty and
+# the next run restarts them (the upstream 20-minute control of 2026-12-07, seed 12: its re-proving
+# took 1.28 times its findings' first runs; estimated by run counts it re-proved 5 of its 7)
+SETTLE_MARGIN = 1.5
 
 
 REPROVEN, FLAKY, NOT_REPROVEN, SAME = "re-proven", "flaky", "not re-proven", "same"
@@ -94,6 +98,7 @@ class Finding:
     proven_at_s: float | None = None  # when its drawn schedule had failed N of N
     reported_at_s: float | None = None  # when it was settled (after shrinking and the file's re-run)
     drawn: str = ""  # the drawn scenario file it was found with (its re-runs load it)
+    run_s: float = 0.0  # how long the run that found it took (what each of its re-runs is expected to take)
 
 
 @dataclass
@@ -181,7 +186,7 @@ class Explorer:
         self.t0 = clock()
         self.tally = Tally()
         self.covering_cut = False  # the covering round stopped to keep the budget for re-proving
-        self._reserve_runs = 0  # runs a shrink leaves for the findings still to re-prove
+        self._reserve_s = 0.0  # seconds a shrink leaves for the findings still to re-prove
         self._last_run_s = 60.0  # a guess until the first run says better
         self.run_times: list[float] = []  # each run's seconds (the first includes the nodes' cold start)
         self._ran: set[str] = set()  # the scenario names run so far (the runner keeps one journal per name)
@@ -193,10 +198,16 @@ class Explorer:
     def elapsed(self) -> float:
         return round(self.clock() - self.t0, 1)
 
-    def _room(self, runs: int = 1) -> bool:
-        """``runs`` more runs fit: the budget left is at least that many times the last run's time
-        (a soft bound: one run that started in time may end past it)."""
-        return self.left() >= runs * min(self._last_run_s, self.budget_s)
+    def _room(self, runs: int = 1, plus_s: float = 0.0) -> bool:
+        """``runs`` more runs fit, and ``plus_s`` seconds after them: the budget left is at least that
+        many times the last run's time (a soft bound: one run that started in time may end past it)."""
+        return self.left() >= runs * min(self._last_run_s, self.budget_s) + plus_s
+
+    def _settle_need_s(self, findings: list[Finding]) -> float:
+        """Seconds re-proving ``findings`` takes: each its N runs (N - 1 re-runs, the written file's
+        re-run) at the time of the run that found it (a stall's run is two to four times a pass's),
+        with :data:`SETTLE_MARGIN`: a re-run after a failing run pays the nodes' restart."""
+        return SETTLE_MARGIN * sum(self.reprove * max(f.run_s, 5.0) for f in findings)
 
     # ------------------------------------------------------------------ one schedule
     def _materialize(self, schedule: dict, seed: int, tag: str) -> tuple[Path | None, str]:
@@ -255,9 +266,11 @@ class Explorer:
         seen: dict[tuple, Finding] = {}  # (signature, verdict, failing) -> the latest finding with them
         pending: list[Finding] = []  # found while covering: settled once every kind was tried
         while self._room() and not self._done():
-            if covering is not None and pending and not self._room(1 + len(pending) * self.reprove):
+            if covering is not None and pending and not self._room(1 + SETTLE_MARGIN * self.reprove,
+                                                                     self._settle_need_s(pending)):
                 # the budget left is what re-proving the findings so far needs (each: its N runs, the
-                # last the file's re-run): proving what failed comes before trying the kinds not yet run
+                # last the file's re-run, at its own run's time), and one more schedule with its own
+                # re-proving if it fails: proving what failed comes before trying the kinds not yet run
                 self.say(f"explore: the covering round stops after {self.tally.schedules} schedules: the budget "
                          f"left ({self.left():.0f} s) is kept for re-proving its {len(pending)} finding(s)")
                 self.covering_cut = True
@@ -271,9 +284,9 @@ class Explorer:
                     for i, f in enumerate(pending):
                         if not self._done():
                             # shrinking leaves room for re-proving the findings still waiting
-                            self._reserve_runs = (len(pending) - i - 1) * self.reprove
+                            self._reserve_s = self._settle_need_s(pending[i + 1:])
                             self._settle(f)
-                    self._reserve_runs = 0
+                    self._reserve_s = 0.0
                     pending = []
                     if not self._room() or self._done():
                         break
@@ -294,7 +307,8 @@ class Explorer:
                 self.tally.error_reasons.append(f"seed {seed}: {res.reason}"[:300])
             else:
                 f = Finding(seed, res.verdict, list(res.failing), res.reason, schedule,
-                            checks=sorted(res.failing), found_at_s=self.elapsed(), drawn=str(path))
+                            checks=sorted(res.failing), found_at_s=self.elapsed(), drawn=str(path),
+                            run_s=self._last_run_s)
                 self.tally.findings.append(f)
                 sig = self._signature(schedule)
                 key = (sig, res.verdict, tuple(sorted(res.failing)))
@@ -449,7 +463,7 @@ class Explorer:
         while progress:
             progress = False
             for what, cand in shrink_candidates(best, float(self.mod.MIN_WINDOW_S)):
-                if not self._room(self.reprove + 1 + self._reserve_runs):  # its N runs and the file's re-run after
+                if not self._room(self.reprove + 1, self._reserve_s):  # its N runs, the file's re-run, the others
                     f.shrink_note = "shrinking cut short by the budget"
                     self.say(f"    shrink seed {f.seed}: {f.shrink_note}")
                     break

@@ -486,3 +486,31 @@ def test_a_shrink_step_whose_run_cannot_be_judged_is_dropped_at_once(tmp_path: P
     assert len(not_judged) >= 2, "\n".join(lines)  # the halved window, the later start
     assert all(line.endswith(("-> failed 0 of 0", "-> failed 0 of 1")) for line in steps), "\n".join(lines)
     assert f.shrunk is None and f.shrink_runs == len(steps), "\n".join(lines)  # one run a step
+
+
+def test_re_proving_is_budgeted_by_each_finding_s_own_run_time(tmp_path: Path) -> None:
+    """Upstream's findings differ in cost: a stall's run takes about 60 s, a fail's 20 s, and a run
+    after a failing one pays the nodes' restart. The covering round keeps what re-proving its
+    findings needs at their own runs' times, so each finding it settles is re-proven; counted in
+    runs of the last one's time, a real 20-minute control left 2 of its 7 (both stalls) cut."""
+    clock, lines, last = Clock(), [], {"failed": False}
+
+    def run_one(path: Path, target: str):
+        sc = load_scenario(path)
+        stall = any(f.type == "fake_prefill_peer" for f in sc.faults)
+        clock.t += (60.0 if stall else 20.0) + (10.0 if last["failed"] else 0.0)
+        last["failed"] = True  # everything fails, as upstream fails many kinds
+        return SimpleNamespace(verdict="stall" if stall else "fail",
+                               failing=["no_stall"] if stall else ["drained"], reason="")
+
+    ex = Explorer(FAM, "upstream", seed=12, budget_s=1200, out_dir=tmp_path, run_one=run_one, load=_load,
+                  say=lines.append, clock=clock, reprove=3)
+    tally = ex.explore()
+    assert ex.covering_cut, "\n".join(lines)
+    stop = next(ln for ln in lines if "the covering round stops after" in ln)
+    covered = int(re.search(r"stops after (\d+) schedules", stop).group(1))
+    settled = [f for f in tally.findings[:covered] if f.same_as is None]  # found while covering
+    assert len(settled) >= 3 and any(f.run_s >= 60 for f in settled), "\n".join(lines)
+    assert all(f.status == "re-proven" for f in settled), "\n".join(lines)
+    assert ex.elapsed() <= 1200 + 70  # one run past the budget at most (a drawn schedule after them
+    # may still be cut: the budget is the user's)

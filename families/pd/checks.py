@@ -231,11 +231,13 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     by_node: dict = {}
     for p in samples:
         by_node.setdefault((p.get("node"), p.get("pid")), []).append(p)
-    worst, judged, quiet_s = None, 0, 0.0
+    worst, judged, quiet_s, unread = None, 0, 0.0, 0
+    judged_nodes: set = set()
     for (node, _), ps in by_node.items():
         for a, b in zip(ps, ps[1:]):
             in_fault = any(w["start"] <= a["t"] and b["t"] <= w["stop"] for w in inp.windows)
-            running = max(_gauge(x.get("counters") or {}, "num_requests_running") or 0 for x in (a, b))
+            gauges = [_gauge(x.get("counters") or {}, "num_requests_running") for x in (a, b)]
+            running = max(g or 0 for g in gauges)
             cpu_a, cpu_b = (a.get("counters") or {}).get("cpu_s"), (b.get("counters") or {}).get("cpu_s")
             if not finite(cpu_a) or not finite(cpu_b):
                 if in_fault:
@@ -260,7 +262,11 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
             if not in_fault or running or b["t"] <= a["t"] \
                     or not _quiet(inp.all_ops, a["t"], b["t"]):
                 continue
+            if None in gauges:  # whether it served a request then is unknown: not an interval to judge by
+                unread += 1
+                continue
             judged += 1
+            judged_nodes.add(node)
             quiet_s += b["t"] - a["t"]
             frac = (cpu_b - cpu_a) / (b["t"] - a["t"])
             if worst is None or frac > worst[0]:
@@ -272,8 +278,18 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
     if worst[0] > limit:
         return _r(False, f"{worst[1]} burned {worst[0]:.2f} of a core during a fault with no request running or "
                          f"coming (limit {limit:g})", worst_cpu=round(worst[0], 3))
+    # a pass speaks for every vLLM node: one with no judged interval while others had some was not
+    # seen waiting (its samples missing or unreadable then), unless a fault froze, stopped or killed it
+    unseen = sorted({str(n) for n, _ in by_node} - {str(n) for n in judged_nodes}
+                    - {str(n) for n, _ in by_node if any(_names(w, str(n)) for w in inp.windows)})
+    if unseen:
+        return undecided(f"{', '.join(unseen)}: no quiet interval of its own during a fault was judged "
+                         f"({judged} of the other nodes' were; {unread} with its running-requests gauge unreadable): "
+                         f"whether it waited quietly is unknown")
     return _r(True, f"at most {worst[0]:.2f} of a core when nothing ran or came during faults ({judged} "
-                    f"intervals, {quiet_s:.1f} s node-time)", worst_cpu=round(worst[0], 3))
+                    f"intervals, {quiet_s:.1f} s node-time" + (f"; {unread} with a gauge unreadable, not judged"
+                                                               if unread else "") + ")",
+              worst_cpu=round(worst[0], 3))
 
 
 @check("no_write_after_free")

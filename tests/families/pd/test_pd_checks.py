@@ -214,6 +214,27 @@ def test_no_busy_wait_cannot_be_fooled_by_readings_at_one_instant_or_a_start_no_
     r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *restart, *new])
     assert r.ok is False and "0.99 of a core" in r.message, r.message  # 1.0 -> 1.5 judged, the restart pair not
 
+def test_no_busy_wait_speaks_for_every_node_or_cannot_judge() -> None:
+    """A pass is a claim about every vLLM node: a node with no quiet interval of its own judged
+    (its samples missing then, or its running-requests gauge unreadable, read before as 0 requests)
+    while another node's were cannot be vouched for; a node a fault froze or killed is excused."""
+    def samples(node: str, cpu_per_s: float, pid: int = 1, **c) -> list[dict]:
+        return [vllm(node, "sample", t=t, pid=pid, num_requests_waiting=1, cpu_s=10 + cpu_per_s * t, **c)
+                for t in (1.0, 1.5, 2.0, 2.5)]
+
+    quiet_p = samples("prefill:0", 0.02, pid=2)
+    assert run("no_busy_wait", [meta(), *fault(0.5, 3.0), *quiet_p, *samples("decode:0", 0.02)]).ok is True
+    unread = [{**p, "counters": {k: v for k, v in p["counters"].items() if k != "num_requests_running"}}
+              for p in samples("decode:0", 0.99)]  # D spinning, its metrics read failing
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *quiet_p, *unread])
+    assert r.ok is False and "decode:0" in r.message and "unknown" in r.message, r.message
+    one_sample = samples("decode:0", 0.99)[:1]  # D's probes did not answer during the fault
+    r = run("no_busy_wait", [meta(), *fault(0.5, 3.0), *quiet_p, *one_sample])
+    assert r.ok is False and "decode:0" in r.message and "unknown" in r.message, r.message
+    frozen = [{**rec, "params": {"node": "decode:0"}} for rec in fault(0.5, 3.0)]  # the fault froze D
+    assert run("no_busy_wait", [meta(), *frozen, *quiet_p, *one_sample]).ok is True
+
+
 def test_fail_fast() -> None:
     def run_as(m: dict, *ops: list[dict]):
         return run("fail_fast", [m, *[r for o in ops for r in o]])

@@ -284,7 +284,7 @@ def no_busy_wait(inp: CheckInput, opts: dict) -> CheckResult:
                     - {str(n) for n, _ in by_node if any(_names(w, str(n)) for w in inp.windows)})
     if unseen:
         return undecided(f"{', '.join(unseen)}: no quiet interval of its own during a fault was judged "
-                         f"({judged} of the other nodes' were; {unread} with its running-requests gauge unreadable): "
+                         f"({judged} of the other nodes' were; {unread} with a running-requests gauge unreadable): "
                          f"whether it waited quietly is unknown")
     return _r(True, f"at most {worst[0]:.2f} of a core when nothing ran or came during faults ({judged} "
                     f"intervals, {quiet_s:.1f} s node-time" + (f"; {unread} with a gauge unreadable, not judged"

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
-from .settings import ClusterSettings
+from .settings import PDCHAOS_ROOT, ClusterSettings
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pd-chaos"}
 RUN_LABEL = "pd-chaos.io/run"
@@ -104,7 +103,6 @@ def ports_of(endpoints: dict[str, str]) -> dict[str, int]:
     return out
 
 
-PDCHAOS_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding pd-chaos's packages ({pdchaos})
 POD_IP_ARG = "$(POD_IP)"  # expanded by the kubelet from the container's env (the downward API)
 
 

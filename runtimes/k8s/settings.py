@@ -9,12 +9,16 @@ cache volume mounted at ``/root/.cache`` (vllm-ascend's template), ``/dev/shm`` 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LABEL_RE = r"^[A-Za-z0-9]([-A-Za-z0-9_./]{0,251}[A-Za-z0-9])?$"
 
+
+# the folder holding pd-chaos's packages: what a profile's host mount `{pdchaos}` names
+PDCHAOS_ROOT = str(Path(__file__).resolve().parents[2])
 
 class Attach(BaseModel):
     """Attach mode: the user's own deployment, found by label selectors per role."""
@@ -84,14 +88,13 @@ class ClusterSettings(BaseModel):
         become this machine's paths: a profile names no machine's paths."""
         import os
         import sys
-        from pathlib import Path
 
         out: list[str] = []
         for p in paths:
             if p == "{python}":
                 found = [sys.base_prefix, sys.prefix]
             elif p == "{pdchaos}":
-                found = [str(Path(__file__).resolve().parents[2])]
+                found = [PDCHAOS_ROOT]
             else:
                 found = [os.path.expanduser(p)]
             for f in found:

@@ -435,6 +435,58 @@ def test_proxy_hook_faults_set_and_clear_their_hook(name, params, first) -> None
     assert fault.effect()[key] == 2  # counted from the proxy's own counters, before and after
 
 
+class SlowStats(Recorder):
+    """The proxy's control channel misses ``misses`` stats reads at the heal (CI once saw a read
+    time out on a loaded 2-core machine while the proxy still served and then took the clear)."""
+
+    def __init__(self, misses: int) -> None:
+        super().__init__()
+        self.misses, self.started = misses, False
+
+    def control(self, role: str, cmd: str, timeout_ms: int = 2000, **fields) -> dict:
+        if cmd == "stats" and self.started and self.misses > 0:
+            self.misses -= 1
+            self.calls.append((role, "stats-missed", {"timeout_ms": timeout_ms}))
+            from nodekit.control import ControlError
+            raise ControlError(f"control stats: no answer within {timeout_ms} ms")
+        return super().control(role, cmd, timeout_ms=timeout_ms, **fields)
+
+
+def _abort_window(ctx: Recorder):  # noqa: ANN202
+    from faults.base import load_registry
+
+    cls = load_registry("pd")["abort_while_decode_waits"]
+    fault = cls(cls.Params(count=40, after="25ms"), ctx)
+    ctx.counters = {"aborted_by": {"decode_wait": 4}}
+    fault.start()
+    ctx.started = True
+    ctx.counters["aborted_by"]["decode_wait"] += 23  # 23 requests took the hook during the window
+    fault.stop()
+    return fault
+
+
+def test_a_proxy_hook_reads_its_effect_again_after_the_clear() -> None:
+    """One missed read at the heal is no harness error: the counters are read again after the
+    clear (they cannot grow once the hook is gone), with a longer wait."""
+    ctx = SlowStats(misses=1)
+    fault = _abort_window(ctx)
+    assert [c[1] for c in ctx.calls[1:]] == ["stats-missed", "clear"]
+    assert fault.effect() == {"aborted_by.decode_wait": 23, "abort_missed": 0}
+
+
+def test_a_proxy_hook_whose_counts_cannot_be_read_names_why() -> None:
+    """Two missed reads leave the effect unknown: effect() raises with the reason, which the runner
+    journals with fault_effect (the check then fails the run naming it, never passes it)."""
+    from families.pd.faults import HarnessReadError
+
+    ctx = SlowStats(misses=2)
+    fault = _abort_window(ctx)
+    assert [c[1] for c in ctx.calls[1:]] == ["stats-missed", "clear", "stats-missed"]
+    assert ctx.calls[-1][2]["timeout_ms"] > ctx.calls[1][2]["timeout_ms"]
+    with pytest.raises(HarnessReadError, match="no answer within"):
+        fault.effect()
+
+
 def test_a_reference_is_kept_only_when_two_computations_agree() -> None:
     """A fresh D once answered a reference prompt with other tokens than every later serving: one
     computation is not a reference. Two agreeing answers are; the third decides a disagreement;

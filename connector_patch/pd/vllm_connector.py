@@ -49,7 +49,7 @@ from connector_patch.pd.settle import UNSETTLED_CODES as _UNSETTLED, Settlements
 from connector_patch import quiet
 from connector_patch.pd.settings import FailureLog, Settings, remote_prefill_problem, summary
 from connector_patch.pd.terminal import TerminalRecords
-from connector_patch.pd.write import ChunkSizer, GuardedPtrs, WriteGuard, chunks as write_chunks
+from connector_patch.pd.write import ChunkSizer, GuardedPtrs, WriteGuard, chunks as write_chunks, submit_and_wait
 
 logger = init_logger("vllm.pdchaos.hardened_mooncake")  # under "vllm": vLLM's log format and level
 
@@ -816,7 +816,7 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                     ret = WRITE_CUT
                     break
                 t = time.perf_counter()
-                ret = self.engine.batch_transfer_sync_write(remote_session, c_src, c_dst, c_len)
+                ret = self._write_chunk(remote_session, c_src, c_dst, c_len)
                 if ret != 0:
                     break
                 sizer.wrote(sum(c_len), time.perf_counter() - t)
@@ -832,6 +832,15 @@ class HardenedMooncakeConnectorWorker(mc.MooncakeConnectorWorker):
                 self._writing.discard(guard)
                 self._writes_active -= 1
                 self._write_cond.notify_all()
+
+    def _write_chunk(self, remote_session, c_src, c_dst, c_len) -> int:
+        """One chunk: submitted and waited for with sleeps (write.submit_and_wait), so a write that
+        waits on a D taking no bytes costs P next to no CPU; an engine without the async calls
+        (a Mooncake older than them) writes it with upstream's sync call."""
+        eng = self.engine
+        if hasattr(eng, "transfer_submit_write") and hasattr(eng, "transfer_check_status"):
+            return submit_and_wait(eng, remote_session, c_src, c_dst, c_len)
+        return eng.batch_transfer_sync_write(remote_session, c_src, c_dst, c_len)
 
     def shutdown(self):
         """P: the writes in the executor are cut before their next chunk, and waited for (at most

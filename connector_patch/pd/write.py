@@ -20,17 +20,31 @@ together, D gives the blocks back only once P's write has ended or been cut. Wha
 cover: a single chunk that takes longer than the fence leaves (a link whose speed drops more than
 tenfold within one chunk, or a first chunk over a link slower than ~64 KiB/s).
 
+Each chunk's descriptors are submitted one by one (``transfer_submit_write``) and their completion
+polled with sleeps (``transfer_check_status``, :func:`submit_and_wait`), not written with
+``batch_transfer_sync_write``: Mooncake's sync write polls its batch's status in a loop with no
+sleep, so a write waiting on a D that does not take bytes (frozen, its link stalled) burned most
+of a core of P for as long as it waited (measured on real nodes under a kubelet: a freeze of D that
+acted after D's pull held P's write 14 s at 1.04 of a core; outside vLLM, two Mooncake 0.3.13
+engines over TCP with the receiver stopped 4 s: 0.27-0.90 of a core in the sync write, 0.01 in a
+submit polled every 10 ms). One submit per descriptor, because ``transfer_check_status`` reads the
+first task of a batch only.
+
 Pure: no vLLM, no torch, no zmq; the guard is shared by P's sender loop and its executor thread.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+import time
+from typing import Any, Callable, Iterator
 
 CHUNK_S = 0.1  # a chunk is sized to take about this long at the speed measured so far
 FIRST_CHUNK_BYTES = 64 * 1024  # before any speed is known
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
+POLL_FIRST_S = 0.0001  # the first sleep between two polls of a chunk's transfers; doubled each poll
+POLL_MAX_S = 0.005  # up to this: at most ~5% on a chunk sized to CHUNK_S, next to nothing while D is stuck
+SUBMIT_FAILED = -1  # transfer_submit_write gave no batch (its segment could not be opened, a bad range)
 
 
 class WriteGuard:
@@ -111,3 +125,42 @@ def chunks(src: list[int], dst: list[int], lengths: list[int],
                 i, off = i + 1, 0
         if c_len:
             yield c_src, c_dst, c_len
+
+
+# what transfer_check_status answers (Mooncake's TransferEnginePy): 1 completed (the batch freed),
+# -1 failed (freed), -2 timed out (by the engine's own transfer timeout; not freed by it), 0 pending
+_DONE, _FAILED, _TIMEOUT = 1, -1, -2
+_NO_BATCH = (0, 2**64 - 1)  # a failed submit: 0 in recent Mooncake, -1 cast unsigned in older ones
+
+
+def submit_and_wait(engine: Any, session: str, src: list[int], dst: list[int], lengths: list[int],
+                    sleep: Callable[[float], None] = time.sleep) -> int:
+    """Write the descriptors into ``session`` and wait for all of them: 0 when every one completed,
+    else the first failure's code (SUBMIT_FAILED, -1, -2). Every descriptor submitted is waited for
+    to its end whatever another's fate (its bytes read P's memory and land in D's until then), with
+    sleeps between polls (POLL_FIRST_S doubling to POLL_MAX_S); a failed submit submits nothing
+    more. A descriptor the engine timed out ends the wait for it (the engine gives up on it)."""
+    pending: list[int] = []
+    ret = 0
+    for s, d, n in zip(src, dst, lengths):
+        bid = engine.transfer_submit_write(session, s, d, n)
+        if not isinstance(bid, int) or bid in _NO_BATCH or bid < 0:
+            ret = SUBMIT_FAILED
+            break
+        pending.append(bid)
+    nap = POLL_FIRST_S
+    while pending:
+        still = []
+        for bid in pending:
+            st = engine.transfer_check_status(bid)
+            if st == _DONE:
+                continue
+            if st in (_FAILED, _TIMEOUT) or st != 0:
+                ret = ret or (st if st in (_FAILED, _TIMEOUT) else _FAILED)
+                continue
+            still.append(bid)
+        pending = still
+        if pending:
+            sleep(nap)
+            nap = min(POLL_MAX_S, nap * 2)
+    return ret

@@ -253,6 +253,22 @@ def _overlap_schedule(rng: random.Random) -> dict:
             "topology": {"link": "direct"}}
 
 
+def _slow_write_schedule(rng: random.Random) -> dict:
+    """D frozen while P's write into it is in flight: P and D in two namespaces, what P sends held to
+    a rate at which a request's KV takes long to write, and D stopped a little after P's write
+    starts (keyed on p_write_started). Over loopback a tiny model's write takes a millisecond or
+    two, and a freeze keyed on it lands after it (pd-kill-prefill-at-write measured 2-6 ms); the
+    held link makes the write outlast the keyed fault's reaction (scenarios/pd/stop-decode-mid-write,
+    where on real pods the hardened P spun 1.04 of a core in Mooncake's sync write)."""
+    return {"workload": {"duration": 24.0, "concurrency": 1, "rate": 0.5, "request_timeout": 40.0},
+            "faults": [{"type": "bandwidth_limit", "rate_kbit": 512, "direction": "server->client",
+                        "at": 0.5, "for": 13.5},
+                       {"type": "stop", "node": "decode:0", "at": 1.0, "for": float(rng.choice([4, 6, 8])),
+                        "upon": {"phase": "p_write_started", "offset": rng.choice([0.05, 0.1, 0.2]),
+                                 "within": PHASE_WITHIN[0]}}],
+            "topology": {"link": "netns"}}
+
+
 def _prefix_schedule(rng: random.Random) -> dict:
     """A shared-prefix mix of 400-token prompts under a freeze of P."""
     return {"workload": {"duration": 16.0, "concurrency": 4, "rate": 4.0, "request_timeout": 30.0,

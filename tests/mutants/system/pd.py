@@ -30,6 +30,8 @@ MUTANTS = [
      ["pd-eos-answer"]),
     ("LoudWait", "2. no busy wait: a node that only waits on a peer sleeps (quiet waiting)",
      ["pd-stop-decode", "pd-partition-prefill-decode"]),
+    ("SyncWrite", "2. no busy wait: P's write that waits on a D taking no bytes sleeps (write.submit_and_wait)",
+     ["pd-stop-decode-mid-write"]),
 ]
 
 

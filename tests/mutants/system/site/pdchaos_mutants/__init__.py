@@ -11,7 +11,7 @@ layerwise.py), imported by a layerwise node given ``--hardened-class`` (never th
 from __future__ import annotations
 
 NAMES = ("NoLoadDeadline", "TrustFinish", "NoParamsCheck", "NoPeerMonitor", "NoForgetPeer", "ListenerDies",
-         "NoLateAnswer", "EosFrees", "LoudWait")
+         "NoLateAnswer", "EosFrees", "LoudWait", "SyncWrite")
 PREFIX = "HardenedMooncakeConnectorMutant"
 
 

@@ -133,3 +133,13 @@ class HardenedMooncakeConnectorMutantLoudWait(_Mutant):
         from connector_patch import quiet
 
         quiet.uninstall()
+
+
+# 2. no busy wait, P's write: a write waiting on a D that takes no bytes sleeps (write.submit_and_wait)
+class _SyncWriteWorker(HW):
+    def _write_chunk(self, remote_session, c_src, c_dst, c_len) -> int:  # noqa: ANN001
+        return self.engine.batch_transfer_sync_write(remote_session, c_src, c_dst, c_len)  # spins while it waits
+
+
+class HardenedMooncakeConnectorMutantSyncWrite(_Mutant):
+    WORKER = _SyncWriteWorker

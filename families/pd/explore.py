@@ -226,6 +226,7 @@ def cover(rng: random.Random) -> list[dict]:
     # on the plain link too (warm nodes): P and D frozen at once, a shared-prefix mix
     out[len(kinds):len(kinds)] = [_overlap_schedule(rng), _prefix_schedule(rng)]
     out.insert(min(3, len(out)), _eos_schedule(rng))  # early: it runs on the warm pair too
+    out.append(_slow_write_schedule(rng))  # D frozen inside P's write: a namespace pair of its own
     out += [_store_schedule(rng, kind) for kind in ("stop", "kill")]  # the KV pool's: a cold start each
     for node in NODES:
         out.append(_kill_schedule(rng, node))
@@ -494,7 +495,8 @@ def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, flo
     (2 s) to fail, and the nodes' samples need a quiet stretch after it (measured: a 3.5 s pause at
     concurrency 4, a request failing at 2.0 s into it, left no quiet interval to judge:
     TrustFinish's killing run not judged); never a pause that holds another fault's whole window
-    (no request would be in flight in it) or comes before another hook's first request."""
+    (no request would be in flight in it), comes before another hook's first request or while a
+    fault keyed on a phase waits for it (no request would make the phase come)."""
     for f in faults:
         if f.get("upon") or f["for"] < 4.0:
             continue
@@ -517,6 +519,8 @@ def _pause(faults: list[dict], duration: float, rate: float) -> tuple[float, flo
             if any(g is not f and g["type"] in PROXY_FAULTS and start < g["at"] + _lead(rate) and g["at"] < stop
                    for g in faults):
                 continue  # another hook's first request would come only after the pause
+            if any(g.get("upon") and start < g["at"] + g["upon"]["within"] and g["at"] < stop for g in faults):
+                continue  # a keyed fault waits for its phase then: a pause would starve it of requests
             return start, length
     return None
 

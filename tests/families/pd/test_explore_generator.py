@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from families.pd import explore as E
+from faults.base import parse_duration
 from harness.explore import shrink_candidates, write_scenario
 from harness.schema import load_scenario
 
@@ -267,11 +268,18 @@ def test_the_covering_round_has_every_kind_of_every_link_and_validates(tmp_path:
     assert sorted(E.signature(c) for c in cover if any(f["type"] in E.PORT_FAULTS for f in c["faults"])) == \
         ["partition_port(side_channel,both)", "refuse_port(side_channel,both)"]
     assert [E.signature(c) for c in cover if c["topology"].get("kv_pool")] == ["stop(store)", "kill(store)"]
-    assert [E.signature(c) for c in cover if len(c["faults"]) > 1] == ["stop(decode:0)+stop(prefill:0)"]
+    assert [E.signature(c) for c in cover if len(c["faults"]) > 1] == ["stop(decode:0)+stop(prefill:0)",
+                                                                       E.signature(E._slow_write_schedule(random.Random(0)))]
     assert sum(bool(c["workload"].get("shared_prefix_tokens")) for c in cover) == 1
     # each node frozen at a phase once (P as it starts writing, D as its pull goes out)
+    # and D frozen inside P's write, the link from P held so that the write outlasts the reaction
     assert sorted((f["node"], f["upon"]["phase"]) for c in cover for f in c["faults"] if f.get("upon")) == \
-        [("decode:0", "d_pull_out"), ("prefill:0", "p_write_started")]
+        [("decode:0", "d_pull_out"), ("decode:0", "p_write_started"), ("prefill:0", "p_write_started")]
+    slow = [c for c in cover if any(f["type"] == "bandwidth_limit" and f["direction"] == "server->client"
+                                    and f["at"] + f["for"] >= 1.0 + 2.0 + 0.2 for f in c["faults"])
+            and any(f.get("upon", {}).get("phase") == "p_write_started" and f["node"] == "decode:0"
+                    for f in c["faults"])]
+    assert len(slow) == 1 and slow[0]["topology"] == {"link": "netns"}
     assert {f["node"] for c in cover for f in c["faults"] if f["type"] == "kill"} == {*E.NODES, E.STORE}
     # the plain link's kinds first (warm nodes), kills last (a cold start each)
     links = [c["topology"]["link"] + ("+pool" if c["topology"].get("kv_pool") else "") for c in cover[:-2]]
@@ -306,3 +314,16 @@ def test_a_store_schedule_renders_as_the_pd_store_suite_runs() -> None:
         assert [(f["type"], f["node"]) for f in doc["faults"]] == [(kind, E.STORE)]
     plain = E.render(E._kill_schedule(rng, "decode:0"), "kill-d", "hardened", 1)
     assert plain["checks"]["recovery"] == {"enabled": False} and "no_leaks" not in plain["checks"]
+
+
+def test_no_pause_starves_a_fault_waiting_for_its_phase() -> None:
+    """The slow-write schedule's bandwidth window could hold a pause from 1 s, while the freeze
+    keyed on p_write_started waits (armed at 1 s, 2 s to see the phase): no request would come,
+    the phase never, and the run would be a harness error. No pause overlaps such a wait."""
+    for seed in range(20):
+        c = E._slow_write_schedule(random.Random(seed))
+        pauses = E.render(c, "x", "hardened", seed)["workload"].get("pauses") or []
+        for p in pauses:
+            start, length = parse_duration(p["at"]), parse_duration(p["for"])
+            keyed = c["faults"][1]
+            assert start >= keyed["at"] + keyed["upon"]["within"] or start + length <= keyed["at"], (seed, p)

@@ -86,12 +86,6 @@ class PDFamily(Family):
                     f"profile {prof.name} has none: run it without --profile (cpu-store) or with one that has")
         from harness.runtime import runtime_of
 
-        keyed = [f.type for f in getattr(scenario, "faults", []) if getattr(f, "upon", None) is not None]
-        if keyed and (prof.device != "cpu" or prof.store is not None or not runtime_of(prof).runs_here):
-            # the phase journal (node_instruments/pdchaos_waf/phases.py) wraps vLLM's Mooncake worker on CPU,
-            # in processes of this machine: elsewhere the keyed fault's phase would never come
-            return (f"faults keyed on a protocol phase ({', '.join(keyed)}): the phase journal runs only in "
-                    f"Mooncake nodes on CPU on this machine; profile {prof.name} has none")
         if not runtime_of(prof).runs_here:  # the nodes run elsewhere (pods): their image holds vLLM and the model
             return None
         steps = ([PdStackStep()] if prof.vllm == "node-env" else []) + ([TinyModelStep()] if not prof.model else [])
@@ -117,6 +111,13 @@ class PDFamily(Family):
         if prof.store is not None and not runtime_of(prof).runs_here:
             return (f"profile {prof.name}: a KV pool's store master is configured by a file on this machine "
                     "(mooncake.json, the master on loopback), which nodes elsewhere cannot read")
+        keyed = [f.type for f in getattr(scenario, "faults", []) if getattr(f, "upon", None) is not None]
+        if keyed and (prof.device != "cpu" or prof.store is not None or not runtime_of(prof).runs_here):
+            # the phase journal (node_instruments/pdchaos_waf/phases.py) wraps vLLM's Mooncake worker on CPU,
+            # in processes of this machine: elsewhere the keyed fault's phase would never come. A property of
+            # the profile, not of what is installed: left out and listed before anything starts, not skipped
+            return (f"faults keyed on a protocol phase ({', '.join(keyed)}): the phase journal runs only in "
+                    f"Mooncake nodes on CPU on this machine; profile {prof.name} has none")
         mixes = target in ("hardened", "patched") and t.mixed != "none"
         why = prof.connectors[target].unavailable or (prof.connectors["upstream"].unavailable if mixes else None)
         if why:

@@ -79,6 +79,18 @@ def test_the_cluster_runtime_refuses_what_it_cannot_do_before_anything_starts() 
     assert [sc.name for sc, _ in keep] == ["pd-stop-decode"] and "Toxiproxy" in left[0][2]
 
 
+def test_a_fault_keyed_on_a_phase_is_left_out_of_a_cluster_run_before_anything_starts() -> None:
+    """The phase journal runs in processes of this machine: under a cluster profile a scenario that
+    keys a fault on a phase is left out with its reason (listed before the run), not skipped as it
+    comes (a skip fails --strict, and it is a property of the profile, not of what is installed)."""
+    sc = _pd("pd-stop-decode-mid-write")
+    k8s = sc.family.load_profile("k8s", [])
+    keep, left = split_plan([(sc, "hardened"), (_pd("pd-stop-decode"), "hardened")], {"pd": k8s})
+    assert [s.name for s, _ in keep] == ["pd-stop-decode"]
+    assert "keyed on a protocol phase" in left[0][2] and "profile k8s" in left[0][2]
+    assert split_plan([(sc, "hardened")])[1] == []  # the local runtime runs it
+
+
 def test_attach_mode_deletes_no_user_pod_and_restarts_a_container_only(tmp_path: Path) -> None:
     from harness.runtime import load_runtime as rt
 

@@ -111,13 +111,6 @@ class PDFamily(Family):
         if prof.store is not None and not runtime_of(prof).runs_here:
             return (f"profile {prof.name}: a KV pool's store master is configured by a file on this machine "
                     "(mooncake.json, the master on loopback), which nodes elsewhere cannot read")
-        keyed = [f.type for f in getattr(scenario, "faults", []) if getattr(f, "upon", None) is not None]
-        if keyed and (prof.device != "cpu" or prof.store is not None or not runtime_of(prof).runs_here):
-            # the phase journal (node_instruments/pdchaos_waf/phases.py) wraps vLLM's Mooncake worker on CPU,
-            # in processes of this machine: elsewhere the keyed fault's phase would never come. A property of
-            # the profile, not of what is installed: left out and listed before anything starts, not skipped
-            return (f"faults keyed on a protocol phase ({', '.join(keyed)}): the phase journal runs only in "
-                    f"Mooncake nodes on CPU on this machine; profile {prof.name} has none")
         mixes = target in ("hardened", "patched") and t.mixed != "none"
         why = prof.connectors[target].unavailable or (prof.connectors["upstream"].unavailable if mixes else None)
         if why:
@@ -128,6 +121,13 @@ class PDFamily(Family):
 
             if not read_series(*series.split("/", 1)):
                 return f"profile {prof.name}, target {target}: no upstream diffs in connector_patch/upstream/{series}/"
+        keyed = [f.type for f in getattr(scenario, "faults", []) if getattr(f, "upon", None) is not None]
+        if keyed and (prof.device != "cpu" or prof.store is not None or not runtime_of(prof).runs_here):
+            # the phase journal (node_instruments/pdchaos_waf/phases.py) wraps vLLM's Mooncake worker on CPU,
+            # in processes of this machine: elsewhere the keyed fault's phase would never come. A property of
+            # the profile, not of what is installed: left out and listed before anything starts, not skipped
+            return (f"faults keyed on a protocol phase ({', '.join(keyed)}): the phase journal runs only in "
+                    f"Mooncake nodes on CPU on this machine; profile {prof.name} has none")
         conns = [prof.connectors[target]]
         if mixes:
             conns.append(prof.connectors["upstream"])

@@ -117,8 +117,8 @@ def test_every_fault_kind_is_tried_alone_first_and_a_repeat_finding_is_not_shrun
     kinds = {E.signature(c) for c in covering}
     # two stops, two stops keyed on a phase, each fake-peer mode, 5 other kinds, P and D frozen at
     # once, a shared-prefix mix, the EOS prompt first, toxics, netns (the port faults among them), the store
-    # master's two, two kills
-    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + 2 + 1 + len(E.TOXICS) + len(E.NETNS) + 2 + 2
+    # master's two, two kills, D frozen inside P's held write
+    assert len(kinds) == len(covering) == 2 + 2 + len(E.FAKE_MODES) + 5 + 2 + 1 + len(E.TOXICS) + len(E.NETNS) + 2 + 2 + 1
     assert sum("eos_first" in k for k in kinds) == 1
 
     def sig(sc) -> str:  # noqa: ANN001
@@ -318,7 +318,7 @@ def _pd_mutants() -> list[str]:
 
 def test_mutate_list_names_the_mutants_one_a_line() -> None:
     r = _cli("mutate", "--list", "--family", "pd")
-    assert r.returncode == 0 and r.stdout.splitlines() == _pd_mutants() and len(_pd_mutants()) == 9, r.stderr
+    assert r.returncode == 0 and r.stdout.splitlines() == _pd_mutants() and len(_pd_mutants()) == 10, r.stderr
     every = _cli("mutate", "--list")
     assert every.returncode == 0 and set(_pd_mutants()) <= set(every.stdout.splitlines())
 

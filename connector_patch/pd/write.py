@@ -35,8 +35,10 @@ Pure: no vLLM, no torch, no zmq; the guard is shared by P's sender loop and its 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterator
 
 CHUNK_S = 0.1  # a chunk is sized to take about this long at the speed measured so far
@@ -128,39 +130,69 @@ def chunks(src: list[int], dst: list[int], lengths: list[int],
 
 
 # what transfer_check_status answers (Mooncake's TransferEnginePy): 1 completed (the batch freed),
-# -1 failed (freed), -2 timed out (by the engine's own transfer timeout; not freed by it), 0 pending
+# -1 failed (freed), -2 timed out (a slice timeout, RDMA only: its slices are still posted and the
+# batch is not freed, so it is polled on to 1 or -1), 0 pending
 _DONE, _FAILED, _TIMEOUT = 1, -1, -2
 _NO_BATCH = (0, 2**64 - 1)  # a failed submit: 0 in recent Mooncake, -1 cast unsigned in older ones
+WAIT_TIMED_OUT = -3  # the write's deadline passed with descriptors still pending (they are left to the engine)
+
+
+def sync_deadline_s(nbytes: int, env: dict | None = None) -> float:
+    """The bound Mooncake's own ``batch_transfer_sync_write`` puts on a write, kept: MC_TRANSFER_TIMEOUT
+    seconds (30 unless set; at least 5) plus a nanosecond a byte (TransferEnginePy's constructor and
+    batchTransferSync)."""
+    raw = (os.environ if env is None else env).get("MC_TRANSFER_TIMEOUT")
+    try:
+        base = max(5, int(raw)) if raw is not None else 30
+    except ValueError:
+        base = 5  # Mooncake reads it with atoi: a non-number is 0, raised to its floor of 5
+    return base + nbytes * 1e-9
 
 
 def submit_and_wait(engine: Any, session: str, src: list[int], dst: list[int], lengths: list[int],
-                    sleep: Callable[[float], None] = time.sleep) -> int:
+                    deadline_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> int:
     """Write the descriptors into ``session`` and wait for all of them: 0 when every one completed,
-    else the first failure's code (SUBMIT_FAILED, -1, -2). Every descriptor submitted is waited for
-    to its end whatever another's fate (its bytes read P's memory and land in D's until then), with
-    sleeps between polls (POLL_FIRST_S doubling to POLL_MAX_S); a failed submit submits nothing
-    more. A descriptor the engine timed out ends the wait for it (the engine gives up on it)."""
-    pending: list[int] = []
+    else the first failure's code (-1 failed, -2 a slice timed out, SUBMIT_FAILED, WAIT_TIMED_OUT).
+
+    Each descriptor is one submit (``transfer_check_status`` reads a batch's first task only). Every
+    descriptor submitted is waited for to its end whatever another's fate (its bytes read P's memory
+    and land in D's until then), up to ``deadline_s`` (default: the sync call's own bound,
+    :func:`sync_deadline_s`): past it the write fails and what is still pending is left to the engine,
+    as the sync call leaves it. Only the oldest pending descriptor is polled while it is pending (a
+    stalled D costs one call a poll, not one per descriptor), with sleeps between polls (POLL_FIRST_S
+    doubling to POLL_MAX_S, again from POLL_FIRST_S after progress); once it ends, the next ones are
+    swept at once. The write's guard is not asked while it waits: a descriptor in flight may still
+    land in D's blocks, which D gives back once P answered. A submit that gives no batch hands the rest to the sync call, which fails at once
+    on a segment it cannot open and drops it from the engine's cache (a D restarted at that address),
+    or writes them."""
+    limit = sync_deadline_s(sum(lengths)) if deadline_s is None else deadline_s
+    t0 = clock()
+    pending: deque[int] = deque()
     ret = 0
-    for s, d, n in zip(src, dst, lengths):
+    for i, (s, d, n) in enumerate(zip(src, dst, lengths)):
         bid = engine.transfer_submit_write(session, s, d, n)
-        if not isinstance(bid, int) or bid in _NO_BATCH or bid < 0:
-            ret = SUBMIT_FAILED
+        if isinstance(bid, bool) or not isinstance(bid, int) or bid in _NO_BATCH:
+            if engine.batch_transfer_sync_write(session, list(src[i:]), list(dst[i:]), list(lengths[i:])) != 0:
+                ret = SUBMIT_FAILED
             break
         pending.append(bid)
     nap = POLL_FIRST_S
     while pending:
-        still = []
-        for bid in pending:
-            st = engine.transfer_check_status(bid)
-            if st == _DONE:
-                continue
-            if st in (_FAILED, _TIMEOUT) or st != 0:
-                ret = ret or (st if st in (_FAILED, _TIMEOUT) else _FAILED)
-                continue
-            still.append(bid)
-        pending = still
-        if pending:
-            sleep(nap)
-            nap = min(POLL_MAX_S, nap * 2)
+        st = engine.transfer_check_status(pending[0])
+        if st in (_DONE, _FAILED):  # the engine freed the batch: never asked about again
+            pending.popleft()
+            ret = ret or (0 if st == _DONE else _FAILED)
+            nap = POLL_FIRST_S
+            continue
+        if st == _TIMEOUT:
+            ret = ret or _TIMEOUT
+        elif st != 0:  # a status this code does not know: failed, and not asked about again
+            pending.popleft()
+            ret = ret or _FAILED
+            continue
+        if clock() - t0 > limit:
+            return ret or WAIT_TIMED_OUT
+        sleep(nap)
+        nap = min(POLL_MAX_S, nap * 2)
     return ret

@@ -32,11 +32,11 @@ def test_a_write_waiting_on_a_frozen_decode_sleeps() -> None:
     child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     r, _, _ = run_env_helper([str(env.python), str(script), str(repo)], env=child_env, cwd=str(repo),
                              timeout=TIMEOUT_S, marker=MARKER)
-    print("write waiting on a stopped receiver (cores of P's process):", r["sync"], r["hardened"])
+    print("write waiting on a stopped receiver (cores of P's process):", r["sync"], r["hardened"], r["hardened_many"])
     for rnd in r["rounds"]:
         # the write waited for the receiver all the while it was stopped, then ended well
         assert rnd["waited_whole_stop"] and rnd["ret"] == 0 and rnd["bytes_landed"], rnd
-    assert r["hardened"]["cores_max"] < 0.1, r
+    assert r["hardened"]["cores_max"] < 0.1 and r["hardened_many"]["cores_max"] < 0.1, r
     # the contrast, measured in the same run: the instrument sees a write that spins (2026-12-07,
     # this machine: sync 0.91-0.96 of a core, hardened 0.010-0.015, 3 rounds each)
     assert r["sync"]["cores_max"] > 0.3, r

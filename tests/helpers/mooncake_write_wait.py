@@ -10,7 +10,7 @@ the write must end with 0 and its bytes must be in the receiver's buffer (it say
 
 Ways: ``sync`` is upstream's ``batch_transfer_sync_write`` (what the hardened P did before, one
 call per chunk), ``hardened`` the hardened P's ``write.submit_and_wait`` (one submit per
-descriptor, polled with sleeps). Prints one line: MARKER + JSON.
+descriptor, polled with sleeps), ``hardened_many`` the same bytes as 2048 descriptors. Prints one line: MARKER + JSON.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ STOP_S = 2.0  # the receiver is stopped this long while the write waits on it
 ROUNDS = 3
 DESCS = 16  # descriptors of 4 KiB each, as a small pull of a tiny model's blocks
 DESC_BYTES = 4096
+MANY = 2048  # the hardened write again with the same bytes as this many descriptors
 
 
 def _engine():
@@ -92,9 +93,14 @@ def main(repo: str) -> dict:
         src = [src0 + i * DESC_BYTES for i in range(DESCS)]
         dst = [dst0 + i * DESC_BYTES for i in range(DESCS)]
         lengths = [DESC_BYTES] * DESCS
+        # the same bytes as MANY descriptors: a big pull's chunk (a stalled D must cost one poll, not one a descriptor)
+        step = size // MANY
+        m_src = [src0 + i * step for i in range(MANY)]
+        m_dst = [dst0 + i * step for i in range(MANY)]
         ways = {
             "sync": lambda: te.batch_transfer_sync_write(session, src, dst, lengths),
             "hardened": lambda: submit_and_wait(te, session, src, dst, lengths),
+            "hardened_many": lambda: submit_and_wait(te, session, m_src, m_dst, [step] * MANY),
         }
         # the connection (segment handle, TCP) exists before D freezes, as between a P and its D
         ctypes.memset(src0, 1, size)
@@ -104,7 +110,7 @@ def main(repo: str) -> dict:
         out: dict = {"stop_s": STOP_S, "bytes": size, "descriptors": DESCS, "rounds": []}
         value = 1
         for rnd in range(ROUNDS):
-            for way in ("sync", "hardened") if rnd % 2 == 0 else ("hardened", "sync"):
+            for way in ("sync", "hardened", "hardened_many") if rnd % 2 == 0 else ("hardened_many", "hardened", "sync"):
                 value += 1
                 if ask("fill 0") != "OK":
                     raise RuntimeError("the receiver did not clear its buffer")
@@ -124,7 +130,7 @@ def main(repo: str) -> dict:
                                       "waited_whole_stop": waited, "ret": res.get("ret"),
                                       "ended_after_cont_s": round(res["t"] - t1, 3) if "t" in res else None,
                                       "bytes_landed": landed})
-        for way in ("sync", "hardened"):
+        for way in ways:
             cores = sorted(r["cores"] for r in out["rounds"] if r["way"] == way)
             out[way] = {"cores_min": cores[0], "cores_max": cores[-1]}
         ask("quit")

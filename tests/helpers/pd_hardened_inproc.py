@@ -1896,8 +1896,9 @@ class _SlowWrites:
 
     def transfer_check_status(self, bid):
         st = self.real.transfer_check_status(bid)
-        if st == 1:
-            self.written += self._sizes.pop(bid, 0)
+        if st in (1, -1):  # the engine freed the batch: its id may be handed out again
+            n = self._sizes.pop(bid, 0)
+            self.written += n if st == 1 else 0
         return st
 
 

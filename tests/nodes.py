@@ -86,3 +86,26 @@ def run_env_helper(argv: list[str], *, env: dict, cwd: str, timeout: float, mark
     lines = [ln for ln in out.splitlines() if ln.startswith(marker)]
     assert lines, f"no result line from the helper:\n{err[-3000:]}"
     return json.loads(lines[-1][len(marker):]), out, err
+
+
+def run_pd_env_helper(script: str, *, timeout: float, marker: str, env_extra: dict | None = None) -> dict:
+    """Run ``tests/helpers/<script>`` with the P/D node env's python (vLLM, torch, Mooncake), the repo
+    as its argument, proxies left out of its environment; skips when that env is not installed.
+    Returns the helper's result (:func:`run_env_helper`)."""
+    import os
+    from pathlib import Path
+
+    import pytest
+
+    from stacks.vllm_cpu.recipe import pd_node_env
+
+    env = pd_node_env(out=lambda line: None)
+    if not env.installed():
+        pytest.skip("the P/D node stack (vLLM, torch, Mooncake) is not installed here: "
+                    "run `pdchaos setup --only pd-node-stack`")
+    repo = Path(__file__).resolve().parents[1]
+    child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    child_env.update(env_extra or {})
+    result, _, _ = run_env_helper([str(env.python), str(repo / "tests" / "helpers" / script), str(repo)],
+                                  env=child_env, cwd=str(repo), timeout=timeout, marker=marker)
+    return result

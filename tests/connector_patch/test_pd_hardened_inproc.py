@@ -62,12 +62,9 @@ node env's CPU shim (``pdchaos_cpu_shim``) is registered by hand.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from nodes import run_env_helper
+from nodes import run_pd_env_helper
 
 MARKER = "PDCHAOS-INPROC-RESULT "
 SUBPROCESS_TIMEOUT_S = 480  # start-up is 10 s on a quiet machine, 20-65 s for `import torch` under load
@@ -77,21 +74,12 @@ DEADLINE_S = 0.3  # the helper's kv_load_timeout_ms for the deadline case
 
 @pytest.fixture(scope="module")
 def inproc() -> dict:
-    from stacks.vllm_cpu.recipe import pd_node_env
-
-    env = pd_node_env(out=lambda line: None)
-    if not env.installed():
-        pytest.skip("the P/D node stack (vLLM, torch, Mooncake) is not installed here: "
-                    "run `pdchaos setup --only pd-node-stack`")
-    repo = Path(__file__).resolve().parents[2]
-    script = repo / "tests" / "helpers" / "pd_hardened_inproc.py"
-    child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    child_env["PD_INPROC_WATCHDOG_S"] = str(SUBPROCESS_TIMEOUT_S - 20)  # it dumps its stacks and exits first
     from faults.toxiproxy import find_binary
 
-    child_env["PD_INPROC_TOXIPROXY"] = find_binary() or ""  # the link of the requester_lost case
-    result, _, _ = run_env_helper([str(env.python), str(script), str(repo)], env=child_env, cwd=str(repo),
-                                  timeout=SUBPROCESS_TIMEOUT_S, marker=MARKER)
+    result = run_pd_env_helper("pd_hardened_inproc.py", timeout=SUBPROCESS_TIMEOUT_S, marker=MARKER, env_extra={
+        "PD_INPROC_WATCHDOG_S": str(SUBPROCESS_TIMEOUT_S - 20),  # it dumps its stacks and exits first
+        "PD_INPROC_TOXIPROXY": find_binary() or "",  # the link of the requester_lost case
+    })
     print("in-process P/D timing (s):", result["timing"])
     return result["cases"]
 

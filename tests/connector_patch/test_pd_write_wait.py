@@ -8,12 +8,9 @@ of D that acted after D's pull held P's write 14 s at 1.04 of a core, no_busy_wa
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from nodes import run_env_helper
+from nodes import run_pd_env_helper
 
 MARKER = "PDCHAOS-WRITE-WAIT "
 TIMEOUT_S = 300
@@ -21,18 +18,9 @@ TIMEOUT_S = 300
 
 @pytest.mark.timeout(TIMEOUT_S + 30)
 def test_a_write_waiting_on_a_frozen_decode_sleeps() -> None:
-    from stacks.vllm_cpu.recipe import pd_node_env
-
-    env = pd_node_env(out=lambda line: None)
-    if not env.installed():
-        pytest.skip("the P/D node stack (vLLM, torch, Mooncake) is not installed here: "
-                    "run `pdchaos setup --only pd-node-stack`")
-    repo = Path(__file__).resolve().parents[2]
-    script = repo / "tests" / "helpers" / "mooncake_write_wait.py"
-    child_env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    child_env["MC_TRANSFER_TIMEOUT"] = "5"  # the bound of both ways of writing: Mooncake's floor
-    r, _, _ = run_env_helper([str(env.python), str(script), str(repo)], env=child_env, cwd=str(repo),
-                             timeout=TIMEOUT_S, marker=MARKER)
+    # the bound of both ways of writing: Mooncake's floor
+    r = run_pd_env_helper("mooncake_write_wait.py", timeout=TIMEOUT_S, marker=MARKER,
+                          env_extra={"MC_TRANSFER_TIMEOUT": "5"})
     print("write waiting on a stopped receiver (cores of P's process):", r["sync"], r["hardened"], r["hardened_many"],
           "2048 descriptors' results:", [(x["way"], x["ret"]) for x in r["rounds"] if x["way"].endswith("_many")])
     for rnd in r["rounds"]:

@@ -43,15 +43,21 @@ def _engine():
     return te
 
 
+def _registered(te, size: int):  # noqa: ANN001, ANN202 - a TransferEngine
+    """A zeroed buffer of ``size`` bytes registered with ``te``: (the buffer, its address)."""
+    buf = ctypes.create_string_buffer(size)
+    addr = ctypes.addressof(buf)
+    if te.register_memory(addr, size) != 0:
+        raise RuntimeError("register_memory failed")
+    return buf, addr
+
+
 def receiver() -> None:
     """The receiving engine: a registered buffer; answers 'check N' with whether every byte of
     the buffer is N, 'fill N' by filling it with N, 'quit' by leaving."""
     te = _engine()
     size = DESCS * DESC_BYTES
-    buf = ctypes.create_string_buffer(size)
-    addr = ctypes.addressof(buf)
-    if te.register_memory(addr, size) != 0:
-        raise RuntimeError("register_memory failed")
+    buf, addr = _registered(te, size)
     print(f"READY 127.0.0.1:{te.get_rpc_port()} {addr}", flush=True)
     for line in sys.stdin:
         cmd, _, arg = line.strip().partition(" ")
@@ -88,10 +94,7 @@ def main(repo: str) -> dict:
 
         te = _engine()
         size = DESCS * DESC_BYTES
-        src_buf = ctypes.create_string_buffer(size)
-        src0 = ctypes.addressof(src_buf)
-        if te.register_memory(src0, size) != 0:
-            raise RuntimeError("register_memory failed")
+        src_buf, src0 = _registered(te, size)  # noqa: F841 - kept alive while the engine reads it
         src = [src0 + i * DESC_BYTES for i in range(DESCS)]
         dst = [dst0 + i * DESC_BYTES for i in range(DESCS)]
         lengths = [DESC_BYTES] * DESCS
